@@ -1,0 +1,54 @@
+# payidem — PGXS build.
+#
+#   make                 build the module
+#   make install         install it into the PostgreSQL found by $(PG_CONFIG)
+#   make installcheck    pg_regress + isolation + TAP against a running server that
+#                        already preloads payidem (developer use)
+#   make test            everything, on a throwaway cluster it starts and stops itself
+#                        (installs missing packages when run as root); see scripts/test
+#   make demo            the guided tour (examples/demo.sql) on a throwaway cluster
+
+EXTENSION  = payidem
+EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+
+MODULE_big = payidem
+OBJS = \
+	src/payidem.o
+
+DATA = $(wildcard sql/payidem--*.sql)
+
+# pg_regress suites: sql/<name>.sql -> expected/<name>.out
+REGRESS = install schema_constraints privileges
+
+# isolation specs: test/specs/<name>.spec -> test/expected/<name>.out
+ISOLATION =
+ISOLATION_OPTS = --inputdir=test
+
+# TAP tests (PostgreSQL::Test::Cluster): test/t/*.pl
+TAP_TESTS = 1
+PROVE_TESTS = $(wildcard test/t/*.pl)
+
+PG_CPPFLAGS = -I$(srcdir)/src
+# -Wall comes with PGXS; -Wextra minus the warnings PostgreSQL's own headers trip.
+# CI adds -Werror through PG_CFLAGS on the command line (see scripts/test).
+override PG_CFLAGS += -Wextra -Wno-unused-parameter -Wno-sign-compare \
+	-Wno-missing-field-initializers -Wno-cast-function-type
+SHLIB_LINK += -lcrypto
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+.PHONY: test demo version
+test:
+	@bash scripts/test
+
+demo:
+	@bash scripts/demo
+
+version:
+	@echo $(EXTVERSION)
+
+# make -s print-REGRESS  -> the value of a variable (used by scripts/test)
+print-%:
+	@echo $($*)
