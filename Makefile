@@ -18,7 +18,7 @@ OBJS = \
 DATA = $(wildcard sql/payidem--*.sql)
 
 # pg_regress suites: sql/<name>.sql -> expected/<name>.out
-REGRESS = install schema_constraints privileges
+REGRESS = install privileges
 
 # isolation specs: test/specs/<name>.spec -> test/expected/<name>.out
 ISOLATION =
