@@ -13,7 +13,10 @@ EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*
 
 MODULE_big = payidem
 OBJS = \
-	src/payidem.o
+	src/payidem.o \
+	src/shmem.o \
+	src/order_no.o \
+	src/order_no_codec.o
 
 DATA = $(wildcard sql/payidem--*.sql)
 

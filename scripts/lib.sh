@@ -58,8 +58,8 @@ set_pg_paths() {
 	PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/$PG_MAJOR/bin/pg_config}
 	[ -x "$PG_CONFIG" ] || PG_CONFIG=$(command -v pg_config)
 	PGBIN=$("$PG_CONFIG" --bindir)
-	PGXS_DIR=$(dirname "$("$PG_CONFIG" --pgxs)")/..
-	PGXS_DIR=$(cd "$PGXS_DIR" && pwd)
+	# .../lib/pgxs/src/makefiles/pgxs.mk -> .../lib/pgxs
+	PGXS_DIR=$(cd "$(dirname "$("$PG_CONFIG" --pgxs)")/../.." && pwd)
 	export PG_CONFIG PGBIN PGXS_DIR
 	export PATH="$PGBIN:$PATH"
 }

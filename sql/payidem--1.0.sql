@@ -163,6 +163,9 @@ CREATE TABLE payidem.merchant_secret (
 	CONSTRAINT merchant_secret_ciphertext_nonempty CHECK (pg_catalog.length(ciphertext) > 0),
 	CONSTRAINT merchant_secret_window CHECK (valid_until IS NULL OR valid_until > valid_from)
 );
+-- one current secret per merchant; older ones carry the end of their grace window
+CREATE UNIQUE INDEX merchant_secret_one_current ON payidem.merchant_secret (merchant_no)
+	WHERE valid_until IS NULL;
 COMMENT ON TABLE payidem.merchant_secret IS
 	'Merchant API secrets, AES-256-GCM encrypted under the master key; several may be valid at once during a rotation.';
 COMMENT ON COLUMN payidem.merchant_secret.key_version IS
@@ -185,16 +188,19 @@ CREATE TABLE payidem.channel (
 	updated_at				timestamptz		NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT channel_pkey PRIMARY KEY (channel_no),
 	CONSTRAINT channel_no_format CHECK (channel_no ~ '^[A-Z][A-Z0-9_]{1,31}$'),
-	CONSTRAINT channel_type_format CHECK (channel_type ~ '^[a-z][a-z0-9_]{1,31}$'),
+	CONSTRAINT channel_type_format CHECK (channel_type ~ '^[a-z][a-z0-9_]{0,31}$'),
 	CONSTRAINT channel_fee_rate_range CHECK (fee_rate >= 0 AND fee_rate < 1),
 	CONSTRAINT channel_status_known CHECK (status IN ('active', 'disabled')),
 	CONSTRAINT channel_weight_range CHECK (weight BETWEEN 0 AND 10000),
 	CONSTRAINT channel_allowed_types_valid CHECK (
 		allowed_merchant_types IS NULL
 		OR (pg_catalog.cardinality(allowed_merchant_types) > 0
-			AND pg_catalog.array_position(allowed_merchant_types, NULL) IS NULL)),
+			AND pg_catalog.array_position(allowed_merchant_types, NULL) IS NULL
+			AND pg_catalog.array_to_string(allowed_merchant_types, ',')
+				~ '^[a-z][a-z0-9_]{0,31}(,[a-z][a-z0-9_]{0,31})*$')),
 	CONSTRAINT channel_single_limit_positive CHECK (single_limit > 0),
-	CONSTRAINT channel_daily_limit_positive CHECK (daily_limit > 0)
+	CONSTRAINT channel_daily_limit_positive CHECK (daily_limit > 0),
+	CONSTRAINT channel_limits_ordered CHECK (single_limit <= daily_limit)
 );
 CREATE INDEX channel_route ON payidem.channel (channel_type) WHERE status = 'active';
 COMMENT ON TABLE payidem.channel IS
@@ -304,8 +310,10 @@ CREATE TABLE payidem."order" (
 	CONSTRAINT order_amount_positive CHECK (amount > 0),
 	CONSTRAINT order_currency_format CHECK (currency ~ '^[A-Z]{3}$'),
 	CONSTRAINT order_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount),
-	CONSTRAINT order_notify_url_format CHECK (notify_url ~ '^https?://[^[:space:]]{1,1000}$'),
-	CONSTRAINT order_return_url_format CHECK (return_url ~ '^https?://[^[:space:]]{1,1000}$'),
+	CONSTRAINT order_notify_url_format CHECK (
+		notify_url ~ '^https?://[^[:space:]]+$' AND pg_catalog.length(notify_url) <= 1024),
+	CONSTRAINT order_return_url_format CHECK (
+		return_url ~ '^https?://[^[:space:]]+$' AND pg_catalog.length(return_url) <= 1024),
 	CONSTRAINT order_notify_status_known CHECK (notify_status IN ('none', 'pending', 'sent', 'failed')),
 	CONSTRAINT order_notify_attempts_nonnegative CHECK (notify_attempts >= 0),
 	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
@@ -360,8 +368,8 @@ CREATE TABLE payidem.payment (
 	CONSTRAINT payment_no_format CHECK (payment_no ~ '^PY[0-9]{24}$'),
 	CONSTRAINT payment_amount_positive CHECK (amount > 0),
 	CONSTRAINT payment_transaction_id_format CHECK (transaction_id ~ '^[[:graph:]]{1,64}$'),
-	CONSTRAINT payment_fee_nonnegative CHECK (fee_amount >= 0),
-	CONSTRAINT payment_cost_nonnegative CHECK (cost_amount >= 0),
+	CONSTRAINT payment_fee_range CHECK (fee_amount >= 0 AND fee_amount <= amount),
+	CONSTRAINT payment_cost_range CHECK (cost_amount >= 0 AND cost_amount <= amount),
 	CONSTRAINT payment_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount)
 );
 -- At most one pending attempt per order: two concurrent begin_payment calls
@@ -491,6 +499,8 @@ CREATE TABLE payidem.anomaly (
 		REFERENCES payidem."order" (order_no),
 	CONSTRAINT anomaly_payment_fkey FOREIGN KEY (payment_no)
 		REFERENCES payidem.payment (payment_no),
+	CONSTRAINT anomaly_payment_order_fkey FOREIGN KEY (payment_no, order_no)
+		REFERENCES payidem.payment (payment_no, order_no),
 	CONSTRAINT anomaly_channel_fkey FOREIGN KEY (channel_no)
 		REFERENCES payidem.channel (channel_no),
 	CONSTRAINT anomaly_kind_format CHECK (kind ~ '^[a-z][a-z0-9_]{1,63}$'),
@@ -552,6 +562,7 @@ CREATE TABLE payidem.recon_batch (
 	started_at		timestamptz	NOT NULL DEFAULT pg_catalog.clock_timestamp(),
 	finished_at		timestamptz,
 	CONSTRAINT recon_batch_pkey PRIMARY KEY (recon_batch_no),
+	CONSTRAINT recon_batch_day_key UNIQUE (recon_batch_no, channel_no, bill_date),
 	CONSTRAINT recon_batch_channel_fkey FOREIGN KEY (channel_no)
 		REFERENCES payidem.channel (channel_no),
 	CONSTRAINT recon_batch_no_format CHECK (recon_batch_no ~ '^[0-9A-Z_-]{1,64}$'),
@@ -559,7 +570,8 @@ CREATE TABLE payidem.recon_batch (
 	CONSTRAINT recon_batch_counts_nonnegative CHECK (
 		matched >= 0 AND platform_only >= 0 AND channel_only >= 0
 		AND amount_mismatch >= 0 AND status_mismatch >= 0),
-	CONSTRAINT recon_batch_finished_after_start CHECK (finished_at >= started_at)
+	CONSTRAINT recon_batch_finished_after_start CHECK (finished_at >= started_at),
+	CONSTRAINT recon_batch_finished_when_ended CHECK ((status = 'running') = (finished_at IS NULL))
 );
 CREATE INDEX recon_batch_channel_day ON payidem.recon_batch (channel_no, bill_date);
 COMMENT ON TABLE payidem.recon_batch IS
@@ -584,10 +596,8 @@ CREATE TABLE payidem.reconciliation (
 	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT reconciliation_pkey PRIMARY KEY (recon_id),
-	CONSTRAINT reconciliation_batch_fkey FOREIGN KEY (recon_batch_no)
-		REFERENCES payidem.recon_batch (recon_batch_no),
-	CONSTRAINT reconciliation_channel_fkey FOREIGN KEY (channel_no)
-		REFERENCES payidem.channel (channel_no),
+	CONSTRAINT reconciliation_batch_fkey FOREIGN KEY (recon_batch_no, channel_no, bill_date)
+		REFERENCES payidem.recon_batch (recon_batch_no, channel_no, bill_date),
 	CONSTRAINT reconciliation_diff_type_known CHECK (
 		diff_type IN ('platform_only', 'channel_only', 'amount_mismatch', 'status_mismatch')),
 	CONSTRAINT reconciliation_handle_status_known CHECK (
@@ -613,6 +623,49 @@ COMMENT ON COLUMN payidem.reconciliation.handle_status IS
 	'open, handled or ignored by a person, or auto_resolved (a midnight straddle found in the next day''s bill).';
 
 ------------------------------------------------------------------------------
+-- Order numbers (C, shared memory)
+------------------------------------------------------------------------------
+
+CREATE SEQUENCE payidem.order_no_hwm AS bigint MINVALUE 0 START WITH 0 NO CYCLE;
+COMMENT ON SEQUENCE payidem.order_no_hwm IS
+	'Durable high-water mark of order numbers: UTC epoch second up to which numbers may have been issued. Written only by gen_order_no().';
+
+CREATE FUNCTION payidem.gen_order_no(prefix text DEFAULT 'PO')
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_gen_order_no'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem.gen_order_no(text) IS
+	'Next 26-character order number: prefix, UTC second, shard, per-second sequence, ISO 7064 check digits. Never repeats.';
+
+CREATE FUNCTION payidem.order_no_valid(order_no text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_order_no_valid'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem.order_no_valid(text) IS
+	'true if the text is a well-formed order number with correct check digits; never raises an error.';
+
+CREATE FUNCTION payidem.order_no_parse(order_no text)
+RETURNS TABLE (prefix text, issued_at timestamptz, shard integer, seq integer)
+AS 'MODULE_PATHNAME', 'payidem_order_no_parse'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE ROWS 1;
+COMMENT ON FUNCTION payidem.order_no_parse(text) IS
+	'The parts of an order number; SQLSTATE 22023 if it is not valid.';
+
+CREATE FUNCTION payidem.stats()
+RETURNS TABLE (name text, value bigint)
+AS 'MODULE_PATHNAME', 'payidem_stats'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem.stats() IS
+	'Counters from shared memory since server start: order numbers issued, clock rollbacks absorbed, seconds borrowed, ...';
+
+CREATE FUNCTION payidem._order_no_forget()
+RETURNS void
+AS 'MODULE_PATHNAME', 'payidem_order_no_forget'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem._order_no_forget() IS
+	'Internal: makes the next gen_order_no() in this database reserve in this installation''s order_no_hwm.';
+
+------------------------------------------------------------------------------
 -- pg_dump keeps the rows of every data table (built-in whitelist rows are
 -- recreated by CREATE EXTENSION, so they are left out of the dump).
 ------------------------------------------------------------------------------
@@ -636,6 +689,7 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.channel_bill', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.recon_batch', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.reconciliation', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.reconciliation_recon_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.order_no_hwm', '');
 
 ------------------------------------------------------------------------------
 -- Privileges: nothing for PUBLIC.  Grant to your application and operator
@@ -646,3 +700,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA payidem FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA payidem FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
 REVOKE ALL ON SCHEMA payidem FROM PUBLIC;
+
+-- A fresh order_no_hwm: forget any reservation cached for this database by an
+-- earlier installation, so the first number reserves in this sequence.
+SELECT payidem._order_no_forget();

@@ -8,6 +8,41 @@
 #ifndef PAYIDEM_H
 #define PAYIDEM_H
 
+#include "fmgr.h"
+#include "port/atomics.h"
+#include "storage/spin.h"
+
 #include "errcodes.h"
+#include "order_no.h"
+
+/*
+ * Counters shown by payidem.stats().  Order-number counters live inside the
+ * order-number state (updated under its spinlock, which each call takes
+ * anyway); the others are atomics.  Add new ones before PAYIDEM_NUM_COUNTERS
+ * and name them in payidem_counter_names (shmem.c).
+ */
+typedef enum PayidemCounter
+{
+	PAYIDEM_COUNTER_PLACEHOLDER_,	/* keeps the array non-empty; not shown */
+	PAYIDEM_NUM_COUNTERS
+} PayidemCounter;
+
+typedef struct PayidemShared
+{
+	OrderNoShared order_no;		/* order-number generator, own spinlock */
+	pg_atomic_uint64 counters[PAYIDEM_NUM_COUNTERS];
+} PayidemShared;
+
+/* NULL unless payidem is in shared_preload_libraries */
+extern PayidemShared *payidem_shared;
+
+/* shmem.c */
+extern void payidem_shmem_init(void);
+extern void payidem_require_shmem(const char *funcname);
+extern void payidem_count(PayidemCounter counter);
+
+/* payidem.c */
+extern int	payidem_shard_id;
+extern char *payidem_quote_value(const char *value, int len);
 
 #endif							/* PAYIDEM_H */

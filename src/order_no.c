@@ -1,0 +1,482 @@
+/*-------------------------------------------------------------------------
+ *
+ * order_no.c
+ *		gen_order_no(), order_no_valid(), order_no_parse(): order numbers
+ *		that never repeat in a database — across concurrent sessions, backend
+ *		and server crashes, and a wall clock that moves backwards.
+ *
+ * The logical (second, seq) pair lives in shared memory.  Each call takes its
+ * spinlock once: the next number is (wall second, 0) if the clock moved past
+ * the last second issued, else (last second, seq + 1), else — the second's
+ * 1,000,000 numbers used up — (last second + 1, 0).  So the time part never
+ * lags the clock and runs ahead of it only after a clock rollback or beyond
+ * 1,000,000 numbers a second.
+ *
+ * Durability: each database keeps a high-water mark in its sequence
+ * payidem.order_no_hwm.  A number of second S is handed out only once the
+ * mark is > S and the WAL record that set it is flushed; reservations reach
+ * ORDER_NO_RESERVE_SECONDS ahead, so the I/O happens about once per that many
+ * seconds and never under the spinlock.  When shared memory is new (server
+ * start, or rebuilt after a crashed backend) the first call in a database
+ * reads the mark and moves the logical second up to it, so numbers continue
+ * above everything issued before, committed or not.
+ *
+ * Locking: OrderNoShared.mutex (spinlock) for the (second, seq) state, the
+ * counters and the reservation slots — held for a few instructions, never
+ * across I/O.  Writing a mark takes a ShareUpdateExclusiveLock (self-
+ * conflicting, interruptible) on the database's order_no_hwm sequence, so
+ * only one backend per database writes at a time and marks never go down.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <time.h>
+
+#include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/fmgrprotos.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "order_no_codec.h"
+#include "payidem.h"
+
+/* payidem.shard_id: the two shard digits of every number issued here */
+int			payidem_shard_id = 0;
+
+/* slot of this backend's database in the shared array, -1 = look it up */
+static int	my_slot = -1;
+
+void
+order_no_define_gucs(void)
+{
+	DefineCustomIntVariable("payidem.shard_id",
+							gettext_noop("Shard number written into every order number (00-99)."),
+							gettext_noop("Give each database that issues numbers for one platform its own value; "
+										 "set it per database with ALTER DATABASE ... SET payidem.shard_id."),
+							&payidem_shard_id,
+							0, 0, ORDER_NO_SHARD_MAX,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+}
+
+void
+order_no_shmem_init(OrderNoShared *state)
+{
+	SpinLockInit(&state->mutex);
+	state->last_second = 0;
+	state->last_seq = -1;
+	state->last_wall = 0;
+	state->issued = 0;
+	state->rollbacks = 0;
+	state->borrowed = 0;
+	state->reservations = 0;
+	memset(state->slots, 0, sizeof(state->slots));
+}
+
+static inline int64
+wall_second(void)
+{
+	return (int64) time(NULL);
+}
+
+/* index of dboid's slot, or -1; caller holds the spinlock */
+static int
+find_slot(OrderNoShared *s, Oid dboid)
+{
+	int			i;
+
+	for (i = 0; i < ORDER_NO_MAX_DATABASES; i++)
+		if (s->slots[i].dboid == dboid)
+			return i;
+	return -1;
+}
+
+/*
+ * Take a slot for dboid: a free one, else the one with the oldest reservation
+ * (it only caches that database's mark; the database reloads it on next use).
+ * Caller holds the spinlock.
+ */
+static int
+claim_slot(OrderNoShared *s, Oid dboid)
+{
+	int			i;
+	int			victim = 0;
+
+	for (i = 0; i < ORDER_NO_MAX_DATABASES; i++)
+	{
+		if (s->slots[i].dboid == InvalidOid)
+		{
+			victim = i;
+			break;
+		}
+		if (s->slots[i].reserved_until < s->slots[victim].reserved_until)
+			victim = i;
+	}
+	s->slots[victim].dboid = dboid;
+	s->slots[victim].reserved_until = 0;
+	return victim;
+}
+
+static void
+warn_rollback(int64 from, int64 to, bool at_start)
+{
+	char		frombuf[MAXDATELEN + 1];
+	char		tobuf[MAXDATELEN + 1];
+
+	strlcpy(frombuf, timestamptz_to_str(time_t_to_timestamptz((pg_time_t) from)), sizeof(frombuf));
+	strlcpy(tobuf, timestamptz_to_str(time_t_to_timestamptz((pg_time_t) to)), sizeof(tobuf));
+	ereport(WARNING,
+			(errmsg("system clock moved backwards; order numbers continue from the last issued second"),
+			 at_start
+			 ? errdetail("The clock reads %s, behind the high-water mark %s stored before the restart.",
+						 tobuf, frombuf)
+			 : errdetail("The clock went from %s back to %s.", frombuf, tobuf),
+			 errhint("Numbers stay unique and increasing; their time part runs ahead of the clock until it catches up. Check the server's time synchronisation.")));
+}
+
+/* OID of payidem.order_no_hwm in this database */
+static Oid
+hwm_sequence(void)
+{
+	Oid			nsp = get_namespace_oid("payidem", true);
+	Oid			seq = OidIsValid(nsp) ? get_relname_relid("order_no_hwm", nsp) : InvalidOid;
+
+	if (!OidIsValid(seq))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("extension payidem is not installed in this database"),
+				 errhint("Run CREATE EXTENSION payidem.")));
+	return seq;
+}
+
+/* owner of a relation (the extension's owner, for order_no_hwm) */
+static Oid
+rel_owner(Oid relid)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+/*
+ * Make sure this database's slot is loaded and its reservation covers
+ * second `wanted`.  Does the I/O: reads the stored mark when the slot is
+ * new, writes and flushes a new mark when the reservation runs out.
+ */
+static void
+reserve(int64 wanted)
+{
+	OrderNoShared *s = &payidem_shared->order_no;
+	Oid			seqoid;
+	Oid			save_userid;
+	int			save_sec_context;
+	int			slot;
+	bool		loaded;
+	int64		now;
+	int64		mark = 0;
+	int64		target;
+	int64		covered;
+	int64		needed;
+	bool		rolled_back = false;
+
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot issue order numbers during recovery"),
+				 errdetail("New numbers must be recorded durably, which a standby cannot do."),
+				 errhint("Issue order numbers on the primary.")));
+
+	seqoid = hwm_sequence();
+	/* one writer per database; waits are interruptible and deadlock-checked */
+	LockRelationOid(seqoid, ShareUpdateExclusiveLock);
+
+	/* the sequence belongs to the extension's owner, not to the caller */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(rel_owner(seqoid),
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+
+	SpinLockAcquire(&s->mutex);
+	slot = find_slot(s, MyDatabaseId);
+	loaded = slot >= 0;
+	SpinLockRelease(&s->mutex);
+
+	if (!loaded)
+	{
+		Datum		last;
+		LOCAL_FCINFO(fcinfo, 1);
+
+		/* pg_sequence_last_value() returns NULL for a never-set sequence */
+		InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+		fcinfo->args[0].value = ObjectIdGetDatum(seqoid);
+		fcinfo->args[0].isnull = false;
+		last = pg_sequence_last_value(fcinfo);
+		mark = fcinfo->isnull ? 0 : DatumGetInt64(last);
+
+		now = wall_second();
+		SpinLockAcquire(&s->mutex);
+		slot = find_slot(s, MyDatabaseId);
+		if (slot < 0)
+		{
+			slot = claim_slot(s, MyDatabaseId);
+			s->slots[slot].reserved_until = mark;
+			/* every earlier number of this database is below the mark */
+			if (s->last_second < mark)
+			{
+				s->last_second = mark;
+				s->last_seq = -1;
+			}
+			/* behind even the start of the last reservation: a rollback */
+			if (mark > 0 && now < mark - ORDER_NO_RESERVE_SECONDS)
+			{
+				s->rollbacks++;
+				rolled_back = true;
+			}
+			if (s->last_wall < now)
+				s->last_wall = now;
+		}
+		SpinLockRelease(&s->mutex);
+		if (rolled_back)
+			warn_rollback(mark - ORDER_NO_RESERVE_SECONDS, now, true);
+	}
+
+	/* the next number's second is at most max(wanted, clock, last second) */
+	now = wall_second();
+	SpinLockAcquire(&s->mutex);
+	covered = s->slots[slot].reserved_until;
+	needed = Max(Max(wanted, now), s->last_second);
+	SpinLockRelease(&s->mutex);
+	target = needed + ORDER_NO_RESERVE_SECONDS;
+
+	if (covered <= needed)
+	{
+		/* setval() WAL-logs at once; flush before any number under it is used */
+		DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqoid), Int64GetDatum(target));
+		XLogFlush(XactLastRecEnd);
+
+		SpinLockAcquire(&s->mutex);
+		if (s->slots[slot].dboid == MyDatabaseId && s->slots[slot].reserved_until < target)
+			s->slots[slot].reserved_until = target;
+		s->reservations++;
+		SpinLockRelease(&s->mutex);
+	}
+
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	UnlockRelationOid(seqoid, ShareUpdateExclusiveLock);
+	my_slot = slot;
+}
+
+/*
+ * Issue the next (second, seq).  Fast path: one spinlock round trip, no I/O.
+ */
+static void
+next_number(int64 *second_out, int *seq_out)
+{
+	OrderNoShared *s = &payidem_shared->order_no;
+
+	for (;;)
+	{
+		int64		now = wall_second();
+		int64		second = 0;
+		int			seq = 0;
+		bool		usable;
+		bool		rolled_back = false;
+		int64		rolled_from = 0;
+
+		SpinLockAcquire(&s->mutex);
+		usable = my_slot >= 0 && s->slots[my_slot].dboid == MyDatabaseId;
+		if (usable)
+		{
+			if (now < s->last_wall)
+			{
+				/* our reading may just be stale: look again before calling it a rollback */
+				now = wall_second();
+				if (now < s->last_wall)
+				{
+					rolled_back = true;
+					rolled_from = s->last_wall;
+				}
+			}
+
+			if (now > s->last_second)
+			{
+				second = now;
+				seq = 0;
+			}
+			else if (s->last_seq < ORDER_NO_SEQ_MAX)
+			{
+				second = s->last_second;
+				seq = s->last_seq + 1;
+			}
+			else
+			{
+				second = s->last_second + 1;
+				seq = 0;
+			}
+
+			if (second < s->slots[my_slot].reserved_until)
+			{
+				if (second > now && seq == 0 && second > s->last_second)
+					s->borrowed++;
+				if (rolled_back)
+					s->rollbacks++;
+				if (now != s->last_wall)
+					s->last_wall = now;
+				s->last_second = second;
+				s->last_seq = seq;
+				s->issued++;
+			}
+			else
+			{
+				usable = false;
+				rolled_back = false;	/* seen again after the reservation */
+			}
+		}
+		SpinLockRelease(&s->mutex);
+
+		if (rolled_back)
+			warn_rollback(rolled_from, now, false);
+		if (usable)
+		{
+			*second_out = second;
+			*seq_out = seq;
+			return;
+		}
+		reserve(second);
+	}
+}
+
+static text *
+check_prefix(FunctionCallInfo fcinfo)
+{
+	text	   *prefix;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("order-number prefix must not be NULL"),
+				 errhint("Use a two-character business prefix such as PO (orders), PY (payments) or RF (refunds).")));
+	prefix = PG_GETARG_TEXT_PP(0);
+	if (!order_no_prefix_valid(VARDATA_ANY(prefix), VARSIZE_ANY_EXHDR(prefix)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid order-number prefix"),
+				 errdetail("The prefix was %s; it must be exactly two characters of A-Z or 0-9.",
+						   payidem_quote_value(VARDATA_ANY(prefix), VARSIZE_ANY_EXHDR(prefix))),
+				 errhint("Use an upper-case business prefix such as PO (orders), PY (payments) or RF (refunds).")));
+	return prefix;
+}
+
+/*
+ * payidem.gen_order_no(prefix text DEFAULT 'PO') RETURNS text
+ */
+PG_FUNCTION_INFO_V1(payidem_gen_order_no);
+Datum
+payidem_gen_order_no(PG_FUNCTION_ARGS)
+{
+	text	   *prefix = check_prefix(fcinfo);
+	OrderNoParts parts;
+	char		buf[ORDER_NO_LEN];
+	int64		second;
+	int			seq;
+
+	payidem_require_shmem("gen_order_no");
+	next_number(&second, &seq);
+
+	memcpy(parts.prefix, VARDATA_ANY(prefix), 2);
+	parts.prefix[2] = '\0';
+	parts.epoch = second;
+	parts.shard = payidem_shard_id;
+	parts.seq = seq;
+	if (!order_no_format(buf, &parts))
+		elog(ERROR, "order number out of range: second " INT64_FORMAT ", seq %d", second, seq);
+	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf, ORDER_NO_LEN));
+}
+
+/*
+ * payidem.order_no_valid(order_no text) RETURNS boolean
+ *		Format and check digits; never raises an error.
+ */
+PG_FUNCTION_INFO_V1(payidem_order_no_valid);
+Datum
+payidem_order_no_valid(PG_FUNCTION_ARGS)
+{
+	text	   *s = PG_GETARG_TEXT_PP(0);
+	OrderNoParts parts;
+
+	PG_RETURN_BOOL(order_no_parse(VARDATA_ANY(s), VARSIZE_ANY_EXHDR(s), &parts) == ORDER_NO_OK);
+}
+
+/*
+ * payidem.order_no_parse(order_no text)
+ *		RETURNS TABLE(prefix text, issued_at timestamptz, shard int, seq int)
+ *		One row; 22023 with the reason if the number is not valid.
+ */
+PG_FUNCTION_INFO_V1(payidem_order_no_parse);
+Datum
+payidem_order_no_parse(PG_FUNCTION_ARGS)
+{
+	text	   *s = PG_GETARG_TEXT_PP(0);
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	OrderNoParts parts;
+	OrderNoError err;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+
+	err = order_no_parse(VARDATA_ANY(s), VARSIZE_ANY_EXHDR(s), &parts);
+	if (err != ORDER_NO_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid order number %s",
+						payidem_quote_value(VARDATA_ANY(s), VARSIZE_ANY_EXHDR(s))),
+				 errdetail_internal("%s", order_no_error_text(err))));
+
+	InitMaterializedSRF(fcinfo, 0);
+	values[0] = CStringGetTextDatum(parts.prefix);
+	values[1] = TimestampTzGetDatum(time_t_to_timestamptz((pg_time_t) parts.epoch));
+	values[2] = Int32GetDatum(parts.shard);
+	values[3] = Int32GetDatum(parts.seq);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	return (Datum) 0;
+}
+
+/*
+ * payidem._order_no_forget() RETURNS void
+ *		Called by the install script: drop this database's cached reservation
+ *		so the next number reserves in the (new) order_no_hwm sequence.  Does
+ *		nothing when the library is not preloaded.
+ */
+PG_FUNCTION_INFO_V1(payidem_order_no_forget);
+Datum
+payidem_order_no_forget(PG_FUNCTION_ARGS)
+{
+	OrderNoShared *s;
+	int			slot;
+
+	if (payidem_shared == NULL)
+		PG_RETURN_VOID();
+	s = &payidem_shared->order_no;
+	SpinLockAcquire(&s->mutex);
+	slot = find_slot(s, MyDatabaseId);
+	if (slot >= 0)
+		s->slots[slot].dboid = InvalidOid;
+	SpinLockRelease(&s->mutex);
+	my_slot = -1;
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,47 @@
+/*-------------------------------------------------------------------------
+ *
+ * order_no.h
+ *		Shared-memory state of the order-number generator (order_no.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef PAYIDEM_ORDER_NO_H
+#define PAYIDEM_ORDER_NO_H
+
+#include "storage/spin.h"
+
+/* databases whose high-water mark is cached at once; more are recycled */
+#define ORDER_NO_MAX_DATABASES	64
+
+/* seconds reserved ahead in the durable high-water mark */
+#define ORDER_NO_RESERVE_SECONDS	10
+
+/*
+ * Per-database reservation.  Every number issued in database dboid has a
+ * logical second < reserved_until, and reserved_until is durable (WAL-logged
+ * and flushed) in that database's sequence payidem.order_no_hwm before any
+ * number under it is returned.
+ */
+typedef struct OrderNoDbSlot
+{
+	Oid			dboid;			/* InvalidOid = free */
+	int64		reserved_until; /* first second not covered */
+} OrderNoDbSlot;
+
+typedef struct OrderNoShared
+{
+	slock_t		mutex;			/* protects everything below */
+	int64		last_second;	/* logical second of the last number issued */
+	int32		last_seq;		/* its seq (-1: none issued in last_second) */
+	int64		last_wall;		/* wall-clock second seen by the last call */
+	uint64		issued;			/* numbers issued */
+	uint64		rollbacks;		/* clock rollbacks absorbed */
+	uint64		borrowed;		/* seconds moved ahead of the clock (seq used up) */
+	uint64		reservations;	/* durable high-water marks written */
+	OrderNoDbSlot slots[ORDER_NO_MAX_DATABASES];
+} OrderNoShared;
+
+extern void order_no_shmem_init(OrderNoShared *state);
+extern void order_no_define_gucs(void);
+
+#endif							/* PAYIDEM_ORDER_NO_H */
