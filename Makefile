@@ -12,19 +12,28 @@ EXTENSION  = payidem
 EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
 
 MODULE_big = payidem
-OBJS = \
-	src/payidem.o \
-	src/shmem.o \
-	src/order_no.o \
-	src/order_no_codec.o
+
+# Each part of payidem lists its own objects and tests on its own lines.
+OBJS_CORE      = src/payidem.o src/shmem.o
+OBJS_ORDER_NO  = src/order_no.o src/order_no_codec.o
+OBJS_IDEM      =
+OBJS_STATE     =
+OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE)
 
 DATA = $(wildcard sql/payidem--*.sql)
 
 # pg_regress suites: sql/<name>.sql -> expected/<name>.out
-REGRESS = install privileges
+REGRESS_CORE     = install privileges
+REGRESS_ORDER_NO = order_no
+REGRESS_IDEM     =
+REGRESS_STATE    =
+REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE)
 
 # isolation specs: test/specs/<name>.spec -> test/expected/<name>.out
-ISOLATION =
+ISOLATION_ORDER_NO = order_no_concurrent
+ISOLATION_IDEM     =
+ISOLATION_STATE    =
+ISOLATION = $(ISOLATION_ORDER_NO) $(ISOLATION_IDEM) $(ISOLATION_STATE)
 ISOLATION_OPTS = --inputdir=test
 
 # TAP tests (PostgreSQL::Test::Cluster): test/t/*.pl

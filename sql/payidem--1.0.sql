@@ -666,6 +666,18 @@ COMMENT ON FUNCTION payidem._order_no_forget() IS
 	'Internal: makes the next gen_order_no() in this database reserve in this installation''s order_no_hwm.';
 
 ------------------------------------------------------------------------------
+-- Idempotency functions (C: src/idem.c)
+------------------------------------------------------------------------------
+
+-- (end of idempotency functions)
+
+------------------------------------------------------------------------------
+-- State machines: transition functions and triggers (C)
+------------------------------------------------------------------------------
+
+-- (end of state-machine functions)
+
+------------------------------------------------------------------------------
 -- pg_dump keeps the rows of every data table (built-in whitelist rows are
 -- recreated by CREATE EXTENSION, so they are left out of the dump).
 ------------------------------------------------------------------------------

@@ -23,7 +23,15 @@
  */
 typedef enum PayidemCounter
 {
-	PAYIDEM_COUNTER_PLACEHOLDER_,	/* keeps the array non-empty; not shown */
+	/* idempotency (idem.c) */
+	PAYIDEM_IDEM_CLAIMED,
+	PAYIDEM_IDEM_IN_PROGRESS,
+	PAYIDEM_IDEM_REPLAY,
+	PAYIDEM_IDEM_RECLAIMED,
+	PAYIDEM_IDEM_MISMATCH,
+	/* state machines */
+	PAYIDEM_TRANSITIONS_APPLIED,
+	PAYIDEM_TRANSITIONS_REJECTED,
 	PAYIDEM_NUM_COUNTERS
 } PayidemCounter;
 

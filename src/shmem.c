@@ -31,8 +31,15 @@ PayidemShared *payidem_shared = NULL;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
+/* names shown by payidem.stats(), in PayidemCounter order */
 static const char *const payidem_counter_names[PAYIDEM_NUM_COUNTERS] = {
-	NULL,						/* PAYIDEM_COUNTER_PLACEHOLDER_ */
+	"idem_claimed",
+	"idem_in_progress",
+	"idem_replay",
+	"idem_reclaimed",
+	"idem_mismatch",
+	"transitions_applied",
+	"transitions_rejected",
 };
 
 /* Ask for our shared memory (PostgreSQL 15+: only allowed in this hook). */
@@ -142,8 +149,7 @@ payidem_stats(PG_FUNCTION_ARGS)
 	put_counter(rsinfo, "seconds_borrowed", borrowed);
 	put_counter(rsinfo, "order_no_reservations", reservations);
 	for (i = 0; i < PAYIDEM_NUM_COUNTERS; i++)
-		if (payidem_counter_names[i] != NULL)
-			put_counter(rsinfo, payidem_counter_names[i],
-						pg_atomic_read_u64(&payidem_shared->counters[i]));
+		put_counter(rsinfo, payidem_counter_names[i],
+					pg_atomic_read_u64(&payidem_shared->counters[i]));
 	return (Datum) 0;
 }
