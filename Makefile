@@ -16,24 +16,30 @@ MODULE_big = payidem
 # Each part of payidem lists its own objects and tests on its own lines.
 OBJS_CORE      = src/payidem.o src/shmem.o
 OBJS_ORDER_NO  = src/order_no.o src/order_no_codec.o
-OBJS_IDEM      =
-OBJS_STATE     =
-OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE)
+OBJS_IDEM      = src/idem.o
+OBJS_STATE     = src/state_machine.o
+OBJS_MERCHANT  = src/crypto.o
+OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT)
 
 DATA = $(wildcard sql/payidem--*.sql)
 
 # pg_regress suites: sql/<name>.sql -> expected/<name>.out
 REGRESS_CORE     = install privileges
 REGRESS_ORDER_NO = order_no
-REGRESS_IDEM     =
-REGRESS_STATE    =
-REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE)
+REGRESS_IDEM     = idempotency
+REGRESS_STATE    = state_machine
+REGRESS_MERCHANT = merchant merchant_security
+REGRESS_FLOW     =
+REGRESS_RECON    =
+REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON)
 
 # isolation specs: test/specs/<name>.spec -> test/expected/<name>.out
 ISOLATION_ORDER_NO = order_no_concurrent
-ISOLATION_IDEM     =
-ISOLATION_STATE    =
-ISOLATION = $(ISOLATION_ORDER_NO) $(ISOLATION_IDEM) $(ISOLATION_STATE)
+ISOLATION_IDEM     = idem_commit idem_rollback idem_lease_finish idem_three
+ISOLATION_STATE    = state_transit_race state_whitelist_cache
+ISOLATION_FLOW     =
+ISOLATION_RECON    =
+ISOLATION = $(ISOLATION_ORDER_NO) $(ISOLATION_IDEM) $(ISOLATION_STATE) $(ISOLATION_FLOW) $(ISOLATION_RECON)
 ISOLATION_OPTS = --inputdir=test
 
 # TAP tests (PostgreSQL::Test::Cluster): test/t/*.pl

@@ -26,14 +26,39 @@ SELECT overlay(:'good' PLACING '9' FROM 20 FOR 1), payidem.order_no_valid(overla
 SELECT name, value FROM payidem.stats() WHERE name IN ('order_nos_issued', 'clock_rollbacks', 'seconds_borrowed');
 
 \echo
-\echo '== 3. The platform''s tables ==================================================='
+\echo '== 3. Merchants, channels and secrets ========================================='
+\echo 'A merchant gets a random, unguessable number and API key; the secret is shown once'
+\echo 'and stored only AES-256-GCM encrypted under the master key file (payidem.master_key_file).'
+SELECT merchant_no, api_key, api_secret FROM payidem.create_merchant('Corner Coffee', 'catering', 0.006) \gset
+SELECT :'merchant_no' AS merchant_no, :'api_key' AS api_key, left(:'api_secret', 8) || '...' AS api_secret_shown_once;
+SELECT secret_version, length(ciphertext) AS ciphertext_bytes, encode(nonce, 'hex') AS random_nonce
+  FROM payidem.merchant_secret WHERE merchant_no = :'merchant_no';
+\echo 'Requests are signed with HMAC-SHA256; the database checks them in constant time:'
+SELECT payidem.sign(:'merchant_no', 'amount=1250&out_trade_no=T-1') AS signature \gset
+SELECT payidem.verify_signature(:'api_key', 'amount=1250&out_trade_no=T-1', :'signature') AS genuine,
+       payidem.verify_signature(:'api_key', 'amount=9250&out_trade_no=T-1', :'signature') AS tampered;
+\echo 'Two WeChat channels with weights 1:3 and one Alipay channel; keys stored encrypted:'
+SELECT payidem.create_channel('WXPAY_001', 'wechat', 0.0025, 100),
+       payidem.create_channel('WXPAY_002', 'wechat', 0.0020, 300),
+       payidem.create_channel('ALIPAY_001', 'alipay', 0.0060);
+SELECT payidem.set_channel_config('WXPAY_001', '{"mch_id": "1900000109", "api_v3_key": "demo-key"}');
+SELECT payidem.bind_channel(:'merchant_no', 'WXPAY_001'), payidem.bind_channel(:'merchant_no', 'WXPAY_002'),
+       payidem.bind_channel(:'merchant_no', 'ALIPAY_001');
+SELECT payidem.route_channel(:'merchant_no', 'wechat') AS routed_to, count(*) AS of_1000
+  FROM generate_series(1, 1000) GROUP BY 1 ORDER BY 1;
+\echo 'Rotation: the previous secret keeps working for the grace period, then stops.'
+SELECT left(payidem.rotate_merchant_secret(:'merchant_no', '1 hour'), 8) || '...' AS new_secret;
+SELECT payidem.verify_signature(:'api_key', 'amount=1250&out_trade_no=T-1', :'signature') AS old_secret_in_grace;
+
+\echo
+\echo '== 4. The platform''s tables ==================================================='
 SELECT c.relname AS "table", obj_description(c.oid, 'pg_class') AS "what it holds"
   FROM pg_class c
  WHERE c.relnamespace = 'payidem'::regnamespace AND c.relkind = 'r'
  ORDER BY 1;
 
 \echo
-\echo '== 4. State machines are data ================================================='
+\echo '== 5. State machines are data ================================================='
 \echo 'The whitelist of status changes: a DBA extends it by inserting rows.'
 SELECT entity, from_status || ' -> ' || to_status AS allowed
   FROM payidem.transition ORDER BY entity, from_status, to_status;
@@ -41,39 +66,35 @@ SELECT entity, string_agg(status, ', ' ORDER BY status) AS terminal_statuses
   FROM payidem.state WHERE terminal GROUP BY entity ORDER BY entity;
 
 \echo
-\echo '== 5. The database refuses bad money data, whoever writes it ================='
-INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rate, api_key)
-VALUES ('M0123456789ABCDE', 'Corner Coffee', 'catering', 0.006, 'ak_demo_0123456789');
-INSERT INTO payidem.channel (channel_no, channel_type, fee_rate)
-VALUES ('WXPAY_001', 'wechat', 0.0025);
+\echo '== 6. The database refuses bad money data, whoever writes it ================='
 
 SELECT payidem.gen_order_no('PO') AS order_no, payidem.gen_order_no('PY') AS payment_no,
        payidem.gen_order_no('PY') AS payment_no2 \gset
 \unset ON_ERROR_STOP
 \echo '-- an amount is a whole number of fen/cents, never a decimal:'
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
-VALUES (:'order_no', 'M0123456789ABCDE', 'T-1', 'latte', '12.50', now() + interval '2 hours');
+VALUES (:'order_no', :'merchant_no', 'T-1', 'latte', '12.50', now() + interval '2 hours');
 \echo '-- and never negative:'
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
-VALUES (:'order_no', 'M0123456789ABCDE', 'T-1', 'latte', -1250, now() + interval '2 hours');
+VALUES (:'order_no', :'merchant_no', 'T-1', 'latte', -1250, now() + interval '2 hours');
 \echo '-- a status must exist in the whitelist:'
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, status, expire_at)
-VALUES (:'order_no', 'M0123456789ABCDE', 'T-1', 'latte', 1250, 'payed', now() + interval '2 hours');
+VALUES (:'order_no', :'merchant_no', 'T-1', 'latte', 1250, 'payed', now() + interval '2 hours');
 \echo '-- a rate is a fraction below 1:'
-UPDATE payidem.merchant SET fee_rate = 1 WHERE merchant_no = 'M0123456789ABCDE';
+UPDATE payidem.merchant SET fee_rate = 1 WHERE merchant_no = :'merchant_no';
 \echo '-- channel codes are upper case:'
 INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES ('alipay_001', 'alipay', 0.006);
 \set ON_ERROR_STOP 1
 
 \echo '-- a correct order is accepted:'
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
-VALUES (:'order_no', 'M0123456789ABCDE', 'T-1', 'latte', 1250, now() + interval '2 hours');
+VALUES (:'order_no', :'merchant_no', 'T-1', 'latte', 1250, now() + interval '2 hours');
 \echo '-- one order, at most one pending payment attempt at a time:'
 INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
-VALUES (:'payment_no', :'order_no', 'M0123456789ABCDE', 'WXPAY_001', 1250);
+VALUES (:'payment_no', :'order_no', :'merchant_no', 'WXPAY_001', 1250);
 \unset ON_ERROR_STOP
 INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
-VALUES (:'payment_no2', :'order_no', 'M0123456789ABCDE', 'WXPAY_001', 1250);
+VALUES (:'payment_no2', :'order_no', :'merchant_no', 'WXPAY_001', 1250);
 \set ON_ERROR_STOP 1
 SELECT order_no, amount, currency, status FROM payidem."order";
 SELECT payment_no, order_no, channel_no, amount, status FROM payidem.payment;

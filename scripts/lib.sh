@@ -124,8 +124,12 @@ cluster_start() {
 	as_pg "$PGBIN/initdb" -D "$CLUSTER_DIR/data" -U postgres --auth=trust \
 		-E UTF8 --locale=C --no-sync >"$CLUSTER_DIR/initdb.log" 2>&1 \
 		|| { cat "$CLUSTER_DIR/initdb.log" >&2; die "initdb failed"; }
+	# a throwaway master key for secrets at rest, readable only by the server user
+	head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' | as_pg tee "$CLUSTER_DIR/master.key" >/dev/null
+	as_pg chmod 600 "$CLUSTER_DIR/master.key"
 	{
 		echo "port = $port"
+		echo "payidem.master_key_file = '$CLUSTER_DIR/master.key'"
 		echo "listen_addresses = '127.0.0.1'"
 		echo "unix_socket_directories = '$sockdir'"
 		echo "shared_preload_libraries = 'payidem'"

@@ -8,7 +8,7 @@ SELECT e.extname, e.extversion, n.nspname AS schema, e.extrelocatable
   FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
  WHERE e.extname = 'payidem';
 
--- the sixteen tables, all members of the extension
+-- the eighteen tables, all members of the extension
 SELECT count(*) AS tables
   FROM pg_depend d JOIN pg_class c ON c.oid = d.objid
  WHERE d.refclassid = 'pg_extension'::regclass
@@ -55,7 +55,7 @@ INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order',
 \set regressdb :DBNAME
 \setenv PGDATABASE :regressdb
 CREATE DATABASE payidem_restored;
-\! pg_dump --format=custom | pg_restore --exit-on-error --dbname=payidem_restored
+\! pg_dump --format=custom | PGOPTIONS='-c session_replication_role=replica' pg_restore --exit-on-error --dbname=payidem_restored
 \c payidem_restored
 \set VERBOSITY terse
 SELECT extversion FROM pg_extension WHERE extname = 'payidem';

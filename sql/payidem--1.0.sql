@@ -293,6 +293,7 @@ CREATE TABLE payidem."order" (
 	next_notify_at	timestamptz,
 	expire_at		timestamptz	NOT NULL,
 	paid_at			timestamptz,
+	paid_payment_no	text,
 	closed_at		timestamptz,
 	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
@@ -316,7 +317,8 @@ CREATE TABLE payidem."order" (
 		return_url ~ '^https?://[^[:space:]]+$' AND pg_catalog.length(return_url) <= 1024),
 	CONSTRAINT order_notify_status_known CHECK (notify_status IN ('none', 'pending', 'sent', 'failed')),
 	CONSTRAINT order_notify_attempts_nonnegative CHECK (notify_attempts >= 0),
-	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
+	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at),
+	CONSTRAINT order_paid_payment_format CHECK (paid_payment_no ~ '^PY[0-9]{24}$')
 );
 CREATE INDEX order_notify_due ON payidem."order" (next_notify_at) WHERE notify_status = 'pending';
 CREATE INDEX order_pending_expiry ON payidem."order" (expire_at) WHERE status = 'pending';
@@ -337,6 +339,8 @@ COMMENT ON COLUMN payidem."order".refunded_amount IS
 	'Sum of succeeded refunds, minor units; never above amount.';
 COMMENT ON COLUMN payidem."order".notify_status IS
 	'Merchant notification (outbox): none, pending (due at next_notify_at), sent, failed (gave up).';
+COMMENT ON COLUMN payidem."order".paid_payment_no IS
+	'The payment attempt that paid the order (its refunds move the order''s refunded_amount).';
 COMMENT ON COLUMN payidem."order".expire_at IS
 	'No payment may start after this instant.';
 
@@ -658,16 +662,47 @@ LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION payidem.stats() IS
 	'Counters from shared memory since server start: order numbers issued, clock rollbacks absorbed, seconds borrowed, ...';
 
-CREATE FUNCTION payidem._order_no_forget()
-RETURNS void
-AS 'MODULE_PATHNAME', 'payidem_order_no_forget'
+CREATE FUNCTION payidem._order_no_mark()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'payidem_order_no_mark'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION payidem._order_no_forget() IS
-	'Internal: makes the next gen_order_no() in this database reserve in this installation''s order_no_hwm.';
+COMMENT ON FUNCTION payidem._order_no_mark() IS
+	'Internal: the first second above every order number this server issued (0 if none or not preloaded).';
+
+-- A new installation starts its high-water mark above every number this server
+-- has issued, also in an earlier installation dropped from this database.
+SELECT pg_catalog.setval('payidem.order_no_hwm', payidem._order_no_mark());
 
 ------------------------------------------------------------------------------
 -- Idempotency functions (C: src/idem.c)
 ------------------------------------------------------------------------------
+
+-- Each runs its statements as the owner of payidem.idempotency (see
+-- src/idem.c), so a role needs only EXECUTE on the function; none is PUBLIC.
+
+CREATE FUNCTION payidem.idem_claim(idem_key text, biz_type text, order_no text,
+                                   channel text, amount bigint,
+                                   fingerprint text DEFAULT NULL,
+                                   lease interval DEFAULT '30 seconds')
+RETURNS TABLE (outcome text, status text, result jsonb, attempts integer)
+AS 'MODULE_PATHNAME', 'payidem_idem_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+COMMENT ON FUNCTION payidem.idem_claim(text, text, text, text, bigint, text, interval) IS
+	'Claim an idempotency key; the primary key decides. outcome: claimed (run the logic), in_progress (someone holds a live lease), replay (completed: answer with result), reclaimed (failed or lease expired: run the logic). PI001 if reused with other parameters.';
+
+CREATE FUNCTION payidem.idem_finish(idem_key text, status text, result jsonb DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'payidem_idem_finish'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem.idem_finish(text, text, jsonb) IS
+	'Finish a processing key as completed (later claims replay result) or failed (the next claim reclaims it). PI009 unknown key, PI002 not processing.';
+
+CREATE FUNCTION payidem.idem_purge(older_than interval DEFAULT '24 hours')
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'payidem_idem_purge'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem.idem_purge(interval) IS
+	'Delete completed and failed keys unchanged for longer than older_than; never a processing key. Returns the number deleted.';
 
 -- (end of idempotency functions)
 
@@ -675,7 +710,791 @@ COMMENT ON FUNCTION payidem._order_no_forget() IS
 -- State machines: transition functions and triggers (C)
 ------------------------------------------------------------------------------
 
+-- Whitelist cache invalidation: DML does not invalidate anything by itself,
+-- so every change of state/transition queues a relcache invalidation that the
+-- state-machine code listens for (this session's next command, and every other
+-- session's next statement after commit).  ENABLE ALWAYS: also during a
+-- restore run with session_replication_role = replica.
+CREATE FUNCTION payidem.whitelist_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_whitelist_changed'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem.whitelist_changed() IS
+	'Trigger on payidem.state and payidem.transition: makes every session re-read the whitelist at its next statement.';
+
+CREATE TRIGGER whitelist_changed
+	AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON payidem.state
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem.whitelist_changed();
+ALTER TABLE payidem.state ENABLE ALWAYS TRIGGER whitelist_changed;
+CREATE TRIGGER whitelist_changed
+	AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON payidem.transition
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem.whitelist_changed();
+ALTER TABLE payidem.transition ENABLE ALWAYS TRIGGER whitelist_changed;
+
+-- The guard: no INSERT in a non-initial status, no status change outside
+-- payidem.transition, whoever runs it; every accepted one is logged.
+-- Ordinary (ENABLE ORIGIN) triggers: a restore run with
+-- session_replication_role = replica (superuser only) loads rows as they were.
+CREATE FUNCTION payidem.status_guard()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_status_guard'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem.status_guard() IS
+	'Constraint trigger (entity, key column): refuses inserts in a non-initial status and status changes not in payidem.transition (PI002); logs accepted ones in status_log.';
+
+CREATE CONSTRAINT TRIGGER status_guard
+	AFTER INSERT OR UPDATE OF status ON payidem."order"
+	FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('order', 'order_no');
+CREATE CONSTRAINT TRIGGER status_guard
+	AFTER INSERT OR UPDATE OF status ON payidem.payment
+	FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('payment', 'payment_no');
+CREATE CONSTRAINT TRIGGER status_guard
+	AFTER INSERT OR UPDATE OF status ON payidem.refund
+	FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('refund', 'refund_no');
+
+-- status_log is append-only, for every role, also under
+-- session_replication_role = replica (ENABLE ALWAYS).  No bypass setting.
+CREATE FUNCTION payidem.status_log_append_only()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_status_log_append_only'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem.status_log_append_only() IS
+	'Trigger on payidem.status_log: refuses UPDATE, DELETE and TRUNCATE for every role.';
+
+CREATE TRIGGER status_log_append_only
+	BEFORE UPDATE OR DELETE OR TRUNCATE ON payidem.status_log
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem.status_log_append_only();
+ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
+
+-- The transition functions: one conditional UPDATE each (optimistic lock).
+CREATE FUNCTION payidem.transit_order(order_no text, to_status text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_transit_order'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem.transit_order(text, text) IS
+	'Move an order to to_status if payidem.transition allows it from its current status: true = moved, false = already there, PI009 = no such order, PI002 = not allowed, 22023 = unknown status.';
+
+CREATE FUNCTION payidem.transit_payment(payment_no text, to_status text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_transit_payment'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem.transit_payment(text, text) IS
+	'Move a payment attempt to to_status if payidem.transition allows it: true = moved, false = already there, PI009 = no such payment, PI002 = not allowed, 22023 = unknown status.';
+
+CREATE FUNCTION payidem.transit_refund(refund_no text, to_status text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_transit_refund'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem.transit_refund(text, text) IS
+	'Move a refund to to_status if payidem.transition allows it: true = moved, false = already there, PI009 = no such refund, PI002 = not allowed, 22023 = unknown status.';
+
 -- (end of state-machine functions)
+
+------------------------------------------------------------------------------
+-- Merchants, channels, secrets, routing, roles (crypto in C: src/crypto.c)
+------------------------------------------------------------------------------
+
+-- C primitives.  The master key never passes through SQL; these see only
+-- sealed records.  Not granted to anyone: only the SECURITY DEFINER API
+-- functions below call them.
+CREATE FUNCTION payidem._seal(aad text, plaintext bytea,
+	OUT key_version integer, OUT nonce bytea, OUT ciphertext bytea, OUT auth_tag bytea)
+AS 'MODULE_PATHNAME', 'payidem_seal'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+CREATE FUNCTION payidem._open(aad text, key_version integer, nonce bytea, ciphertext bytea, auth_tag bytea)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'payidem_open'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+CREATE FUNCTION payidem._hmac_sign(aad text, key_version integer, nonce bytea, ciphertext bytea,
+	auth_tag bytea, payload text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_hmac_sign'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+CREATE FUNCTION payidem._hmac_verify(aad text, key_version integer, nonce bytea, ciphertext bytea,
+	auth_tag bytea, payload text, signature text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_hmac_verify'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+CREATE FUNCTION payidem._random_code(prefix text, len integer)
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_random_code'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+CREATE FUNCTION payidem._random_secret()
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_random_secret'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+CREATE FUNCTION payidem.master_key_version()
+RETURNS integer
+AS 'MODULE_PATHNAME', 'payidem_master_key_version'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem.master_key_version() IS
+	'Version of the current master key (payidem.master_key_file); 55000 if it is not configured.';
+
+-- Shared input checks: one place for each rule and its message.
+CREATE FUNCTION payidem._check_rate(what text, rate numeric)
+RETURNS numeric
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF rate IS NULL OR rate < 0 OR rate >= 1 OR rate <> round(rate, 6) THEN
+		RAISE EXCEPTION 'invalid % rate', what USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The rate was %s; it must be a fraction from 0 up to but not including 1, with at most 6 decimals.',
+							coalesce(rate::text, 'NULL')),
+			HINT = 'Write 0.6% as 0.006.';
+	END IF;
+	RETURN rate;
+END
+$$;
+
+CREATE FUNCTION payidem._check_code(what text, value text, pattern text, rule text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF value IS NULL OR value !~ pattern THEN
+		RAISE EXCEPTION 'invalid %', what USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; %s', coalesce(quote_literal(left(value, 64)), 'NULL'), rule);
+	END IF;
+	RETURN value;
+END
+$$;
+
+CREATE FUNCTION payidem._check_limit(what text, value bigint)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF value IS NOT NULL AND value <= 0 THEN
+		RAISE EXCEPTION 'invalid %', what USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The limit was %s; a limit is a positive amount in minor units, or NULL for none.', value);
+	END IF;
+	RETURN value;
+END
+$$;
+
+CREATE FUNCTION payidem._merchant_for_update(p_merchant_no text)
+RETURNS payidem.merchant
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m payidem.merchant;
+BEGIN
+	SELECT * INTO m FROM payidem.merchant WHERE merchant_no OPERATOR(pg_catalog.=) p_merchant_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(p_merchant_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	RETURN m;
+END
+$$;
+
+CREATE FUNCTION payidem._channel_for_update(p_channel_no text)
+RETURNS payidem.channel
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	c payidem.channel;
+BEGIN
+	SELECT * INTO c FROM payidem.channel WHERE channel_no OPERATOR(pg_catalog.=) p_channel_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'channel % does not exist', coalesce(quote_literal(left(p_channel_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	RETURN c;
+END
+$$;
+
+-- associated data binding a sealed record to its row
+CREATE FUNCTION payidem._secret_aad(p_merchant_no text, p_version integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN 'merchant_secret:' OPERATOR(pg_catalog.||) p_merchant_no
+	OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) p_version::text;
+
+CREATE FUNCTION payidem._config_aad(p_channel_no text)
+RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN 'channel_config:' OPERATOR(pg_catalog.||) p_channel_no;
+
+CREATE FUNCTION payidem.create_merchant(name text, merchant_type text, fee_rate numeric,
+	settle_cycle text DEFAULT 'T1')
+RETURNS TABLE (merchant_no text, api_key text, api_secret text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_no     text;
+	v_key    text;
+	v_secret text;
+	v_sealed record;
+BEGIN
+	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
+		RAISE EXCEPTION 'invalid merchant name' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
+	END IF;
+	PERFORM payidem._check_code('merchant type', create_merchant.merchant_type, '^[a-z][a-z0-9_]{0,31}$',
+		'a merchant type is a lower-case code such as retail or catering.');
+	PERFORM payidem._check_rate('merchant fee', create_merchant.fee_rate);
+	PERFORM payidem._check_code('settlement cycle', create_merchant.settle_cycle, '^[TD][0-9]{1,2}$',
+		'a settlement cycle is T<n> or D<n>, e.g. T1 or D0.');
+
+	-- 75 random bits each: a collision is astronomically rare, but retry anyway
+	LOOP
+		v_no := payidem._random_code('M', 15);
+		v_key := payidem._random_code('ak_', 26);
+		INSERT INTO payidem.merchant AS m (merchant_no, merchant_name, merchant_type, fee_rate, settle_cycle, api_key)
+		VALUES (v_no, btrim(name), create_merchant.merchant_type, create_merchant.fee_rate,
+				create_merchant.settle_cycle, v_key)
+		ON CONFLICT DO NOTHING;
+		EXIT WHEN FOUND;
+	END LOOP;
+
+	v_secret := payidem._random_secret();
+	v_sealed := payidem._seal(payidem._secret_aad(v_no, 1), convert_to(v_secret, 'UTF8'));
+	INSERT INTO payidem.merchant_secret (merchant_no, secret_version, key_version, nonce, ciphertext, auth_tag)
+	VALUES (v_no, 1, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext, v_sealed.auth_tag);
+
+	merchant_no := v_no;
+	api_key := v_key;
+	api_secret := v_secret;
+	RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION payidem.create_merchant(text, text, numeric, text) IS
+	'New active merchant with a random merchant_no and api_key; the API secret is returned once and stored only encrypted.';
+
+CREATE FUNCTION payidem.rotate_merchant_secret(merchant_no text, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m        payidem.merchant;
+	v_next   integer;
+	v_secret text;
+	v_sealed record;
+BEGIN
+	IF grace IS NULL OR grace < interval '0' THEN
+		RAISE EXCEPTION 'invalid grace period' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The grace period was %s; it must be zero or positive.', coalesce(grace::text, 'NULL'));
+	END IF;
+	m := payidem._merchant_for_update(rotate_merchant_secret.merchant_no);
+
+	-- secrets still in an earlier grace window end now: only current + previous stay valid
+	UPDATE payidem.merchant_secret s
+	   SET valid_until = greatest(now(), s.valid_from + interval '1 microsecond')
+	 WHERE s.merchant_no = m.merchant_no AND s.valid_until > now();
+	-- the current secret gets the grace window
+	UPDATE payidem.merchant_secret s
+	   SET valid_until = greatest(now() + grace, s.valid_from + interval '1 microsecond')
+	 WHERE s.merchant_no = m.merchant_no AND s.valid_until IS NULL;
+
+	SELECT coalesce(max(s.secret_version), 0) + 1 INTO v_next
+	  FROM payidem.merchant_secret s WHERE s.merchant_no = m.merchant_no;
+	v_secret := payidem._random_secret();
+	v_sealed := payidem._seal(payidem._secret_aad(m.merchant_no, v_next), convert_to(v_secret, 'UTF8'));
+	INSERT INTO payidem.merchant_secret (merchant_no, secret_version, key_version, nonce, ciphertext, auth_tag)
+	VALUES (m.merchant_no, v_next, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext, v_sealed.auth_tag);
+	UPDATE payidem.merchant SET updated_at = now() WHERE payidem.merchant.merchant_no = m.merchant_no;
+	RETURN v_secret;
+END
+$$;
+COMMENT ON FUNCTION payidem.rotate_merchant_secret(text, interval) IS
+	'New API secret (returned once); the previous one stays valid for the grace period, older ones end now.';
+
+CREATE FUNCTION payidem.sign(merchant_no text, payload text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	s payidem.merchant_secret;
+BEGIN
+	SELECT * INTO s FROM payidem.merchant_secret ms
+	 WHERE ms.merchant_no OPERATOR(pg_catalog.=) sign.merchant_no AND ms.valid_until IS NULL;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(sign.merchant_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	IF payload IS NULL THEN
+		RAISE EXCEPTION 'payload to sign must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	RETURN payidem._hmac_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
+							  s.key_version, s.nonce, s.ciphertext, s.auth_tag, payload);
+END
+$$;
+COMMENT ON FUNCTION payidem.sign(text, text) IS
+	'HMAC-SHA256 (64 lowercase hex) of the payload under the merchant''s current API secret.';
+
+CREATE FUNCTION payidem.verify_signature(api_key text, payload text, signature text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	s  payidem.merchant_secret;
+	ok boolean := false;
+BEGIN
+	IF api_key IS NULL OR payload IS NULL OR signature IS NULL THEN
+		RETURN false;
+	END IF;
+	-- every secret valid now: the current one and, within its grace window, the previous one
+	FOR s IN
+		SELECT ms.* FROM payidem.merchant m
+		  JOIN payidem.merchant_secret ms ON ms.merchant_no = m.merchant_no
+		 WHERE m.api_key OPERATOR(pg_catalog.=) verify_signature.api_key
+		   AND ms.valid_from <= now()
+		   AND (ms.valid_until IS NULL OR ms.valid_until > now())
+	LOOP
+		-- no early exit: the time taken does not say which secret matched
+		ok := payidem._hmac_verify(payidem._secret_aad(s.merchant_no, s.secret_version),
+								   s.key_version, s.nonce, s.ciphertext, s.auth_tag,
+								   payload, signature) OR ok;
+	END LOOP;
+	RETURN ok;
+END
+$$;
+COMMENT ON FUNCTION payidem.verify_signature(text, text, text) IS
+	'true if the signature is the HMAC-SHA256 of the payload under a secret of that api_key valid now (current, or previous within its grace window).';
+
+CREATE FUNCTION payidem.set_merchant_status(merchant_no text, status text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m payidem.merchant;
+BEGIN
+	IF status IS NULL OR status NOT IN ('active', 'frozen', 'closed') THEN
+		RAISE EXCEPTION 'invalid merchant status' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The status was %s; it must be active, frozen or closed.', coalesce(quote_literal(left(status, 64)), 'NULL'));
+	END IF;
+	m := payidem._merchant_for_update(set_merchant_status.merchant_no);
+	IF m.status = 'closed' AND status <> 'closed' THEN
+		RAISE EXCEPTION 'merchant % is closed', m.merchant_no USING
+			ERRCODE = 'PI002',
+			DETAIL = format('merchant %L: ''closed'' -> %L is not allowed', m.merchant_no, status),
+			HINT = 'A closed merchant stays closed; create a new merchant instead.';
+	END IF;
+	UPDATE payidem.merchant SET status = set_merchant_status.status, updated_at = now()
+	 WHERE payidem.merchant.merchant_no = m.merchant_no;
+END
+$$;
+CREATE FUNCTION payidem.freeze_merchant(merchant_no text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT payidem.set_merchant_status(merchant_no, 'frozen'); END;
+CREATE FUNCTION payidem.unfreeze_merchant(merchant_no text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT payidem.set_merchant_status(merchant_no, 'active'); END;
+CREATE FUNCTION payidem.close_merchant(merchant_no text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT payidem.set_merchant_status(merchant_no, 'closed'); END;
+COMMENT ON FUNCTION payidem.set_merchant_status(text, text) IS
+	'Set a merchant active, frozen or closed (closed is final). freeze_/unfreeze_/close_merchant are shorthands.';
+
+CREATE FUNCTION payidem.create_channel(channel_no text, channel_type text, fee_rate numeric,
+	weight integer DEFAULT 100, allowed_merchant_types text[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._check_code('channel code', create_channel.channel_no, '^[A-Z][A-Z0-9_]{1,31}$',
+		'a channel code is upper case, e.g. WXPAY_001.');
+	PERFORM payidem._check_code('channel type', create_channel.channel_type, '^[a-z][a-z0-9_]{0,31}$',
+		'a channel type is a lower-case code such as wechat, alipay or unionpay.');
+	PERFORM payidem._check_rate('channel fee', create_channel.fee_rate);
+	IF weight IS NULL OR weight NOT BETWEEN 0 AND 10000 THEN
+		RAISE EXCEPTION 'invalid channel weight' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The weight was %s; it must be from 0 to 10000.', coalesce(weight::text, 'NULL'));
+	END IF;
+	IF allowed_merchant_types IS NOT NULL AND (cardinality(allowed_merchant_types) = 0
+		OR array_position(allowed_merchant_types, NULL) IS NOT NULL
+		OR array_to_string(allowed_merchant_types, ',') !~ '^[a-z][a-z0-9_]{0,31}(,[a-z][a-z0-9_]{0,31})*$') THEN
+		RAISE EXCEPTION 'invalid list of allowed merchant types' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The list was %s; it must be NULL (all types) or a non-empty list of lower-case merchant types.',
+							left(allowed_merchant_types::text, 200));
+	END IF;
+	INSERT INTO payidem.channel (channel_no, channel_type, fee_rate, weight, allowed_merchant_types)
+	VALUES (create_channel.channel_no, create_channel.channel_type, create_channel.fee_rate,
+			create_channel.weight, create_channel.allowed_merchant_types)
+	ON CONFLICT DO NOTHING;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'channel % already exists', create_channel.channel_no USING
+			ERRCODE = 'duplicate_object',
+			HINT = 'Choose another channel code, or change the existing channel.';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.create_channel(text, text, numeric, integer, text[]) IS
+	'New active payment channel; its keys go in with set_channel_config().';
+
+CREATE FUNCTION payidem.set_channel_status(channel_no text, status text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	c payidem.channel;
+BEGIN
+	IF status IS NULL OR status NOT IN ('active', 'disabled') THEN
+		RAISE EXCEPTION 'invalid channel status' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The status was %s; it must be active or disabled.', coalesce(quote_literal(left(status, 64)), 'NULL'));
+	END IF;
+	c := payidem._channel_for_update(set_channel_status.channel_no);
+	UPDATE payidem.channel SET status = set_channel_status.status, updated_at = now()
+	 WHERE payidem.channel.channel_no = c.channel_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.set_channel_status(text, text) IS
+	'Enable (active) or disable a channel; a disabled channel is never routed to and starts no payment.';
+
+CREATE FUNCTION payidem.set_channel_config(channel_no text, config jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	c        payidem.channel;
+	v_sealed record;
+BEGIN
+	c := payidem._channel_for_update(set_channel_config.channel_no);
+	IF config IS NULL OR jsonb_typeof(config) <> 'object' THEN
+		RAISE EXCEPTION 'channel configuration must be a JSON object' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('It was a JSON %s.', coalesce(jsonb_typeof(config), 'NULL')),
+			HINT = 'Pass e.g. {"app_id": "...", "private_key": "..."}.';
+	END IF;
+	v_sealed := payidem._seal(payidem._config_aad(c.channel_no), convert_to(config::text, 'UTF8'));
+	INSERT INTO payidem.channel_config AS cc (channel_no, key_version, nonce, ciphertext, auth_tag)
+	VALUES (c.channel_no, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext, v_sealed.auth_tag)
+	ON CONFLICT ON CONSTRAINT channel_config_pkey DO UPDATE
+	   SET key_version = excluded.key_version, nonce = excluded.nonce,
+		   ciphertext = excluded.ciphertext, auth_tag = excluded.auth_tag, updated_at = now();
+END
+$$;
+COMMENT ON FUNCTION payidem.set_channel_config(text, jsonb) IS
+	'Store a channel''s keys and certificates (a JSON object), encrypted under the master key.';
+
+CREATE FUNCTION payidem.get_channel_config(channel_no text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	cc payidem.channel_config;
+BEGIN
+	SELECT * INTO cc FROM payidem.channel_config x WHERE x.channel_no OPERATOR(pg_catalog.=) get_channel_config.channel_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'channel % has no configuration', coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009',
+			HINT = 'Store one with payidem.set_channel_config().';
+	END IF;
+	RETURN convert_from(payidem._open(payidem._config_aad(cc.channel_no), cc.key_version, cc.nonce,
+									  cc.ciphertext, cc.auth_tag), 'UTF8')::jsonb;
+END
+$$;
+COMMENT ON FUNCTION payidem.get_channel_config(text) IS
+	'The decrypted configuration of a channel.';
+
+CREATE FUNCTION payidem.bind_channel(merchant_no text, channel_no text, fee_rate numeric DEFAULT NULL,
+	single_limit bigint DEFAULT NULL, daily_limit bigint DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m payidem.merchant;
+	c payidem.channel;
+BEGIN
+	m := payidem._merchant_for_update(bind_channel.merchant_no);
+	c := payidem._channel_for_update(bind_channel.channel_no);
+	IF bind_channel.fee_rate IS NOT NULL THEN
+		PERFORM payidem._check_rate('merchant fee', bind_channel.fee_rate);
+	END IF;
+	PERFORM payidem._check_limit('single limit', single_limit);
+	PERFORM payidem._check_limit('daily limit', daily_limit);
+	IF single_limit > daily_limit THEN
+		RAISE EXCEPTION 'single limit exceeds daily limit' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The single limit was %s and the daily limit %s.', single_limit, daily_limit);
+	END IF;
+	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
+		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Channel %s admits %s; merchant %s is %s.', c.channel_no,
+							array_to_string(c.allowed_merchant_types, ', '), m.merchant_no, m.merchant_type),
+			HINT = 'Bind a channel that admits this merchant type, or change the channel''s allowed_merchant_types.';
+	END IF;
+	INSERT INTO payidem.merchant_channel AS b (merchant_no, channel_no, fee_rate, single_limit, daily_limit)
+	VALUES (m.merchant_no, c.channel_no, bind_channel.fee_rate, bind_channel.single_limit, bind_channel.daily_limit)
+	ON CONFLICT ON CONSTRAINT merchant_channel_pkey DO UPDATE
+	   SET fee_rate = excluded.fee_rate, single_limit = excluded.single_limit,
+		   daily_limit = excluded.daily_limit, status = 'active', updated_at = now();
+END
+$$;
+COMMENT ON FUNCTION payidem.bind_channel(text, text, numeric, bigint, bigint) IS
+	'Let a merchant use a channel, with an optional own rate and limits (binding again updates them and re-activates).';
+
+CREATE FUNCTION payidem.unbind_channel(merchant_no text, channel_no text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	UPDATE payidem.merchant_channel b SET status = 'disabled', updated_at = now()
+	 WHERE b.merchant_no OPERATOR(pg_catalog.=) unbind_channel.merchant_no
+	   AND b.channel_no OPERATOR(pg_catalog.=) unbind_channel.channel_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'merchant % is not bound to channel %',
+			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'),
+			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.unbind_channel(text, text) IS
+	'Disable a merchant''s binding to a channel (kept for history; bind_channel re-activates it).';
+
+CREATE FUNCTION payidem.route_channel(merchant_no text, channel_type text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m       payidem.merchant;
+	v_total bigint;
+	v_pick  double precision;
+	r       record;
+BEGIN
+	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) route_channel.merchant_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(route_channel.merchant_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	IF m.status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
+			ERRCODE = 'PI004',
+			HINT = 'Only active merchants take payments.';
+	END IF;
+	-- effective weight: channel weight x binding weight
+	SELECT sum(c.weight::bigint * b.weight) INTO v_total
+	  FROM payidem.merchant_channel b
+	  JOIN payidem.channel c ON c.channel_no = b.channel_no
+	 WHERE b.merchant_no = m.merchant_no AND b.status = 'active'
+	   AND c.status = 'active' AND c.channel_type OPERATOR(pg_catalog.=) route_channel.channel_type
+	   AND (c.allowed_merchant_types IS NULL OR m.merchant_type = ANY (c.allowed_merchant_types))
+	   AND c.weight > 0 AND b.weight > 0;
+	IF v_total IS NULL THEN
+		RAISE EXCEPTION 'no channel of type % is available to merchant %',
+			coalesce(quote_literal(left(route_channel.channel_type, 64)), 'NULL'), m.merchant_no USING
+			ERRCODE = 'PI004',
+			DETAIL = 'A channel must be active, of that type, bound and active for the merchant, admit its merchant type, and have a weight above 0.',
+			HINT = 'Bind an active channel of this type with payidem.bind_channel().';
+	END IF;
+	v_pick := random() * v_total;
+	FOR r IN
+		SELECT c.channel_no, c.weight::bigint * b.weight AS w
+		  FROM payidem.merchant_channel b
+		  JOIN payidem.channel c ON c.channel_no = b.channel_no
+		 WHERE b.merchant_no = m.merchant_no AND b.status = 'active'
+		   AND c.status = 'active' AND c.channel_type OPERATOR(pg_catalog.=) route_channel.channel_type
+		   AND (c.allowed_merchant_types IS NULL OR m.merchant_type = ANY (c.allowed_merchant_types))
+		   AND c.weight > 0 AND b.weight > 0
+		 ORDER BY c.channel_no
+	LOOP
+		v_pick := v_pick - r.w;
+		IF v_pick < 0 THEN
+			RETURN r.channel_no;
+		END IF;
+	END LOOP;
+	RETURN r.channel_no;		-- rounding at the very end of the range
+END
+$$;
+COMMENT ON FUNCTION payidem.route_channel(text, text) IS
+	'Weighted random choice among the channels of a type that are active, bound and active for the merchant, and admit its type (weight = channel weight x binding weight). Uses random(): setseed() makes it repeatable.';
+
+CREATE FUNCTION payidem.reencrypt_secrets()
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_current integer := payidem.master_key_version();
+	v_count   bigint := 0;
+	v_sealed  record;
+	s         payidem.merchant_secret;
+	cc        payidem.channel_config;
+BEGIN
+	FOR s IN SELECT * FROM payidem.merchant_secret x WHERE x.key_version <> v_current FOR UPDATE LOOP
+		v_sealed := payidem._seal(payidem._secret_aad(s.merchant_no, s.secret_version),
+			payidem._open(payidem._secret_aad(s.merchant_no, s.secret_version),
+						  s.key_version, s.nonce, s.ciphertext, s.auth_tag));
+		UPDATE payidem.merchant_secret x
+		   SET key_version = v_sealed.key_version, nonce = v_sealed.nonce,
+			   ciphertext = v_sealed.ciphertext, auth_tag = v_sealed.auth_tag
+		 WHERE x.merchant_no = s.merchant_no AND x.secret_version = s.secret_version;
+		v_count := v_count + 1;
+	END LOOP;
+	FOR cc IN SELECT * FROM payidem.channel_config x WHERE x.key_version <> v_current FOR UPDATE LOOP
+		v_sealed := payidem._seal(payidem._config_aad(cc.channel_no),
+			payidem._open(payidem._config_aad(cc.channel_no), cc.key_version, cc.nonce, cc.ciphertext, cc.auth_tag));
+		UPDATE payidem.channel_config x
+		   SET key_version = v_sealed.key_version, nonce = v_sealed.nonce,
+			   ciphertext = v_sealed.ciphertext, auth_tag = v_sealed.auth_tag, updated_at = now()
+		 WHERE x.channel_no = cc.channel_no;
+		v_count := v_count + 1;
+	END LOOP;
+	RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION payidem.reencrypt_secrets() IS
+	'Master-key rotation: re-encrypt every secret and channel configuration not yet under the current key; returns how many.';
+
+------------------------------------------------------------------------------
+-- Roles: application, auditor, merchant-scoped reporting (row-level security)
+------------------------------------------------------------------------------
+
+CREATE TABLE payidem.merchant_role (
+	role_name	name		NOT NULL,
+	merchant_no	text		NOT NULL,
+	created_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT merchant_role_pkey PRIMARY KEY (role_name, merchant_no),
+	CONSTRAINT merchant_role_merchant_fkey FOREIGN KEY (merchant_no)
+		REFERENCES payidem.merchant (merchant_no)
+);
+COMMENT ON TABLE payidem.merchant_role IS
+	'Reporting roles mapped to merchants: such a role reads only its merchants'' orders, payments, refunds and anomalies (row-level security). Managed with map_merchant_role()/unmap_merchant_role().';
+
+CREATE TABLE payidem.auditor_role (
+	role_name	name		NOT NULL,
+	created_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT auditor_role_pkey PRIMARY KEY (role_name)
+);
+COMMENT ON TABLE payidem.auditor_role IS
+	'Roles granted read access to all merchants'' rows (without secrets) by grant_auditor().';
+
+-- Used by the row-level security policies, which pass the querying role (the
+-- policy expression runs as that role; inside this SECURITY DEFINER function
+-- CURRENT_USER would be the owner).  Runs as the extension's owner, so the
+-- mapping tables need no grants.
+CREATE FUNCTION payidem._row_visible(p_merchant_no text, p_role name)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role_name = p_role)
+	OR EXISTS (SELECT 1 FROM payidem.merchant_role r
+				WHERE r.role_name = p_role AND r.merchant_no = p_merchant_no);
+
+ALTER TABLE payidem."order" ENABLE ROW LEVEL SECURITY;
+ALTER TABLE payidem.payment ENABLE ROW LEVEL SECURITY;
+ALTER TABLE payidem.refund ENABLE ROW LEVEL SECURITY;
+ALTER TABLE payidem.anomaly ENABLE ROW LEVEL SECURITY;
+CREATE POLICY merchant_rows ON payidem."order" FOR SELECT
+	USING (payidem._row_visible(merchant_no, CURRENT_USER));
+CREATE POLICY merchant_rows ON payidem.payment FOR SELECT
+	USING (payidem._row_visible(merchant_no, CURRENT_USER));
+CREATE POLICY merchant_rows ON payidem.refund FOR SELECT
+	USING (payidem._row_visible(merchant_no, CURRENT_USER));
+CREATE POLICY merchant_rows ON payidem.anomaly FOR SELECT
+	USING (payidem._row_visible((SELECT o.merchant_no FROM payidem."order" o WHERE o.order_no = anomaly.order_no),
+								CURRENT_USER));
+
+CREATE FUNCTION payidem._check_role(role regrole)
+RETURNS name
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	r pg_roles;
+BEGIN
+	SELECT * INTO r FROM pg_catalog.pg_roles WHERE oid = role;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'role does not exist' USING ERRCODE = 'undefined_object';
+	END IF;
+	IF r.rolsuper OR r.rolbypassrls THEN
+		RAISE EXCEPTION 'role % bypasses row-level security', r.rolname USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'Use an ordinary role without SUPERUSER or BYPASSRLS.';
+	END IF;
+	RETURN r.rolname;
+END
+$$;
+
+-- The application's API: what grant_app() makes executable.
+CREATE FUNCTION payidem.app_functions()
+RETURNS SETOF regprocedure
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT p.oid::regprocedure
+	  FROM pg_catalog.pg_proc p
+	 WHERE p.pronamespace = 'payidem'::regnamespace
+	   AND p.proname IN ('gen_order_no', 'order_no_valid', 'order_no_parse', 'stats',
+						 'idem_claim', 'idem_finish',
+						 'transit_order', 'transit_payment', 'transit_refund',
+						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
+						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
+						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
+						 'reconcile', 'resolve_diff');
+END;
+COMMENT ON FUNCTION payidem.app_functions() IS
+	'The functions grant_app() lets an application role execute.';
+
+CREATE FUNCTION payidem.grant_app(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	f regprocedure;
+	v_role name := payidem._check_role(role);
+BEGIN
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
+	FOR f IN SELECT * FROM payidem.app_functions() LOOP
+		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, v_role);
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION payidem.grant_app(regrole) IS
+	'Let an application role call payidem''s API functions (payidem.app_functions()); it gets no direct access to any table.';
+
+CREATE FUNCTION payidem.grant_auditor(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, name) TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
+				   'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.status_log, '
+				   'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
+				   'payidem.reconciliation TO %I', v_role);
+	INSERT INTO payidem.auditor_role (role_name) VALUES (v_role) ON CONFLICT DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION payidem.grant_auditor(regrole) IS
+	'Read-only access to every merchant''s business rows; never to merchant_secret, channel_config or idempotency results.';
+
+CREATE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	PERFORM payidem._merchant_for_update(map_merchant_role.merchant_no);
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, name) TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly TO %I', v_role);
+	INSERT INTO payidem.merchant_role (role_name, merchant_no)
+	VALUES (v_role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
+	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security).';
+
+CREATE FUNCTION payidem.unmap_merchant_role(role regrole, merchant_no text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	DELETE FROM payidem.merchant_role r
+	 WHERE r.role_name = role::text::name AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'role % is not mapped to merchant %', role,
+			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.unmap_merchant_role(regrole, text) IS
+	'Remove a reporting role''s access to one merchant''s rows.';
+
+-- (end of merchant functions)
+
+------------------------------------------------------------------------------
+-- Payment flow: orders, attempts, results, refunds, notifications
+------------------------------------------------------------------------------
+
+-- (end of payment-flow functions)
+
+------------------------------------------------------------------------------
+-- Reconciliation
+------------------------------------------------------------------------------
+
+-- (end of reconciliation functions)
 
 ------------------------------------------------------------------------------
 -- pg_dump keeps the rows of every data table (built-in whitelist rows are
@@ -702,6 +1521,8 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.recon_batch', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.reconciliation', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.reconciliation_recon_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.order_no_hwm', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_role', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.auditor_role', '');
 
 ------------------------------------------------------------------------------
 -- Privileges: nothing for PUBLIC.  Grant to your application and operator
@@ -713,6 +1534,3 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA payidem FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
 REVOKE ALL ON SCHEMA payidem FROM PUBLIC;
 
--- A fresh order_no_hwm: forget any reservation cached for this database by an
--- earlier installation, so the first number reserves in this sequence.
-SELECT payidem._order_no_forget();

@@ -33,6 +33,7 @@
 
 #include <time.h>
 
+#include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
@@ -43,6 +44,7 @@
 #include "utils/datetime.h"
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
@@ -55,6 +57,21 @@ int			payidem_shard_id = 0;
 
 /* slot of this backend's database in the shared array, -1 = look it up */
 static int	my_slot = -1;
+
+/*
+ * OID of this database's order_no_hwm as last looked up; InvalidOid once a
+ * relcache invalidation says it may have changed (DROP/CREATE EXTENSION).
+ * The fast path only uses a slot loaded from this very sequence.
+ */
+static Oid	my_seqoid = InvalidOid;
+static bool callback_registered = false;
+
+static void
+hwm_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == my_seqoid)
+		my_seqoid = InvalidOid;
+}
 
 void
 order_no_define_gucs(void)
@@ -124,6 +141,7 @@ claim_slot(OrderNoShared *s, Oid dboid)
 			victim = i;
 	}
 	s->slots[victim].dboid = dboid;
+	s->slots[victim].seqoid = InvalidOid;
 	s->slots[victim].reserved_until = 0;
 	return victim;
 }
@@ -160,17 +178,29 @@ hwm_sequence(void)
 	return seq;
 }
 
-/* owner of a relation (the extension's owner, for order_no_hwm) */
+/*
+ * Owner of the sequence; refuses a sequence created by the current
+ * transaction: a mark written there would vanish if the transaction rolled
+ * back, while the numbers issued under it would not.
+ */
 static Oid
-rel_owner(Oid relid)
+hwm_owner(Oid seqoid)
 {
-	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(seqoid));
 	Oid			owner;
+	bool		created_here;
 
 	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "cache lookup failed for relation %u", relid);
+		elog(ERROR, "cache lookup failed for relation %u", seqoid);
 	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	created_here = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tup->t_data));
 	ReleaseSysCache(tup);
+	if (created_here)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("cannot issue order numbers in the transaction that installed payidem"),
+				 errdetail("The durable high-water mark of order numbers would be lost if this transaction rolled back."),
+				 errhint("Commit CREATE EXTENSION payidem first.")));
 	return owner;
 }
 
@@ -184,6 +214,7 @@ reserve(int64 wanted)
 {
 	OrderNoShared *s = &payidem_shared->order_no;
 	Oid			seqoid;
+	Oid			owner;
 	Oid			save_userid;
 	int			save_sec_context;
 	int			slot;
@@ -195,26 +226,36 @@ reserve(int64 wanted)
 	int64		needed;
 	bool		rolled_back = false;
 
-	if (RecoveryInProgress())
-		ereport(ERROR,
-				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
-				 errmsg("cannot issue order numbers during recovery"),
-				 errdetail("New numbers must be recorded durably, which a standby cannot do."),
-				 errhint("Issue order numbers on the primary.")));
+	if (!callback_registered)
+	{
+		CacheRegisterRelcacheCallback(hwm_relcache_callback, (Datum) 0);
+		callback_registered = true;
+	}
 
-	seqoid = hwm_sequence();
-	/* one writer per database; waits are interruptible and deadlock-checked */
-	LockRelationOid(seqoid, ShareUpdateExclusiveLock);
+	/*
+	 * One writer per database; waits are interruptible and deadlock-checked.
+	 * Look the sequence up again once locked: a concurrent DROP EXTENSION may
+	 * have replaced it while we waited.
+	 */
+	for (;;)
+	{
+		seqoid = hwm_sequence();
+		LockRelationOid(seqoid, ShareUpdateExclusiveLock);
+		if (hwm_sequence() == seqoid)
+			break;
+		UnlockRelationOid(seqoid, ShareUpdateExclusiveLock);
+	}
+	owner = hwm_owner(seqoid);
 
 	/* the sequence belongs to the extension's owner, not to the caller */
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(rel_owner(seqoid),
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 
+	/* a slot loaded from another sequence (extension re-created) must reload */
 	SpinLockAcquire(&s->mutex);
 	slot = find_slot(s, MyDatabaseId);
-	loaded = slot >= 0;
+	loaded = slot >= 0 && s->slots[slot].seqoid == seqoid;
 	SpinLockRelease(&s->mutex);
 
 	if (!loaded)
@@ -232,9 +273,11 @@ reserve(int64 wanted)
 		now = wall_second();
 		SpinLockAcquire(&s->mutex);
 		slot = find_slot(s, MyDatabaseId);
-		if (slot < 0)
+		if (slot < 0 || s->slots[slot].seqoid != seqoid)
 		{
-			slot = claim_slot(s, MyDatabaseId);
+			if (slot < 0)
+				slot = claim_slot(s, MyDatabaseId);
+			s->slots[slot].seqoid = seqoid;
 			s->slots[slot].reserved_until = mark;
 			/* every earlier number of this database is below the mark */
 			if (s->last_second < mark)
@@ -280,6 +323,7 @@ reserve(int64 wanted)
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 	UnlockRelationOid(seqoid, ShareUpdateExclusiveLock);
 	my_slot = slot;
+	my_seqoid = seqoid;
 }
 
 /*
@@ -292,17 +336,33 @@ next_number(int64 *second_out, int *seq_out)
 
 	for (;;)
 	{
-		int64		now = wall_second();
+		uint64		rollbacks_seen;
+		int64		now;
 		int64		second = 0;
 		int			seq = 0;
 		bool		usable;
 		bool		rolled_back = false;
 		int64		rolled_from = 0;
 
+		/*
+		 * The clock is read outside the spinlock.  If another backend handled
+		 * a rollback between our reading and our taking the lock, our reading
+		 * may predate the rollback: read again under the lock, or we would
+		 * move last_wall forward and make the next caller report the same
+		 * rollback again.
+		 */
+		rollbacks_seen = *((volatile uint64 *) &s->rollbacks);
+		pg_read_barrier();
+		now = wall_second();
+
 		SpinLockAcquire(&s->mutex);
-		usable = my_slot >= 0 && s->slots[my_slot].dboid == MyDatabaseId;
+		usable = my_slot >= 0 && OidIsValid(my_seqoid) &&
+			s->slots[my_slot].dboid == MyDatabaseId &&
+			s->slots[my_slot].seqoid == my_seqoid;
 		if (usable)
 		{
+			if (s->rollbacks != rollbacks_seen)
+				now = wall_second();
 			if (now < s->last_wall)
 			{
 				/* our reading may just be stale: look again before calling it a rollback */
@@ -397,6 +457,18 @@ payidem_gen_order_no(PG_FUNCTION_ARGS)
 	int			seq;
 
 	payidem_require_shmem("gen_order_no");
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot issue order numbers during recovery"),
+				 errdetail("New numbers must be recorded durably, which a standby cannot do."),
+				 errhint("Issue order numbers on the primary.")));
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot issue order numbers in a read-only transaction"),
+				 errdetail("Issuing numbers records a durable high-water mark from time to time."),
+				 errhint("Call gen_order_no() in a read-write transaction on the primary.")));
 	next_number(&second, &seq);
 
 	memcpy(parts.prefix, VARDATA_ANY(prefix), 2);
@@ -457,26 +529,24 @@ payidem_order_no_parse(PG_FUNCTION_ARGS)
 }
 
 /*
- * payidem._order_no_forget() RETURNS void
- *		Called by the install script: drop this database's cached reservation
- *		so the next number reserves in the (new) order_no_hwm sequence.  Does
- *		nothing when the library is not preloaded.
+ * payidem._order_no_mark() RETURNS bigint
+ *		Called by the install script to start a new order_no_hwm above every
+ *		number this server has issued (in any database, including one where
+ *		payidem was just dropped): the first second not yet used.  0 when the
+ *		library is not preloaded or nothing was issued since the start.
  */
-PG_FUNCTION_INFO_V1(payidem_order_no_forget);
+PG_FUNCTION_INFO_V1(payidem_order_no_mark);
 Datum
-payidem_order_no_forget(PG_FUNCTION_ARGS)
+payidem_order_no_mark(PG_FUNCTION_ARGS)
 {
 	OrderNoShared *s;
-	int			slot;
+	int64		mark;
 
 	if (payidem_shared == NULL)
-		PG_RETURN_VOID();
+		PG_RETURN_INT64(0);
 	s = &payidem_shared->order_no;
 	SpinLockAcquire(&s->mutex);
-	slot = find_slot(s, MyDatabaseId);
-	if (slot >= 0)
-		s->slots[slot].dboid = InvalidOid;
+	mark = s->last_second > 0 ? s->last_second + 1 : 0;
 	SpinLockRelease(&s->mutex);
-	my_slot = -1;
-	PG_RETURN_VOID();
+	PG_RETURN_INT64(mark);
 }

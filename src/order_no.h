@@ -25,6 +25,7 @@
 typedef struct OrderNoDbSlot
 {
 	Oid			dboid;			/* InvalidOid = free */
+	Oid			seqoid;			/* the database's order_no_hwm when loaded */
 	int64		reserved_until; /* first second not covered */
 } OrderNoDbSlot;
 

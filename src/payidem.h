@@ -49,6 +49,9 @@ extern void payidem_shmem_init(void);
 extern void payidem_require_shmem(const char *funcname);
 extern void payidem_count(PayidemCounter counter);
 
+/* crypto.c */
+extern void crypto_define_gucs(void);
+
 /* payidem.c */
 extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);

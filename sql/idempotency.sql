@@ -1,0 +1,265 @@
+--
+-- idempotency: idem_claim / idem_finish / idem_purge (DESIGN section 4).
+-- Every outcome, every error with its SQLSTATE, and the row after each step.
+-- Keys of this test start with 'rt:'.
+--
+CREATE EXTENSION IF NOT EXISTS payidem;
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+
+-- counters before (payidem.stats() needs the preloaded library)
+CREATE TEMP TABLE stats_before AS
+SELECT name, value FROM payidem.stats() WHERE name LIKE 'idem%';
+
+-- what the table holds for our keys; the lease as none / live / expired
+CREATE TEMP VIEW rt_rows AS
+SELECT idem_key, biz_type, order_no, channel, amount, fingerprint, status, result, attempts,
+       CASE WHEN locked_until IS NULL THEN 'none'
+            WHEN locked_until > clock_timestamp() THEN 'live'
+            ELSE 'expired' END AS lease,
+       updated_at >= created_at AS times_ok
+  FROM payidem.idempotency
+ WHERE idem_key LIKE 'rt:%'
+ ORDER BY idem_key;
+
+--
+-- claimed -> in_progress -> finish completed -> replay with the stored result
+--
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'WXPAY_001', 1500);
+SELECT * FROM rt_rows;
+-- a second caller while the lease is live
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'WXPAY_001', 1500);
+SELECT payidem.idem_finish('rt:pay:PO1:callback', 'completed', '{"answer": "SUCCESS", "payment_no": "PY1"}');
+SELECT * FROM rt_rows;
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'WXPAY_001', 1500);
+-- replay with the other optional arguments: channel and lease are not compared
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'ALIPAY_001', 1500, NULL, '5 minutes');
+SELECT * FROM rt_rows;
+
+-- a duplicate claim writes nothing: no inserted, updated or deleted tuple
+-- (the xact view also counts writes not yet flushed, so compare within one transaction)
+BEGIN;
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del + n_tup_hot_upd), 0) AS writes_before
+  FROM pg_stat_xact_user_tables WHERE relid = 'payidem.idempotency'::regclass \gset
+SELECT outcome FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'WXPAY_001', 1500);
+SELECT outcome FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'WXPAY_001', 1500);
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del + n_tup_hot_upd), 0) - :writes_before AS writes
+  FROM pg_stat_xact_user_tables WHERE relid = 'payidem.idempotency'::regclass;
+-- a new key, for contrast, counts one insert
+SELECT outcome FROM payidem.idem_claim('rt:pay:PO0:callback', 'pay', 'PO0', 'WXPAY_001', 1);
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del + n_tup_hot_upd), 0) - :writes_before AS writes
+  FROM pg_stat_xact_user_tables WHERE relid = 'payidem.idempotency'::regclass;
+ROLLBACK;
+
+--
+-- failed -> reclaimed (attempts + 1, new lease, earlier result still shown)
+--
+SELECT * FROM payidem.idem_claim('rt:refund:RF1:apply', 'refund', 'RF1', NULL, 700, 'sha256:aa');
+SELECT payidem.idem_finish('rt:refund:RF1:apply', 'failed', '{"error": "channel timeout"}');
+SELECT * FROM rt_rows WHERE idem_key = 'rt:refund:RF1:apply';
+SELECT * FROM payidem.idem_claim('rt:refund:RF1:apply', 'refund', 'RF1', NULL, 700, 'sha256:aa');
+SELECT * FROM rt_rows WHERE idem_key = 'rt:refund:RF1:apply';
+-- held again: a third caller sees in_progress
+SELECT * FROM payidem.idem_claim('rt:refund:RF1:apply', 'refund', 'RF1', NULL, 700, 'sha256:aa');
+SELECT payidem.idem_finish('rt:refund:RF1:apply', 'completed', '{"refund": "ok"}');
+SELECT * FROM payidem.idem_claim('rt:refund:RF1:apply', 'refund', 'RF1', NULL, 700, 'sha256:aa');
+SELECT * FROM rt_rows WHERE idem_key = 'rt:refund:RF1:apply';
+
+--
+-- lease expiry: a worker that died is recovered after its lease
+--
+SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990, NULL, '2 seconds');
+SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990, NULL, '2 seconds');
+SELECT pg_sleep(2.2);
+SELECT lease FROM rt_rows WHERE idem_key = 'rt:pay:PO2:query';
+SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990);
+SELECT * FROM rt_rows WHERE idem_key = 'rt:pay:PO2:query';
+-- the new holder's default lease (30 seconds) is live
+SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990);
+-- an expired lease, older than its worker: reclaimed again, attempts 3
+UPDATE payidem.idempotency SET locked_until = now() - interval '1 minute'
+ WHERE idem_key = 'rt:pay:PO2:query';
+SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990);
+SELECT payidem.idem_finish('rt:pay:PO2:query', 'completed');
+SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990);
+
+--
+-- in one transaction with the business write: an abort removes the claim
+--
+BEGIN;
+SELECT * FROM payidem.idem_claim('rt:pay:PO3:callback', 'pay', 'PO3', 'WXPAY_001', 100);
+ROLLBACK;
+SELECT count(*) AS rows_after_rollback FROM rt_rows WHERE idem_key = 'rt:pay:PO3:callback';
+BEGIN;
+SELECT * FROM payidem.idem_claim('rt:pay:PO3:callback', 'pay', 'PO3', 'WXPAY_001', 100);
+-- the same session claiming again inside its transaction holds the lease itself
+SELECT * FROM payidem.idem_claim('rt:pay:PO3:callback', 'pay', 'PO3', 'WXPAY_001', 100);
+SAVEPOINT s;
+SELECT * FROM payidem.idem_claim('rt:pay:PO3:callback', 'pay', 'PO3', 'WXPAY_001', 101);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+ROLLBACK TO SAVEPOINT s;
+SELECT payidem.idem_finish('rt:pay:PO3:callback', 'completed', '{"answer": "SUCCESS"}');
+COMMIT;
+SELECT * FROM rt_rows WHERE idem_key = 'rt:pay:PO3:callback';
+
+--
+-- PI001: the key reused with other parameters; DETAIL names the field
+--
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'refund', 'PO1', 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO9', 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', NULL, 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'WXPAY_001', 1501);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'WXPAY_001', NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- fingerprint: compared only when both sides have one
+SELECT outcome FROM payidem.idem_claim('rt:pay:PO1:callback', 'pay', 'PO1', 'WXPAY_001', 1500, 'sha256:bb');
+SELECT * FROM payidem.idem_claim('rt:refund:RF1:apply', 'refund', 'RF1', NULL, 700, 'sha256:ab');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT outcome FROM payidem.idem_claim('rt:refund:RF1:apply', 'refund', 'RF1', NULL, 700, NULL);
+-- a long value is cut in the DETAIL
+SELECT * FROM payidem.idem_claim('rt:refund:RF1:apply', 'refund', 'RF1', NULL, 700, repeat('f', 100));
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- a mismatch changes nothing
+SELECT * FROM rt_rows WHERE idem_key IN ('rt:pay:PO1:callback', 'rt:refund:RF1:apply');
+
+--
+-- 22023: bad input to idem_claim
+--
+SELECT * FROM payidem.idem_claim(NULL, 'pay', 'PO1', 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('', 'pay', 'PO1', 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:' || repeat('k', 253), 'pay', 'PO1', 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- 255 characters is the limit, counted in characters, not bytes
+SELECT outcome, length(idem_key) FROM payidem.idem_claim('rt:' || repeat('键', 252), 'pay', 'PO1', 'WXPAY_001', 1500)
+ CROSS JOIN (SELECT 'rt:' || repeat('键', 252) AS idem_key) k;
+SELECT * FROM payidem.idem_claim(NULL::text, NULL, NULL, NULL, NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:x', NULL, 'PO1', 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:x', '', 'PO1', 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:x', repeat('b', 65), 'PO1', 'WXPAY_001', 1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:x', 'pay', 'PO1', 'WXPAY_001', 0);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:x', 'pay', 'PO1', 'WXPAY_001', -1500);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:x', 'pay', 'PO1', 'WXPAY_001', 1500, NULL, '0 seconds');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:x', 'pay', 'PO1', 'WXPAY_001', 1500, NULL, '-5 seconds');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_claim('rt:x', 'pay', 'PO1', 'WXPAY_001', 1500, NULL, NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- none of these left a row
+SELECT count(*) AS rt_x_rows FROM rt_rows WHERE idem_key = 'rt:x';
+-- an amount may be left out (events without money); NULL matches only NULL
+SELECT * FROM payidem.idem_claim('rt:notify:PO1:sent', 'notify', 'PO1', NULL, NULL);
+SELECT outcome FROM payidem.idem_claim('rt:notify:PO1:sent', 'notify', 'PO1', NULL, NULL);
+
+--
+-- idem_finish errors: PI009 unknown key, PI002 not processing, 22023 bad status
+--
+SELECT payidem.idem_finish('rt:never-claimed', 'completed');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_finish('rt:pay:PO1:callback', 'completed', '{"answer": "AGAIN"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_claim('rt:pay:PO4:callback', 'pay', 'PO4', 'WXPAY_001', 1);
+SELECT payidem.idem_finish('rt:pay:PO4:callback', 'failed');
+SELECT payidem.idem_finish('rt:pay:PO4:callback', 'failed');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_finish('rt:pay:PO4:callback', 'completed');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_finish('rt:notify:PO1:sent', 'processing');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_finish('rt:notify:PO1:sent', 'COMPLETED');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_finish('rt:notify:PO1:sent', NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_finish(NULL, 'completed');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_finish(repeat('k', 256), 'completed');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- the errors changed nothing
+SELECT idem_key, status, result, attempts, lease FROM rt_rows
+ WHERE idem_key IN ('rt:pay:PO1:callback', 'rt:pay:PO4:callback', 'rt:notify:PO1:sent');
+
+--
+-- idem_purge: only finished keys older than the cutoff, never a processing one
+--
+SELECT payidem.idem_claim('rt:purge:old-completed', 'purge', NULL, NULL, 1);
+SELECT payidem.idem_finish('rt:purge:old-completed', 'completed');
+SELECT payidem.idem_claim('rt:purge:old-failed', 'purge', NULL, NULL, 1);
+SELECT payidem.idem_finish('rt:purge:old-failed', 'failed');
+SELECT payidem.idem_claim('rt:purge:new-completed', 'purge', NULL, NULL, 1);
+SELECT payidem.idem_finish('rt:purge:new-completed', 'completed');
+SELECT payidem.idem_claim('rt:purge:old-live', 'purge', NULL, NULL, 1, NULL, '3 days');
+SELECT payidem.idem_claim('rt:purge:old-expired', 'purge', NULL, NULL, 1);
+UPDATE payidem.idempotency SET created_at = now() - interval '2 days', updated_at = now() - interval '2 days'
+ WHERE idem_key IN ('rt:purge:old-completed', 'rt:purge:old-failed', 'rt:purge:old-live', 'rt:purge:old-expired');
+UPDATE payidem.idempotency SET locked_until = now() - interval '2 days' + interval '30 seconds'
+ WHERE idem_key = 'rt:purge:old-expired';
+SELECT idem_key, status, lease FROM rt_rows WHERE idem_key LIKE 'rt:purge:%';
+SELECT payidem.idem_purge('1 day') AS purged;
+SELECT idem_key, status, lease FROM rt_rows WHERE idem_key LIKE 'rt:purge:%';
+-- the default retention (24 hours): the fresh key stays
+SELECT payidem.idem_purge() AS purged;
+SELECT payidem.idem_purge('-1 day');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_purge(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- a purged key is new again
+SELECT outcome, attempts FROM payidem.idem_claim('rt:purge:old-completed', 'purge', NULL, NULL, 1);
+-- the expired processing key is not purged but reclaimed
+SELECT outcome, attempts FROM payidem.idem_claim('rt:purge:old-expired', 'purge', NULL, NULL, 1);
+
+--
+-- privileges: a role with EXECUTE only can claim and finish (the functions
+-- act as the table's owner) but still cannot touch the table
+--
+CREATE ROLE regress_payidem_app;
+GRANT USAGE ON SCHEMA payidem TO regress_payidem_app;
+SET ROLE regress_payidem_app;
+SELECT * FROM payidem.idem_claim('rt:app:1', 'pay', 'PO1', NULL, 1);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION payidem.idem_claim(text, text, text, text, bigint, text, interval),
+                          payidem.idem_finish(text, text, jsonb)
+   TO regress_payidem_app;
+SET ROLE regress_payidem_app;
+SELECT * FROM payidem.idem_claim('rt:app:1', 'pay', 'PO1', NULL, 1);
+SELECT payidem.idem_finish('rt:app:1', 'completed', '{"ok": true}');
+SELECT * FROM payidem.idem_claim('rt:app:1', 'pay', 'PO1', NULL, 1);
+SELECT count(*) FROM payidem.idempotency;
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+UPDATE payidem.idempotency SET status = 'failed' WHERE idem_key = 'rt:app:1';
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_purge('0');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+RESET ROLE;
+-- nothing of ours is executable by PUBLIC
+SELECT p.oid::regprocedure AS idem_function, has_function_privilege('public', p.oid, 'EXECUTE') AS public_can_execute
+  FROM pg_proc p
+ WHERE p.pronamespace = 'payidem'::regnamespace AND p.proname LIKE 'idem\_%'
+ ORDER BY 1::text;
+REVOKE ALL ON FUNCTION payidem.idem_claim(text, text, text, text, bigint, text, interval),
+                       payidem.idem_finish(text, text, jsonb)
+  FROM regress_payidem_app;
+REVOKE USAGE ON SCHEMA payidem FROM regress_payidem_app;
+DROP ROLE regress_payidem_app;
+
+--
+-- counters in payidem.stats(), as deltas over this test
+--
+SELECT s.name, s.value - b.value AS delta
+  FROM payidem.stats() s JOIN stats_before b USING (name)
+ ORDER BY s.name;
+
+DELETE FROM payidem.idempotency WHERE idem_key LIKE 'rt:%';
+DROP VIEW rt_rows;
+DROP TABLE stats_before;

@@ -1,0 +1,142 @@
+--
+-- merchant_security: least privilege around merchants and secrets.
+--   plain role: nothing; application role (grant_app): the API, no tables;
+--   auditor (grant_auditor): all business rows, no secrets; reporting role
+--   mapped to a merchant: that merchant's rows only (row-level security);
+--   hostile look-alike functions and operators (CVE-2018-1058) are never called.
+--
+CREATE EXTENSION IF NOT EXISTS payidem;
+SET client_min_messages = warning;
+\set VERBOSITY terse
+
+SELECT merchant_no AS m1, api_key AS m1_key FROM payidem.create_merchant('Sec One', 'retail', 0.006) \gset
+SELECT merchant_no AS m2 FROM payidem.create_merchant('Sec Two', 'retail', 0.006) \gset
+SELECT payidem.create_channel('SEC_WX', 'wechat', 0.002);
+SELECT payidem.set_channel_config('SEC_WX', '{"key": "SEC-CANARY"}');
+SELECT payidem.bind_channel(:'m1', 'SEC_WX');
+SELECT payidem.sign(:'m1', 'hello') AS m1_sig \gset
+INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
+VALUES ('PO202611290000000000000512', :'m1', 'SEC-1', 'one', 100, now() + interval '1 hour'),
+       ('PO202611290000000000000613', :'m2', 'SEC-2', 'two', 200, now() + interval '1 hour');
+
+CREATE ROLE regress_payidem_app;
+CREATE ROLE regress_payidem_auditor;
+CREATE ROLE regress_payidem_report;
+CREATE ROLE regress_payidem_plain;
+CREATE ROLE regress_payidem_hostile;
+SELECT payidem.grant_app('regress_payidem_app');
+SELECT payidem.grant_auditor('regress_payidem_auditor');
+SELECT payidem.map_merchant_role('regress_payidem_report', :'m1');
+SELECT payidem.grant_app('postgres');
+SELECT payidem.map_merchant_role('regress_payidem_report', 'M000000000000000');
+
+-------------------------------------------------------------- a plain role
+SET ROLE regress_payidem_plain;
+SELECT payidem.verify_signature(:'m1_key', 'hello', :'m1_sig');
+SELECT payidem.gen_order_no();
+RESET ROLE;
+
+---------------------------------------------------------- application role
+SET ROLE regress_payidem_app;
+SELECT payidem.verify_signature(:'m1_key', 'hello', :'m1_sig') AS app_verifies;
+SELECT payidem.sign(:'m1', 'hello') = :'m1_sig' AS app_signs;
+SELECT payidem.route_channel(:'m1', 'wechat') AS app_routes;
+SELECT payidem.get_channel_config('SEC_WX') ->> 'key' AS app_reads_config;
+SELECT length(payidem.gen_order_no()) AS app_order_no;
+-- but no table, no secret record, no crypto primitive, no operator function
+SELECT count(*) FROM payidem.merchant_secret;
+SELECT count(*) FROM payidem.channel_config;
+SELECT count(*) FROM payidem.merchant;
+SELECT count(*) FROM payidem."order";
+SELECT payidem._open('channel_config:SEC_WX', 1, '\x00'::bytea, '\x00'::bytea, '\x00'::bytea);
+SELECT payidem._hmac_sign('x', 1, '\x00'::bytea, '\x00'::bytea, '\x00'::bytea, 'p');
+SELECT payidem.create_merchant('Evil', 'retail', 0);
+SELECT payidem.rotate_merchant_secret(:'m1');
+SELECT payidem.set_channel_config('SEC_WX', '{}');
+SELECT payidem.reencrypt_secrets();
+SELECT payidem.grant_auditor('regress_payidem_app');
+RESET ROLE;
+
+-------------------------------------------------------------------- auditor
+SET ROLE regress_payidem_auditor;
+SELECT count(*) AS auditor_sees_orders FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
+SELECT count(*) > 0 AS auditor_sees_merchants FROM payidem.merchant;
+SELECT count(*) FROM payidem.merchant_secret;
+SELECT count(*) FROM payidem.channel_config;
+SELECT count(*) FROM payidem.idempotency;
+UPDATE payidem."order" SET amount = 1 WHERE out_trade_no = 'SEC-1';
+SELECT payidem.get_channel_config('SEC_WX');
+RESET ROLE;
+
+---------------------------------------------------- merchant-mapped reporting
+SET ROLE regress_payidem_report;
+SELECT out_trade_no, amount FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%' ORDER BY 1;
+SELECT count(*) AS other_merchants_rows FROM payidem."order" WHERE merchant_no <> :'m1';
+SELECT count(*) FROM payidem.merchant;
+DELETE FROM payidem."order";
+RESET ROLE;
+SELECT payidem.unmap_merchant_role('regress_payidem_report', :'m1');
+SET ROLE regress_payidem_report;
+SELECT count(*) AS rows_after_unmap FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
+RESET ROLE;
+
+------------------------------------------- look-alike functions and operators
+-- A hostile role plants functions and operators in public that shadow
+-- pg_catalog's (CVE-2018-1058).  payidem's functions pin their search_path,
+-- so none of them is ever called, even from a session whose search_path puts
+-- public first.
+GRANT CREATE ON SCHEMA public TO regress_payidem_hostile;
+SET ROLE regress_payidem_hostile;
+CREATE FUNCTION public.hijacked() RETURNS void LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'hijacked: a look-alike function was called'; END $$;
+CREATE FUNCTION public.length(text) RETURNS integer LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.hijacked(); RETURN 0; END $$;
+CREATE FUNCTION public.btrim(text) RETURNS text LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.hijacked(); RETURN ''; END $$;
+CREATE FUNCTION public.random() RETURNS double precision LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.hijacked(); RETURN 0; END $$;
+CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.hijacked(); RETURN NULL; END $$;
+CREATE FUNCTION public.quote_literal(text) RETURNS text LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.hijacked(); RETURN ''; END $$;
+CREATE FUNCTION public.convert_to(text, name) RETURNS bytea LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.hijacked(); RETURN ''; END $$;
+CREATE FUNCTION public.texteq_evil(text, text) RETURNS boolean LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.hijacked(); RETURN true; END $$;
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, PROCEDURE = public.texteq_evil);
+CREATE FUNCTION public.textcat_evil(text, text) RETURNS text LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.hijacked(); RETURN ''; END $$;
+CREATE OPERATOR public.|| (LEFTARG = text, RIGHTARG = text, PROCEDURE = public.textcat_evil);
+RESET ROLE;
+SET search_path = public, pg_catalog;
+SET ROLE regress_payidem_app;
+-- the application's own session also has temp look-alikes
+CREATE TEMP TABLE merchant_secret (merchant_no text);
+CREATE FUNCTION pg_temp.lower(text) RETURNS text LANGUAGE sql AS $$ SELECT 'hijacked' $$;
+-- (the test's own comparisons name pg_catalog's operators: its search_path is hostile too)
+SELECT payidem.verify_signature(:'m1_key', 'hello', :'m1_sig') AS still_verifies;
+SELECT payidem.sign(:'m1', 'hello') OPERATOR(pg_catalog.=) :'m1_sig' AS still_signs;
+SELECT payidem.route_channel(:'m1', 'wechat') AS still_routes;
+SELECT payidem.get_channel_config('SEC_WX') ->> 'key' AS still_reads_config;
+SELECT pg_catalog.length(payidem.gen_order_no()) AS still_numbers;
+RESET ROLE;
+SELECT count(*) AS merchants_created FROM payidem.create_merchant('After Attack', 'retail', 0.006);
+SELECT payidem.rotate_merchant_secret(:'m2') OPERATOR(pg_catalog.~) '^[0-9a-f]{64}$' AS still_rotates;
+SELECT count(*) AS order_numbers_still_issued FROM payidem.gen_order_no('PY');
+RESET search_path;
+
+-- every SECURITY DEFINER function of payidem pins its search_path
+SELECT p.oid::regprocedure AS definer_without_search_path
+  FROM pg_proc p
+ WHERE p.pronamespace = 'payidem'::regnamespace AND p.prosecdef
+   AND NOT coalesce(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false);
+
+-- clean up
+DROP OWNED BY regress_payidem_hostile;
+REVOKE CREATE ON SCHEMA public FROM regress_payidem_hostile;
+DELETE FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
+DELETE FROM payidem.auditor_role;
+DELETE FROM payidem.merchant_role;
+DROP OWNED BY regress_payidem_app, regress_payidem_auditor, regress_payidem_report;
+DROP ROLE regress_payidem_app, regress_payidem_auditor, regress_payidem_report,
+          regress_payidem_plain, regress_payidem_hostile;

@@ -1,0 +1,494 @@
+/*-------------------------------------------------------------------------
+ *
+ * crypto.c
+ *		Secrets at rest and signatures: AES-256-GCM sealing under a master
+ *		key read from a file, HMAC-SHA256 signatures, strong random codes.
+ *
+ * The master key is read by this file from the file named by the
+ * superuser-only setting payidem.master_key_file (64 hexadecimal characters,
+ * e.g. from `openssl rand -hex 32`) and never passes through SQL: SQL sees
+ * only sealed records (key version, nonce, ciphertext, tag).  Every record is
+ * sealed with a fresh random 96-bit nonce and its identity (table + key) as
+ * associated data, so a ciphertext copied onto another row does not open.
+ *
+ * For a master-key rotation, payidem.previous_master_key_file names the old
+ * key; records are opened with whichever key their key_version names, and
+ * payidem.reencrypt_secrets() moves them all to the current key.
+ *
+ * Keys are cached per backend and re-read when the setting or the file
+ * (inode, size, mtime) changes, so a new key file takes effect without a
+ * restart.  Plaintext secrets and keys are wiped from memory after use.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <sys/stat.h>
+#include <openssl/evp.h>
+
+#include "common/cryptohash.h"
+#include "common/hmac.h"
+#include "funcapi.h"
+#include "storage/fd.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+
+#include "payidem.h"
+
+#define MASTER_KEY_LEN	32
+#define GCM_NONCE_LEN	12
+#define GCM_TAG_LEN		16
+#define SHA256_LEN		32
+
+char	   *payidem_master_key_file = NULL;
+char	   *payidem_previous_master_key_file = NULL;
+
+typedef struct MasterKey
+{
+	bool		loaded;
+	char		path[MAXPGPATH];
+	struct stat st;
+	int32		version;
+	uint8		key[MASTER_KEY_LEN];
+} MasterKey;
+
+static MasterKey current_key;
+static MasterKey previous_key;
+
+void
+crypto_define_gucs(void)
+{
+	DefineCustomStringVariable("payidem.master_key_file",
+							   gettext_noop("File holding the 256-bit master key that encrypts secrets at rest (64 hexadecimal characters)."),
+							   gettext_noop("Readable only by the server's user. Re-read when the setting or the file changes."),
+							   &payidem_master_key_file,
+							   "",
+							   PGC_SUSET,
+							   0,
+							   NULL, NULL, NULL);
+	DefineCustomStringVariable("payidem.previous_master_key_file",
+							   gettext_noop("File holding the previous master key, used only to open records not yet re-encrypted after a key rotation."),
+							   NULL,
+							   &payidem_previous_master_key_file,
+							   "",
+							   PGC_SUSET,
+							   0,
+							   NULL, NULL, NULL);
+}
+
+static void
+key_error(const char *setting, const char *path, const char *problem)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("payidem master key is not available"),
+			 errdetail("%s = '%s': %s", setting, path, problem),
+			 errhint("Set %s to a file readable only by the server's user holding 64 hexadecimal characters, e.g. made by \"openssl rand -hex 32\".",
+					 setting)));
+}
+
+static int
+hex_value(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/*
+ * A key's version: a 31-bit id derived from the key itself, so records say
+ * which key sealed them without storing anything about the key.
+ */
+static int32
+key_version_of(const uint8 *key)
+{
+	static const char label[] = "payidem master key version";
+	uint8		mac[SHA256_LEN];
+	pg_hmac_ctx *ctx = pg_hmac_create(PG_SHA256);
+	int32		v;
+
+	if (ctx == NULL || pg_hmac_init(ctx, key, MASTER_KEY_LEN) < 0 ||
+		pg_hmac_update(ctx, (const uint8 *) label, sizeof(label) - 1) < 0 ||
+		pg_hmac_final(ctx, mac, sizeof(mac)) < 0)
+		elog(ERROR, "could not compute master key version");
+	pg_hmac_free(ctx);
+	v = (int32) (((uint32) mac[0] << 24 | (uint32) mac[1] << 16 |
+				  (uint32) mac[2] << 8 | mac[3]) & 0x7fffffff);
+	return v == 0 ? 1 : v;
+}
+
+/*
+ * Load (or reuse) the key named by a setting.  Returns NULL when the setting
+ * is empty and `required` is false.
+ */
+static MasterKey *
+load_key(MasterKey *mk, const char *setting, const char *path, bool required)
+{
+	struct stat st;
+	FILE	   *f;
+	char		buf[MASTER_KEY_LEN * 2 + 3];
+	size_t		n;
+	int			i;
+
+	if (path == NULL || path[0] == '\0')
+	{
+		if (!required)
+			return NULL;
+		key_error(setting, "", "the setting is empty");
+	}
+	if (stat(path, &st) != 0)
+		key_error(setting, path, "the file does not exist or cannot be read");
+	if (mk->loaded && strcmp(mk->path, path) == 0 &&
+		mk->st.st_ino == st.st_ino && mk->st.st_dev == st.st_dev &&
+		mk->st.st_size == st.st_size && mk->st.st_mtime == st.st_mtime)
+		return mk;
+
+	mk->loaded = false;
+	if (!S_ISREG(st.st_mode))
+		key_error(setting, path, "it is not a regular file");
+	if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+		key_error(setting, path, "the file is accessible to other users (chmod 600 it)");
+
+	f = AllocateFile(path, "r");
+	if (f == NULL)
+		key_error(setting, path, "the file cannot be opened");
+	n = fread(buf, 1, sizeof(buf), f);
+	FreeFile(f);
+
+	/* 64 hex characters, optionally one newline (LF or CRLF) */
+	if (n > MASTER_KEY_LEN * 2 &&
+		!(n == MASTER_KEY_LEN * 2 + 1 && buf[64] == '\n') &&
+		!(n == MASTER_KEY_LEN * 2 + 2 && buf[64] == '\r' && buf[65] == '\n'))
+	{
+		explicit_bzero(buf, sizeof(buf));
+		key_error(setting, path, "the file must hold exactly 64 hexadecimal characters");
+	}
+	if (n < MASTER_KEY_LEN * 2)
+	{
+		explicit_bzero(buf, sizeof(buf));
+		key_error(setting, path, "the file must hold exactly 64 hexadecimal characters");
+	}
+	for (i = 0; i < MASTER_KEY_LEN; i++)
+	{
+		int			hi = hex_value(buf[2 * i]);
+		int			lo = hex_value(buf[2 * i + 1]);
+
+		if (hi < 0 || lo < 0)
+		{
+			explicit_bzero(buf, sizeof(buf));
+			explicit_bzero(mk->key, sizeof(mk->key));
+			key_error(setting, path, "the file must hold exactly 64 hexadecimal characters");
+		}
+		mk->key[i] = (uint8) (hi << 4 | lo);
+	}
+	explicit_bzero(buf, sizeof(buf));
+
+	strlcpy(mk->path, path, sizeof(mk->path));
+	mk->st = st;
+	mk->version = key_version_of(mk->key);
+	mk->loaded = true;
+	return mk;
+}
+
+static MasterKey *
+current_master_key(void)
+{
+	return load_key(&current_key, "payidem.master_key_file", payidem_master_key_file, true);
+}
+
+/* the key that sealed a record of this version (current or previous) */
+static MasterKey *
+master_key_for(int32 version)
+{
+	MasterKey  *mk = current_master_key();
+	MasterKey  *prev;
+
+	if (mk->version == version)
+		return mk;
+	prev = load_key(&previous_key, "payidem.previous_master_key_file",
+					payidem_previous_master_key_file, false);
+	if (prev != NULL && prev->version == version)
+		return prev;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("no master key of version %d is configured", version),
+			 errdetail("The record was sealed with master key version %d; the current key is version %d%s.",
+					   version, mk->version,
+					   prev ? psprintf(" and the previous key version %d", prev->version) : ""),
+			 errhint("Set payidem.previous_master_key_file to the old key file, then run payidem.reencrypt_secrets().")));
+	return NULL;				/* keep compiler quiet */
+}
+
+/* AES-256-GCM; returns false on authentication failure when decrypting */
+static bool
+gcm(bool encrypt, const uint8 *key, const uint8 *nonce,
+	const uint8 *aad, int aadlen, const uint8 *in, int inlen,
+	uint8 *out, uint8 *tag)
+{
+	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+	int			len;
+	bool		ok;
+
+	if (ctx == NULL)
+		elog(ERROR, "out of memory creating cipher context");
+	ok = EVP_CipherInit_ex(ctx, EVP_aes_256_gcm(), NULL, NULL, NULL, encrypt ? 1 : 0) == 1 &&
+		EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, GCM_NONCE_LEN, NULL) == 1 &&
+		EVP_CipherInit_ex(ctx, NULL, NULL, key, nonce, encrypt ? 1 : 0) == 1 &&
+		EVP_CipherUpdate(ctx, NULL, &len, aad, aadlen) == 1 &&
+		(inlen == 0 || EVP_CipherUpdate(ctx, out, &len, in, inlen) == 1);
+	if (ok && !encrypt)
+		ok = EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, GCM_TAG_LEN, tag) == 1;
+	if (ok)
+		ok = EVP_CipherFinal_ex(ctx, out + inlen, &len) == 1;
+	if (ok && encrypt)
+		ok = EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, GCM_TAG_LEN, tag) == 1;
+	EVP_CIPHER_CTX_free(ctx);
+	if (!ok && encrypt)
+		elog(ERROR, "AES-256-GCM encryption failed");
+	return ok;
+}
+
+/*
+ * Open a sealed record into palloc'd memory (caller wipes it).  A record whose
+ * identity or bytes were changed fails with data_corrupted.
+ */
+static uint8 *
+open_record(text *aad, int32 version, bytea *nonce, bytea *ciphertext, bytea *tag, int *len)
+{
+	MasterKey  *mk = master_key_for(version);
+	int			n = VARSIZE_ANY_EXHDR(ciphertext);
+	uint8	   *plain;
+
+	if (VARSIZE_ANY_EXHDR(nonce) != GCM_NONCE_LEN || VARSIZE_ANY_EXHDR(tag) != GCM_TAG_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("sealed record has a malformed nonce or tag")));
+	plain = palloc(n + 16);
+	if (!gcm(false, mk->key, (uint8 *) VARDATA_ANY(nonce),
+			 (uint8 *) VARDATA_ANY(aad), VARSIZE_ANY_EXHDR(aad),
+			 (uint8 *) VARDATA_ANY(ciphertext), n, plain, (uint8 *) VARDATA_ANY(tag)))
+	{
+		explicit_bzero(plain, n + 16);
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("sealed record does not authenticate"),
+				 errdetail("The record for %s was altered, copied from another record, or sealed with another key of the same version.",
+						   text_to_cstring(aad))));
+	}
+	*len = n;
+	return plain;
+}
+
+static bytea *
+make_bytea(const uint8 *data, int len)
+{
+	bytea	   *b = palloc(VARHDRSZ + len);
+
+	SET_VARSIZE(b, VARHDRSZ + len);
+	memcpy(VARDATA(b), data, len);
+	return b;
+}
+
+/*
+ * payidem._seal(aad text, plaintext bytea)
+ *		RETURNS TABLE(key_version int, nonce bytea, ciphertext bytea, auth_tag bytea)
+ */
+PG_FUNCTION_INFO_V1(payidem_seal);
+Datum
+payidem_seal(PG_FUNCTION_ARGS)
+{
+	text	   *aad = PG_GETARG_TEXT_PP(0);
+	bytea	   *plain = PG_GETARG_BYTEA_PP(1);
+	MasterKey  *mk = current_master_key();
+	int			n = VARSIZE_ANY_EXHDR(plain);
+	uint8		nonce[GCM_NONCE_LEN];
+	uint8		tag[GCM_TAG_LEN];
+	uint8	   *ct = palloc(n + 16);
+	TupleDesc	tupdesc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	if (!pg_strong_random(nonce, sizeof(nonce)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random nonce")));
+	gcm(true, mk->key, nonce, (uint8 *) VARDATA_ANY(aad), VARSIZE_ANY_EXHDR(aad),
+		(uint8 *) VARDATA_ANY(plain), n, ct, tag);
+
+	values[0] = Int32GetDatum(mk->version);
+	values[1] = PointerGetDatum(make_bytea(nonce, GCM_NONCE_LEN));
+	values[2] = PointerGetDatum(make_bytea(ct, n));
+	values[3] = PointerGetDatum(make_bytea(tag, GCM_TAG_LEN));
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc), values, nulls)));
+}
+
+/*
+ * payidem._open(aad text, key_version int, nonce bytea, ciphertext bytea, auth_tag bytea)
+ *		RETURNS bytea — the plaintext (for get_channel_config and re-encryption).
+ */
+PG_FUNCTION_INFO_V1(payidem_open);
+Datum
+payidem_open(PG_FUNCTION_ARGS)
+{
+	int			len;
+	uint8	   *plain = open_record(PG_GETARG_TEXT_PP(0), PG_GETARG_INT32(1),
+									PG_GETARG_BYTEA_PP(2), PG_GETARG_BYTEA_PP(3),
+									PG_GETARG_BYTEA_PP(4), &len);
+	bytea	   *result = make_bytea(plain, len);
+
+	explicit_bzero(plain, len);
+	PG_RETURN_BYTEA_P(result);
+}
+
+/* HMAC-SHA256 of payload under the sealed secret, as 64 lowercase hex */
+static void
+hmac_sealed(FunctionCallInfo fcinfo, char *hex)
+{
+	static const char digits[] = "0123456789abcdef";
+	text	   *payload = PG_GETARG_TEXT_PP(5);
+	int			len;
+	uint8	   *secret = open_record(PG_GETARG_TEXT_PP(0), PG_GETARG_INT32(1),
+									 PG_GETARG_BYTEA_PP(2), PG_GETARG_BYTEA_PP(3),
+									 PG_GETARG_BYTEA_PP(4), &len);
+	uint8		mac[SHA256_LEN];
+	pg_hmac_ctx *ctx = pg_hmac_create(PG_SHA256);
+	bool		ok;
+	int			i;
+
+	ok = ctx != NULL && pg_hmac_init(ctx, secret, len) >= 0 &&
+		pg_hmac_update(ctx, (uint8 *) VARDATA_ANY(payload), VARSIZE_ANY_EXHDR(payload)) >= 0 &&
+		pg_hmac_final(ctx, mac, sizeof(mac)) >= 0;
+	explicit_bzero(secret, len);
+	if (ctx)
+		pg_hmac_free(ctx);
+	if (!ok)
+		elog(ERROR, "could not compute HMAC-SHA256");
+	for (i = 0; i < SHA256_LEN; i++)
+	{
+		hex[2 * i] = digits[mac[i] >> 4];
+		hex[2 * i + 1] = digits[mac[i] & 15];
+	}
+	hex[2 * SHA256_LEN] = '\0';
+}
+
+/*
+ * payidem._hmac_sign(aad, key_version, nonce, ciphertext, auth_tag, payload text) RETURNS text
+ */
+PG_FUNCTION_INFO_V1(payidem_hmac_sign);
+Datum
+payidem_hmac_sign(PG_FUNCTION_ARGS)
+{
+	char		hex[2 * SHA256_LEN + 1];
+
+	hmac_sealed(fcinfo, hex);
+	PG_RETURN_TEXT_P(cstring_to_text(hex));
+}
+
+/*
+ * payidem._hmac_verify(aad, key_version, nonce, ciphertext, auth_tag, payload text,
+ *                      signature text) RETURNS boolean
+ *		Compares in constant time (for a signature of the right length).
+ */
+PG_FUNCTION_INFO_V1(payidem_hmac_verify);
+Datum
+payidem_hmac_verify(PG_FUNCTION_ARGS)
+{
+	text	   *sig = PG_GETARG_TEXT_PP(6);
+	const char *s = VARDATA_ANY(sig);
+	char		hex[2 * SHA256_LEN + 1];
+	unsigned int diff = 0;
+	int			i;
+
+	if (VARSIZE_ANY_EXHDR(sig) != 2 * SHA256_LEN)
+		PG_RETURN_BOOL(false);
+	hmac_sealed(fcinfo, hex);
+	for (i = 0; i < 2 * SHA256_LEN; i++)
+	{
+		/* accept upper-case hex: fold A-F to a-f without branching on secret data */
+		unsigned char c = (unsigned char) s[i];
+
+		c |= (unsigned char) (((c >= 'A') & (c <= 'F')) << 5);
+		diff |= (unsigned int) (c ^ (unsigned char) hex[i]);
+	}
+	explicit_bzero(hex, sizeof(hex));
+	PG_RETURN_BOOL(diff == 0);
+}
+
+/*
+ * payidem._random_code(prefix text, len int) RETURNS text
+ *		prefix + len characters of Crockford base32 from pg_strong_random.
+ */
+PG_FUNCTION_INFO_V1(payidem_random_code);
+Datum
+payidem_random_code(PG_FUNCTION_ARGS)
+{
+	static const char alphabet[] = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+	text	   *prefix = PG_GETARG_TEXT_PP(0);
+	int			len = PG_GETARG_INT32(1);
+	int			plen = VARSIZE_ANY_EXHDR(prefix);
+	uint8		rnd[64];
+	char	   *out;
+	int			i;
+
+	if (len < 1 || len > 64)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("random code length must be between 1 and 64")));
+	if (!pg_strong_random(rnd, len))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate random bytes")));
+	out = palloc(plen + len + 1);
+	memcpy(out, VARDATA_ANY(prefix), plen);
+	/* 256 is a multiple of 32: taking 5 bits of a uniform byte stays uniform */
+	for (i = 0; i < len; i++)
+		out[plen + i] = alphabet[rnd[i] & 31];
+	out[plen + len] = '\0';
+	PG_RETURN_TEXT_P(cstring_to_text(out));
+}
+
+/*
+ * payidem._random_secret() RETURNS text — 32 random bytes as 64 lowercase hex.
+ */
+PG_FUNCTION_INFO_V1(payidem_random_secret);
+Datum
+payidem_random_secret(PG_FUNCTION_ARGS)
+{
+	static const char digits[] = "0123456789abcdef";
+	uint8		rnd[32];
+	char		hex[65];
+	text	   *result;
+	int			i;
+
+	if (!pg_strong_random(rnd, sizeof(rnd)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate random bytes")));
+	for (i = 0; i < 32; i++)
+	{
+		hex[2 * i] = digits[rnd[i] >> 4];
+		hex[2 * i + 1] = digits[rnd[i] & 15];
+	}
+	hex[64] = '\0';
+	result = cstring_to_text(hex);
+	explicit_bzero(rnd, sizeof(rnd));
+	explicit_bzero(hex, sizeof(hex));
+	PG_RETURN_TEXT_P(result);
+}
+
+/*
+ * payidem.master_key_version() RETURNS int — version of the current master
+ * key (55000 if it is not configured).  Says nothing about the key itself.
+ */
+PG_FUNCTION_INFO_V1(payidem_master_key_version);
+Datum
+payidem_master_key_version(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32(current_master_key()->version);
+}

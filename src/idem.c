@@ -1,0 +1,780 @@
+/*-------------------------------------------------------------------------
+ *
+ * idem.c
+ *		idem_claim(), idem_finish(), idem_purge(): idempotency keys whose
+ *		unique index — never a prior lookup — decides who runs the business
+ *		logic.
+ *
+ * A claim first reads the key (an index lookup: no lock, no write).  If a
+ * row is visible, it answers from it: "replay" (completed), "in_progress"
+ * (processing under a live lease), or a reclaim (failed, or processing with
+ * an expired lease), done by a conditional UPDATE whose WHERE clause repeats
+ * the reclaim condition, so two reclaimers cannot both win.  The read never
+ * decides that a key is new: if no row is visible the claim runs
+ *
+ *		INSERT ... ON CONFLICT (idem_key) DO NOTHING RETURNING ...
+ *
+ * and the unique index decides.  A row back means "claimed"; none means
+ * another session's insert won, and the claim reads that row.  So a
+ * duplicate of an existing key costs one index lookup and writes nothing (no
+ * dead tuple, no WAL, no transaction ID), and no unique_violation ever
+ * reaches the caller.
+ *
+ * What waits on what: the ON CONFLICT pre-check, finding a conflicting row
+ * whose inserter has not finished, waits for that transaction.  So N sessions
+ * claiming one new key at once get exactly one "claimed"; the others wait
+ * until the winner ends, then answer from the row it committed (in_progress
+ * or replay), or — if it rolled back — race again for the insert, which
+ * again exactly one wins.  A reclaimer waits for the row lock of a reclaim
+ * not yet committed; under READ COMMITTED its UPDATE then re-checks the WHERE
+ * clause on the winner's row, changes nothing, and the claim reads the row
+ * again (in_progress).  A duplicate does not wait for an idem_finish() not
+ * yet committed: it answers from the committed row (in_progress).  Under
+ * REPEATABLE READ or SERIALIZABLE a claim answers from its snapshot, and a
+ * race it loses is a serialization failure (40001) to retry, as for any
+ * write conflict there.
+ *
+ * Statements run through SPI with plans prepared once per backend and kept
+ * (SPI_keepplan), always generic, every name schema-qualified.  They run as
+ * the owner of payidem.idempotency (the extension's owner), like a SECURITY
+ * DEFINER function but without a SET clause: a caller needs only EXECUTE on
+ * the function, never a privilege on the table.  Nothing here needs shared
+ * memory; the outcome counters of payidem.stats() are skipped when the
+ * library is not preloaded.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+#include "payidem.h"
+
+/* longest key, in characters (the table's idempotency_key_length check) */
+#define IDEM_KEY_MAX_CHARS		255
+/* longest biz_type, in characters (idempotency_biz_type_length) */
+#define IDEM_BIZ_TYPE_MAX_CHARS	64
+/* a claim whose key keeps vanishing or changing under it gives up after this */
+#define IDEM_MAX_TRIES			10
+
+/* saved plans, prepared on first use in a backend */
+static SPIPlanPtr insert_plan = NULL;
+static SPIPlanPtr select_plan = NULL;
+static SPIPlanPtr reclaim_plan = NULL;
+static SPIPlanPtr finish_plan = NULL;
+static SPIPlanPtr purge_plan = NULL;
+
+/* idem_claim()'s result row, built once per backend from its OUT parameters */
+static TupleDesc claim_desc = NULL;
+
+/* payidem.idempotency and its owner; relid reset by the relcache callback */
+static Oid	idem_relid = InvalidOid;
+static Oid	idem_owner = InvalidOid;
+static bool idem_callback_registered = false;
+
+/* columns of select_plan */
+enum
+{
+	SEL_BIZ_TYPE = 1,
+	SEL_ORDER_NO,
+	SEL_AMOUNT,
+	SEL_FINGERPRINT,
+	SEL_STATUS,
+	SEL_RESULT,
+	SEL_ATTEMPTS,
+	SEL_LOCKED_UNTIL
+};
+
+/*
+ * $1 key, $2 biz_type, $3 order_no, $4 channel, $5 amount, $6 fingerprint,
+ * $7 locked_until, $8 now
+ */
+static const char *const insert_sql =
+"INSERT INTO payidem.idempotency AS i"
+" (idem_key, biz_type, order_no, channel, amount, fingerprint,"
+"  status, attempts, locked_until, created_at, updated_at)"
+" VALUES ($1, $2, $3, $4, $5, $6, 'processing', 1, $7, $8, $8)"
+" ON CONFLICT (idem_key) DO NOTHING"
+" RETURNING i.attempts";
+
+/* $1 key */
+static const char *const select_sql =
+"SELECT i.biz_type, i.order_no, i.amount, i.fingerprint,"
+"       i.status, i.result, i.attempts, i.locked_until"
+"  FROM payidem.idempotency AS i"
+" WHERE i.idem_key OPERATOR(pg_catalog.=) $1";
+
+/* $1 key, $2 new locked_until, $3 now */
+static const char *const reclaim_sql =
+"UPDATE payidem.idempotency AS i"
+"   SET status = 'processing',"
+"       attempts = i.attempts OPERATOR(pg_catalog.+) 1,"
+"       locked_until = $2,"
+"       updated_at = $3"
+" WHERE i.idem_key OPERATOR(pg_catalog.=) $1"
+"   AND (i.status OPERATOR(pg_catalog.=) 'failed'"
+"        OR (i.status OPERATOR(pg_catalog.=) 'processing'"
+"            AND i.locked_until OPERATOR(pg_catalog.<=) $3))"
+" RETURNING i.result, i.attempts";
+
+/* $1 key, $2 status, $3 result, $4 now */
+static const char *const finish_sql =
+"UPDATE payidem.idempotency AS i"
+"   SET status = $2, result = $3, locked_until = NULL, updated_at = $4"
+" WHERE i.idem_key OPERATOR(pg_catalog.=) $1"
+"   AND i.status OPERATOR(pg_catalog.=) 'processing'";
+
+/* $1 cutoff */
+static const char *const purge_sql =
+"DELETE FROM payidem.idempotency AS i"
+" WHERE i.updated_at OPERATOR(pg_catalog.<) $1"
+"   AND (i.status OPERATOR(pg_catalog.=) 'completed'"
+"        OR i.status OPERATOR(pg_catalog.=) 'failed')";
+
+/* The outcomes of a claim, as returned and as counted in payidem.stats(). */
+typedef enum IdemOutcome
+{
+	IDEM_CLAIMED,
+	IDEM_IN_PROGRESS,
+	IDEM_REPLAY,
+	IDEM_RECLAIMED
+} IdemOutcome;
+
+static const char *const outcome_names[] = {
+	"claimed", "in_progress", "replay", "reclaimed"
+};
+
+static const PayidemCounter outcome_counters[] = {
+	PAYIDEM_IDEM_CLAIMED, PAYIDEM_IDEM_IN_PROGRESS,
+	PAYIDEM_IDEM_REPLAY, PAYIDEM_IDEM_RECLAIMED
+};
+
+/*
+ * Forget the cached table OID and owner when payidem.idempotency changes
+ * (ALTER ... OWNER, DROP EXTENSION) or on a full relcache reset.
+ */
+static void
+idem_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == idem_relid)
+		idem_relid = InvalidOid;
+}
+
+/*
+ * Owner of payidem.idempotency, looked up by OID without search_path and
+ * cached per backend.  The statements below run as this role.
+ */
+static Oid
+idem_table_owner(void)
+{
+	Oid			nsp;
+	Oid			relid;
+	HeapTuple	tup;
+
+	if (OidIsValid(idem_relid))
+		return idem_owner;
+
+	if (!idem_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(idem_relcache_callback, (Datum) 0);
+		idem_callback_registered = true;
+	}
+
+	nsp = get_namespace_oid("payidem", true);
+	relid = OidIsValid(nsp) ? get_relname_relid("idempotency", nsp) : InvalidOid;
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("extension payidem is not installed in this database"),
+				 errdetail("The table payidem.idempotency does not exist."),
+				 errhint("Run CREATE EXTENSION payidem.")));
+
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	idem_owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	idem_relid = relid;
+	return idem_owner;
+}
+
+/*
+ * Return the saved plan in *cache, preparing and keeping it on first use.
+ * Always a generic plan: every statement is a primary-key or index lookup,
+ * so custom plans would only cost planning time.  Caller is SPI-connected.
+ */
+static SPIPlanPtr
+saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	*cache = plan;
+	return plan;
+}
+
+/*
+ * Connect to SPI and become the table's owner; the previous identity is left
+ * in *save_userid / *save_sec_context for end_as_owner().  An error in
+ * between is cleaned up by transaction (or subtransaction) abort, which
+ * restores the identity and closes SPI.
+ */
+static void
+begin_as_owner(Oid *save_userid, int *save_sec_context)
+{
+	Oid			owner = idem_table_owner();
+
+	GetUserIdAndSecContext(save_userid, save_sec_context);
+	SetUserIdAndSecContext(owner,
+						   *save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+/* Close SPI and become the caller again. */
+static void
+end_as_owner(Oid save_userid, int save_sec_context)
+{
+	if (SPI_finish() != SPI_OK_FINISH)
+		elog(ERROR, "SPI_finish failed");
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+}
+
+/*
+ * The idempotency key argument: not NULL, not empty, at most 255 characters
+ * (22023 otherwise, before the table's check constraint could say 23514).
+ */
+static text *
+get_key_arg(FunctionCallInfo fcinfo, int argno)
+{
+	text	   *key;
+	int			len;
+	int			chars;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency key must not be NULL"),
+				 errhint("Build the key from the business type, the order number and the event, e.g. pay:PO2026...:callback.")));
+	key = PG_GETARG_TEXT_PP(argno);
+	len = VARSIZE_ANY_EXHDR(key);
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency key must not be empty"),
+				 errhint("Build the key from the business type, the order number and the event, e.g. pay:PO2026...:callback.")));
+	chars = pg_mbstrlen_with_len(VARDATA_ANY(key), len);
+	if (chars > IDEM_KEY_MAX_CHARS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency key is too long"),
+				 errdetail("The key %s has %d characters; at most %d are allowed.",
+						   payidem_quote_value(VARDATA_ANY(key), len), chars, IDEM_KEY_MAX_CHARS),
+				 errhint("Keep the key short (biz_type:order_no:event) and pass a digest of long request parameters as the fingerprint.")));
+	return key;
+}
+
+/* Equal as stored bytes (text equality under a deterministic collation). */
+static bool
+text_equal(Datum a, Datum b)
+{
+	text	   *ta = DatumGetTextPP(a);
+	text	   *tb = DatumGetTextPP(b);
+	int			la = VARSIZE_ANY_EXHDR(ta);
+
+	return la == VARSIZE_ANY_EXHDR(tb) &&
+		memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), la) == 0;
+}
+
+/* A text value for an error message: quoted and cut, or NULL. */
+static char *
+show_text(Datum d, bool isnull)
+{
+	text	   *t;
+
+	if (isnull)
+		return pstrdup("NULL");
+	t = DatumGetTextPP(d);
+	return payidem_quote_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+}
+
+/* An amount for an error message, or NULL. */
+static char *
+show_amount(Datum d, bool isnull)
+{
+	return isnull ? pstrdup("NULL") : psprintf(INT64_FORMAT, DatumGetInt64(d));
+}
+
+/*
+ * PI001 if the stored row of the key was claimed with other parameters:
+ * biz_type, order_no and amount must be equal (NULL equals only NULL);
+ * fingerprints are compared only when both sides have one.  Names the first
+ * field that differs, with both values.
+ */
+static void
+check_same_request(text *key, Datum *args, bool *argnulls, HeapTuple row, TupleDesc desc)
+{
+	static const struct
+	{
+		int			argno;		/* index into args */
+		int			column;		/* column of select_plan */
+		const char *name;
+		bool		is_text;
+		bool		nulls_match_any;
+	}			fields[] = {
+		{1, SEL_BIZ_TYPE, "biz_type", true, false},
+		{2, SEL_ORDER_NO, "order_no", true, false},
+		{4, SEL_AMOUNT, "amount", false, false},
+		{5, SEL_FINGERPRINT, "fingerprint", true, true},
+	};
+	int			i;
+
+	for (i = 0; i < lengthof(fields); i++)
+	{
+		bool		stored_null;
+		Datum		stored = SPI_getbinval(row, desc, fields[i].column, &stored_null);
+		bool		given_null = argnulls[fields[i].argno];
+		Datum		given = args[fields[i].argno];
+		bool		same;
+
+		if (stored_null || given_null)
+			same = fields[i].nulls_match_any || (stored_null && given_null);
+		else if (fields[i].is_text)
+			same = text_equal(stored, given);
+		else
+			same = DatumGetInt64(stored) == DatumGetInt64(given);
+		if (same)
+			continue;
+
+		payidem_count(PAYIDEM_IDEM_MISMATCH);
+		ereport(ERROR,
+				(errcode(ERRCODE_PAYIDEM_IDEMPOTENCY_MISMATCH),
+				 errmsg("idempotency key reused with a different %s", fields[i].name),
+				 errdetail("Key %s was claimed with %s %s; this call passed %s %s.",
+						   payidem_quote_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key)),
+						   fields[i].name,
+						   fields[i].is_text ? show_text(stored, stored_null) : show_amount(stored, stored_null),
+						   fields[i].name,
+						   fields[i].is_text ? show_text(given, given_null) : show_amount(given, given_null)),
+				 errhint("A retry must repeat the original request exactly; a different request needs a key of its own.")));
+	}
+}
+
+/*
+ * Set up idem_claim()'s one-row result in materialize mode, as
+ * InitMaterializedSRF() does, but with the row descriptor cached: working it
+ * out from the catalog entry on every call costs more than the rest of a
+ * replay.  The executor frees setDesc after the call, so it gets a copy.
+ */
+static void
+begin_claim_result(FunctionCallInfo fcinfo)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext old;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("set-valued function called in context that cannot accept a set")));
+	if (!(rsinfo->allowedModes & SFRM_Materialize))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("materialize mode required, but it is not allowed in this context")));
+	if (claim_desc == NULL)
+	{
+		TupleDesc	desc;
+
+		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+			elog(ERROR, "return type must be a row type");
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		claim_desc = CreateTupleDescCopy(desc);
+		MemoryContextSwitchTo(old);
+	}
+
+	old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	rsinfo->setDesc = CreateTupleDescCopy(claim_desc);
+	rsinfo->setResult = tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0,
+											  false, work_mem);
+	rsinfo->returnMode = SFRM_Materialize;
+	MemoryContextSwitchTo(old);
+}
+
+/* A jsonb value fetched from SPI, flattened so it outlives the row. */
+static Datum
+flat_jsonb(Datum d)
+{
+	return PointerGetDatum(PG_DETOAST_DATUM_PACKED(d));
+}
+
+/*
+ * payidem.idem_claim(idem_key text, biz_type text, order_no text,
+ *                    channel text, amount bigint, fingerprint text DEFAULT NULL,
+ *                    lease interval DEFAULT '30 seconds')
+ *		RETURNS TABLE(outcome text, status text, result jsonb, attempts int)
+ *
+ * One row: claimed | in_progress | replay | reclaimed (see the file header),
+ * the key's status after the call, the stored result and the attempt count.
+ * PI001 when the key was claimed with other parameters; 22023 for bad input.
+ */
+PG_FUNCTION_INFO_V1(payidem_idem_claim);
+Datum
+payidem_idem_claim(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *key = get_key_arg(fcinfo, 0);
+	Interval   *lease;
+	Interval	zero;
+	Datum		args[7];
+	bool		argnulls[7];
+	Datum		params[8];
+	char		paramnulls[8];
+	Oid			insert_types[8] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TEXTOID,
+	TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Oid			select_types[1] = {TEXTOID};
+	Oid			reclaim_types[3] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Oid			save_userid;
+	int			save_sec_context;
+	IdemOutcome outcome = IDEM_CLAIMED;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+	int			tries;
+	int			i;
+
+	/* arguments: biz_type required, amount positive if given, lease positive */
+	for (i = 0; i < 7; i++)
+	{
+		argnulls[i] = PG_ARGISNULL(i);
+		args[i] = argnulls[i] ? (Datum) 0 : PG_GETARG_DATUM(i);
+	}
+	args[0] = PointerGetDatum(key);
+	if (argnulls[1])
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("biz_type must not be NULL"),
+				 errhint("Pass the business type of the request, such as pay, refund or recharge.")));
+	else
+	{
+		text	   *biz = PG_GETARG_TEXT_PP(1);
+		int			len = VARSIZE_ANY_EXHDR(biz);
+		int			chars = pg_mbstrlen_with_len(VARDATA_ANY(biz), len);
+
+		if (chars < 1 || chars > IDEM_BIZ_TYPE_MAX_CHARS)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("biz_type must have 1 to %d characters", IDEM_BIZ_TYPE_MAX_CHARS),
+					 errdetail("The biz_type was %s, %d characters.",
+							   payidem_quote_value(VARDATA_ANY(biz), len), chars),
+					 errhint("Pass the business type of the request, such as pay, refund or recharge.")));
+		args[1] = PointerGetDatum(biz);
+	}
+	if (!argnulls[2])
+		args[2] = PointerGetDatum(PG_GETARG_TEXT_PP(2));
+	if (!argnulls[5])
+		args[5] = PointerGetDatum(PG_GETARG_TEXT_PP(5));
+	if (!argnulls[4] && PG_GETARG_INT64(4) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("amount must be positive"),
+				 errdetail("The amount was " INT64_FORMAT ".", PG_GETARG_INT64(4)),
+				 errhint("Amounts are integers in the currency's minor unit (fen, cents), greater than zero.")));
+	if (argnulls[6])
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must not be NULL"),
+				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
+	lease = PG_GETARG_INTERVAL_P(6);
+	memset(&zero, 0, sizeof(zero));
+	if (!DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease),
+										  IntervalPGetDatum(&zero))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errdetail("The lease was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(lease)))),
+				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
+
+	begin_claim_result(fcinfo);
+	begin_as_owner(&save_userid, &save_sec_context);
+
+	for (i = 0; i < 6; i++)
+	{
+		params[i] = args[i];
+		paramnulls[i] = argnulls[i] ? 'n' : ' ';
+	}
+	paramnulls[6] = paramnulls[7] = ' ';
+
+	for (tries = 0;; tries++)
+	{
+		TimestampTz now;
+		int			rc;
+		HeapTuple	row;
+		TupleDesc	desc;
+		bool		isnull;
+		Datum		status;
+		Datum		rparams[3];
+
+		if (tries >= IDEM_MAX_TRIES)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not claim idempotency key because of concurrent changes"),
+					 errdetail("Key %s was deleted or changed by other sessions %d times in a row.",
+							   payidem_quote_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key)), tries),
+					 errhint("Retry the transaction.")));
+
+		/* 1. an existing key is answered from its row: no lock, no write */
+		rc = SPI_execute_plan(saved_plan(&select_plan, select_sql, 1, select_types),
+							  params, NULL, false, 1);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "idempotency lookup failed: %s", SPI_result_code_string(rc));
+
+		if (SPI_processed == 0)
+		{
+			/*
+			 * 2. not visible: the unique index decides.  ON CONFLICT waits
+			 * for a concurrent inserter; if it committed, nothing is
+			 * inserted and the loop reads its row.
+			 */
+			now = GetCurrentTimestamp();
+			params[6] = DirectFunctionCall2(timestamptz_pl_interval,
+											TimestampTzGetDatum(now), IntervalPGetDatum(lease));
+			params[7] = TimestampTzGetDatum(now);
+			rc = SPI_execute_plan(saved_plan(&insert_plan, insert_sql, 8, insert_types),
+								  params, paramnulls, false, 1);
+			if (rc != SPI_OK_INSERT_RETURNING)
+				elog(ERROR, "idempotency insert failed: %s", SPI_result_code_string(rc));
+			if (SPI_processed == 1)
+			{
+				outcome = IDEM_CLAIMED;
+				values[1] = CStringGetTextDatum("processing");
+				nulls[2] = true;
+				values[3] = Int32GetDatum(1);
+				break;
+			}
+			continue;
+		}
+
+		row = SPI_tuptable->vals[0];
+		desc = SPI_tuptable->tupdesc;
+		check_same_request(key, args, argnulls, row, desc);
+
+		status = SPI_getbinval(row, desc, SEL_STATUS, &isnull);
+		now = GetCurrentTimestamp();
+		if (text_equal(status, CStringGetTextDatum("completed")))
+			outcome = IDEM_REPLAY;
+		else
+		{
+			Datum		until = SPI_getbinval(row, desc, SEL_LOCKED_UNTIL, &isnull);
+
+			outcome = text_equal(status, CStringGetTextDatum("processing")) &&
+				!isnull && DatumGetTimestampTz(until) > now
+				? IDEM_IN_PROGRESS : IDEM_RECLAIMED;
+		}
+
+		if (outcome != IDEM_RECLAIMED)
+		{
+			Datum		d;
+
+			values[1] = status;
+			d = SPI_getbinval(row, desc, SEL_RESULT, &nulls[2]);
+			if (!nulls[2])
+				values[2] = flat_jsonb(d);
+			values[3] = SPI_getbinval(row, desc, SEL_ATTEMPTS, &isnull);
+			break;
+		}
+
+		/*
+		 * 3. failed, or its lease expired: take it over.  The UPDATE repeats
+		 * the condition, so of two reclaimers the second waits for the first
+		 * and, once it committed, updates nothing; the loop then reads the
+		 * row again.
+		 */
+		rparams[0] = PointerGetDatum(key);
+		rparams[1] = DirectFunctionCall2(timestamptz_pl_interval,
+										 TimestampTzGetDatum(now), IntervalPGetDatum(lease));
+		rparams[2] = TimestampTzGetDatum(now);
+		rc = SPI_execute_plan(saved_plan(&reclaim_plan, reclaim_sql, 3, reclaim_types),
+							  rparams, NULL, false, 1);
+		if (rc != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "idempotency reclaim failed: %s", SPI_result_code_string(rc));
+		if (SPI_processed == 1)
+		{
+			Datum		d;
+
+			row = SPI_tuptable->vals[0];
+			desc = SPI_tuptable->tupdesc;
+			values[1] = CStringGetTextDatum("processing");
+			d = SPI_getbinval(row, desc, 1, &nulls[2]);
+			if (!nulls[2])
+				values[2] = flat_jsonb(d);
+			values[3] = SPI_getbinval(row, desc, 2, &isnull);
+			break;
+		}
+	}
+
+	values[0] = CStringGetTextDatum(outcome_names[outcome]);
+	/* copies the values out of SPI's memory */
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	end_as_owner(save_userid, save_sec_context);
+
+	payidem_count(outcome_counters[outcome]);
+	return (Datum) 0;
+}
+
+/*
+ * payidem.idem_finish(idem_key text, status text, result jsonb DEFAULT NULL)
+ *		RETURNS void
+ *
+ * processing -> completed | failed, storing result (replayed to later claims
+ * of a completed key) and ending the lease.  PI009 for an unknown key, PI002
+ * for a key that is not processing, 22023 for any other status.
+ */
+PG_FUNCTION_INFO_V1(payidem_idem_finish);
+Datum
+payidem_idem_finish(PG_FUNCTION_ARGS)
+{
+	text	   *key = get_key_arg(fcinfo, 0);
+	text	   *status;
+	int			status_len;
+	Datum		params[4];
+	char		paramnulls[4] = {' ', ' ', ' ', ' '};
+	Oid			finish_types[4] = {TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID};
+	Oid			select_types[1] = {TEXTOID};
+	Oid			save_userid;
+	int			save_sec_context;
+	int			rc;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency status must not be NULL"),
+				 errhint("Finish a key as completed or failed.")));
+	status = PG_GETARG_TEXT_PP(1);
+	status_len = VARSIZE_ANY_EXHDR(status);
+	if (!((status_len == 9 && memcmp(VARDATA_ANY(status), "completed", 9) == 0) ||
+		  (status_len == 6 && memcmp(VARDATA_ANY(status), "failed", 6) == 0)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid idempotency status %s",
+						payidem_quote_value(VARDATA_ANY(status), status_len)),
+				 errdetail("A key can be finished only as completed or failed; the status given was %s.",
+						   payidem_quote_value(VARDATA_ANY(status), status_len)),
+				 errhint("Finish a key as completed (later claims replay its result) or failed (the next claim reclaims it).")));
+
+	params[0] = PointerGetDatum(key);
+	params[1] = PointerGetDatum(status);
+	if (PG_ARGISNULL(2))
+	{
+		params[2] = (Datum) 0;
+		paramnulls[2] = 'n';
+	}
+	else
+		params[2] = PG_GETARG_DATUM(2);
+	params[3] = TimestampTzGetDatum(GetCurrentTimestamp());
+
+	begin_as_owner(&save_userid, &save_sec_context);
+	rc = SPI_execute_plan(saved_plan(&finish_plan, finish_sql, 4, finish_types),
+						  params, paramnulls, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "idempotency finish failed: %s", SPI_result_code_string(rc));
+
+	if (SPI_processed == 0)
+	{
+		char	   *shown = payidem_quote_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+		bool		isnull;
+
+		rc = SPI_execute_plan(saved_plan(&select_plan, select_sql, 1, select_types),
+							  params, NULL, false, 1);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "idempotency lookup failed: %s", SPI_result_code_string(rc));
+		if (SPI_processed == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_NOT_FOUND),
+					 errmsg("idempotency key not found"),
+					 errdetail("No key %s exists: it was never claimed, its claim was rolled back, or it was purged.",
+							   shown),
+					 errhint("Finish only a key that idem_claim() returned as claimed or reclaimed.")));
+		ereport(ERROR,
+				(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+				 errmsg("idempotency key is not being processed"),
+				 errdetail("Key %s has status %s; only a key in status processing can be finished.",
+						   shown,
+						   TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
+															 SPI_tuptable->tupdesc,
+															 SEL_STATUS, &isnull))),
+				 errhint("A finished key stays finished; to try a failed key again, claim it (the claim reclaims it).")));
+	}
+	end_as_owner(save_userid, save_sec_context);
+	PG_RETURN_VOID();
+}
+
+/*
+ * payidem.idem_purge(older_than interval DEFAULT '24 hours') RETURNS bigint
+ *
+ * Delete completed and failed keys last changed before now - older_than;
+ * returns how many.  Never touches a processing key, live or expired.  A
+ * purged key can be claimed afresh, so the retention must outlast every
+ * retry of the request (a channel's callback retries last a day or more).
+ */
+PG_FUNCTION_INFO_V1(payidem_idem_purge);
+Datum
+payidem_idem_purge(PG_FUNCTION_ARGS)
+{
+	Interval   *older_than;
+	Interval	zero;
+	Datum		params[1];
+	Oid			purge_types[1] = {TIMESTAMPTZOID};
+	Oid			save_userid;
+	int			save_sec_context;
+	int			rc;
+	int64		deleted;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retention interval must not be NULL"),
+				 errhint("Pass how long finished keys are kept, e.g. '7 days'.")));
+	older_than = PG_GETARG_INTERVAL_P(0);
+	memset(&zero, 0, sizeof(zero));
+	if (DatumGetBool(DirectFunctionCall2(interval_lt, IntervalPGetDatum(older_than),
+										 IntervalPGetDatum(&zero))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("retention interval must not be negative"),
+				 errdetail("The interval was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(older_than)))),
+				 errhint("Pass how long finished keys are kept, e.g. '7 days'.")));
+
+	params[0] = DirectFunctionCall2(timestamptz_mi_interval,
+									TimestampTzGetDatum(GetCurrentTimestamp()),
+									IntervalPGetDatum(older_than));
+
+	begin_as_owner(&save_userid, &save_sec_context);
+	rc = SPI_execute_plan(saved_plan(&purge_plan, purge_sql, 1, purge_types),
+						  params, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "idempotency purge failed: %s", SPI_result_code_string(rc));
+	deleted = (int64) SPI_processed;
+	end_as_owner(save_userid, save_sec_context);
+	PG_RETURN_INT64(deleted);
+}

@@ -1,0 +1,996 @@
+/*-------------------------------------------------------------------------
+ *
+ * state_machine.c
+ *		The order/payment/refund state machines: the constraint trigger
+ *		payidem.status_guard() that no UPDATE or INSERT can bypass, the
+ *		transit_order/transit_payment/transit_refund() functions (one
+ *		conditional UPDATE each, the seeds' optimistic lock), the append-only
+ *		guard of payidem.status_log and the per-backend whitelist cache.
+ *
+ * Whitelist cache: payidem.state and payidem.transition are read once per
+ * backend into WhitelistCache (its own memory context under
+ * CacheMemoryContext) and kept until a relcache invalidation of one of those
+ * tables (or of status_log, or a full reset) arrives.  DML does not send
+ * relcache invalidations by itself, so both tables carry a statement-level
+ * trigger, payidem.whitelist_changed(), that calls
+ * CacheInvalidateRelcacheByRelid(): the change is seen by the next command
+ * of the changing transaction (CommandCounterIncrement processes local
+ * invalidations), undone locally if it aborts, and broadcast to every other
+ * backend at commit, which processes it when its next statement takes its
+ * first lock.  The cache is read with a fresh snapshot (GetLatestSnapshot),
+ * not the transaction snapshot, so a backend in a REPEATABLE READ transaction
+ * cannot cache a whitelist older than the invalidations it has processed.
+ * The relcache callback only marks the cache stale; memory is released when
+ * the next reader rebuilds it, and callers never keep cache pointers across
+ * a call that may rebuild it.
+ *
+ * Plans and writes: the repeated statements (the transit UPDATEs and their
+ * follow-up SELECTs, the two whitelist reads) are prepared once per backend
+ * with SPI_prepare_cursor(CURSOR_OPT_GENERIC_PLAN) + SPI_keepplan; nothing is
+ * parsed or planned per row.  The status_log row is written without SQL at
+ * all: a direct executor insert (ExecSimpleRelationInsert, as logical
+ * replication's apply worker does), which still checks its constraints and
+ * maintains its indexes.
+ *
+ * Privileges: the whitelist is read as the owner of payidem.state
+ * (SetUserIdAndSecContext, as the RI triggers do) and the log row is written
+ * by trusted C code with no permission check, so an application role needs
+ * UPDATE on "order" but no right on state, transition or status_log — it
+ * cannot forge history.  changed_by records the role that made the change.
+ * transit_*() run as the caller: its UPDATE rights and row-level policies
+ * apply (a row it cannot see is "not found").
+ *
+ * Locking: transit_*() relies on the row lock its UPDATE takes.  Under READ
+ * COMMITTED a concurrent change of the same row makes the UPDATE wait, then
+ * re-check the WHERE clause against the committed version (EvalPlanQual);
+ * when it no longer matches, a fresh-snapshot SELECT tells "already there"
+ * (false) from "illegal" (PI002).  No lock is taken on the whitelist tables
+ * beyond the AccessShareLock of reading them.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/transam.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "commands/sequence.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "rewrite/rewriteHandler.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "payidem.h"
+
+/* one status of an entity */
+typedef struct WhitelistState
+{
+	char	   *status;
+	int			len;
+	bool		initial;
+	bool		terminal;
+	Datum		predecessors;	/* text[] of the statuses that may move here */
+} WhitelistState;
+
+/* one allowed change */
+typedef struct WhitelistTransition
+{
+	char	   *from_status;
+	int			from_len;
+	char	   *to_status;
+	int			to_len;
+} WhitelistTransition;
+
+/* the state machine of one entity ('order', 'payment', ...) */
+typedef struct WhitelistEntity
+{
+	char	   *name;
+	int			nstates;
+	WhitelistState *states;
+	WhitelistState *initial;	/* NULL if the entity has none */
+	int			ntransitions;
+	WhitelistTransition *transitions;	/* sorted by from, to (C collation) */
+} WhitelistEntity;
+
+typedef struct WhitelistCache
+{
+	MemoryContext context;
+	int			nentities;
+	WhitelistEntity *entities;
+} WhitelistCache;
+
+static WhitelistCache *whitelist = NULL;	/* NULL = stale, rebuild on use */
+static uint64 whitelist_inval_count = 0;	/* bumped by the callback */
+static bool callback_registered = false;
+
+/* relations whose invalidation makes the cache stale; found at (re)load */
+static Oid	state_relid = InvalidOid;
+static Oid	transition_relid = InvalidOid;
+static Oid	status_log_relid = InvalidOid;
+static Oid	whitelist_owner = InvalidOid;	/* owner of payidem.state */
+static Oid	status_log_seq = InvalidOid;	/* its log_id sequence */
+
+/* saved plans */
+static SPIPlanPtr load_states_plan = NULL;
+static SPIPlanPtr load_transitions_plan = NULL;
+
+/*
+ * What transit_<entity>() needs to know of its table.  The UPDATE sets the
+ * timestamps the target status implies; $1 key, $2 target, $3 the allowed
+ * predecessors of the target (text[], from the cache).
+ */
+typedef struct TransitTarget
+{
+	const char *entity;
+	const char *funcname;
+	const char *update_sql;
+	const char *select_sql;
+	SPIPlanPtr	update_plan;
+	SPIPlanPtr	select_plan;
+} TransitTarget;
+
+#define EQ " OPERATOR(pg_catalog.=) "
+
+static TransitTarget transit_targets[] = {
+	{
+		"order", "transit_order",
+		"UPDATE payidem.\"order\" SET status = $2, updated_at = pg_catalog.now(),"
+		" paid_at = CASE WHEN $2" EQ "'paid' THEN COALESCE(paid_at, pg_catalog.now()) ELSE paid_at END,"
+		" closed_at = CASE WHEN $2" EQ "'closed' THEN pg_catalog.now() ELSE closed_at END"
+		" WHERE order_no" EQ "$1 AND status" EQ "ANY ($3)",
+		"SELECT status FROM payidem.\"order\" WHERE order_no" EQ "$1",
+		NULL, NULL
+	},
+	{
+		"payment", "transit_payment",
+		"UPDATE payidem.payment SET status = $2, updated_at = pg_catalog.now(),"
+		" paid_at = CASE WHEN $2" EQ "'succeeded' THEN COALESCE(paid_at, pg_catalog.now()) ELSE paid_at END,"
+		" closed_at = CASE WHEN $2" EQ "'closed' THEN pg_catalog.now() ELSE closed_at END"
+		" WHERE payment_no" EQ "$1 AND status" EQ "ANY ($3)",
+		"SELECT status FROM payidem.payment WHERE payment_no" EQ "$1",
+		NULL, NULL
+	},
+	{
+		"refund", "transit_refund",
+		"UPDATE payidem.refund SET status = $2, updated_at = pg_catalog.now(),"
+		" refunded_at = CASE WHEN $2" EQ "'succeeded' THEN pg_catalog.now() ELSE refunded_at END"
+		" WHERE refund_no" EQ "$1 AND status" EQ "ANY ($3)",
+		"SELECT status FROM payidem.refund WHERE refund_no" EQ "$1",
+		NULL, NULL
+	},
+};
+
+#define TRANSIT_ORDER	0
+#define TRANSIT_PAYMENT	1
+#define TRANSIT_REFUND	2
+
+/* how often transit_*() retries when a concurrent change moved the row */
+#define TRANSIT_MAX_RETRIES 3
+
+
+/*
+ * Relcache callback: a change of payidem.state, payidem.transition or
+ * payidem.status_log (or a full reset, relid = InvalidOid) makes the cache
+ * stale.  Only flags it: the memory is freed by the next rebuild, because a
+ * callback can run in the middle of code that is reading the cache.
+ */
+static void
+whitelist_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == state_relid ||
+		relid == transition_relid || relid == status_log_relid)
+	{
+		whitelist_inval_count++;
+		whitelist = NULL;
+	}
+}
+
+/* OID of payidem.<relname>; a clear error if the extension is missing */
+static Oid
+payidem_relid(const char *relname)
+{
+	Oid			nsp = get_namespace_oid("payidem", true);
+	Oid			relid = InvalidOid;
+
+	if (OidIsValid(nsp))
+		relid = get_relname_relid(relname, nsp);
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("relation payidem.%s does not exist", relname),
+				 errhint("Run CREATE EXTENSION payidem in this database.")));
+	return relid;
+}
+
+/* owner of a relation, from the syscache */
+static Oid
+relation_owner(Oid relid)
+{
+	HeapTuple	tup;
+	Oid			owner;
+
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+/* prepare and keep a generic plan (SPI must be connected) */
+static SPIPlanPtr
+prepare_saved(const char *sql, int nargs, Oid *argtypes)
+{
+	/* parameters never change the best plan here: skip custom planning */
+	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	return plan;
+}
+
+/* copy column col of SPI result row into the current memory context */
+static char *
+spi_text(int row, int col)
+{
+	bool		isnull;
+	Datum		d = SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, col, &isnull);
+
+	return isnull ? NULL : TextDatumGetCString(d);
+}
+
+static WhitelistEntity *
+find_entity_in(WhitelistCache *cache, const char *name)
+{
+	int			i;
+
+	for (i = 0; i < cache->nentities; i++)
+		if (strcmp(cache->entities[i].name, name) == 0)
+			return &cache->entities[i];
+	return NULL;
+}
+
+/*
+ * Read both whitelist tables into a new cache, as their owner and with the
+ * latest snapshot.  The new context hangs under the caller's context until
+ * the cache is complete, so an error frees it with the transaction.
+ */
+static WhitelistCache *
+whitelist_load(void)
+{
+	MemoryContext buildcxt;
+	MemoryContext oldcxt;
+	WhitelistCache *cache;
+	Oid			save_userid;
+	int			save_sec_context;
+	uint64		nstates;
+	uint64		ntrans;
+	uint64		i;
+	int			e;
+
+	state_relid = payidem_relid("state");
+	transition_relid = payidem_relid("transition");
+	status_log_relid = payidem_relid("status_log");
+	whitelist_owner = relation_owner(state_relid);
+	status_log_seq = payidem_relid("status_log_log_id_seq");
+
+	buildcxt = AllocSetContextCreate(CurrentMemoryContext,
+									 "payidem whitelist",
+									 ALLOCSET_SMALL_SIZES);
+	cache = MemoryContextAllocZero(buildcxt, sizeof(WhitelistCache));
+	cache->context = buildcxt;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (load_states_plan == NULL)
+		load_states_plan = prepare_saved(
+			"SELECT entity, status, initial, terminal FROM payidem.state"
+			" ORDER BY entity COLLATE \"C\", status COLLATE \"C\"", 0, NULL);
+	if (load_transitions_plan == NULL)
+		load_transitions_plan = prepare_saved(
+			"SELECT entity, from_status, to_status FROM payidem.transition"
+			" ORDER BY entity COLLATE \"C\", from_status COLLATE \"C\", to_status COLLATE \"C\"", 0, NULL);
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(whitelist_owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+
+	/* statuses: count the entities first (rows are ordered by entity) */
+	if (SPI_execute_snapshot(load_states_plan, NULL, NULL, GetLatestSnapshot(),
+							 InvalidSnapshot, true, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "reading payidem.state failed");
+	nstates = SPI_processed;
+	oldcxt = MemoryContextSwitchTo(buildcxt);
+	{
+		char	   *prev = NULL;
+
+		cache->entities = palloc0(sizeof(WhitelistEntity) * Max(nstates, 1));
+		for (i = 0; i < nstates; i++)
+		{
+			char	   *entity = spi_text(i, 1);
+			WhitelistEntity *ent;
+			WhitelistState *st;
+			bool		isnull;
+
+			if (prev == NULL || strcmp(prev, entity) != 0)
+			{
+				ent = &cache->entities[cache->nentities++];
+				ent->name = entity;
+				ent->states = palloc0(sizeof(WhitelistState) * nstates);
+				prev = entity;
+			}
+			ent = &cache->entities[cache->nentities - 1];
+			st = &ent->states[ent->nstates++];
+			st->status = spi_text(i, 2);
+			st->len = strlen(st->status);
+			st->initial = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 3, &isnull));
+			st->terminal = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 4, &isnull));
+			if (st->initial)
+				ent->initial = st;
+		}
+	}
+	MemoryContextSwitchTo(oldcxt);
+
+	if (SPI_execute_snapshot(load_transitions_plan, NULL, NULL, GetLatestSnapshot(),
+							 InvalidSnapshot, true, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "reading payidem.transition failed");
+	ntrans = SPI_processed;
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	oldcxt = MemoryContextSwitchTo(buildcxt);
+	for (e = 0; e < cache->nentities; e++)
+		cache->entities[e].transitions = palloc0(sizeof(WhitelistTransition) * Max(ntrans, 1));
+	for (i = 0; i < ntrans; i++)
+	{
+		char	   *entity = spi_text(i, 1);
+		WhitelistEntity *ent = find_entity_in(cache, entity);
+		WhitelistTransition *tr;
+
+		if (ent == NULL)
+			continue;			/* impossible: foreign keys to payidem.state */
+		tr = &ent->transitions[ent->ntransitions++];
+		tr->from_status = spi_text(i, 2);
+		tr->from_len = strlen(tr->from_status);
+		tr->to_status = spi_text(i, 3);
+		tr->to_len = strlen(tr->to_status);
+	}
+
+	/* the allowed predecessors of every status, as the text[] transit_*() binds */
+	for (e = 0; e < cache->nentities; e++)
+	{
+		WhitelistEntity *ent = &cache->entities[e];
+		int			s;
+
+		for (s = 0; s < ent->nstates; s++)
+		{
+			WhitelistState *st = &ent->states[s];
+			Datum	   *elems = palloc(sizeof(Datum) * Max(ent->ntransitions, 1));
+			int			n = 0;
+			int			t;
+
+			for (t = 0; t < ent->ntransitions; t++)
+				if (strcmp(ent->transitions[t].to_status, st->status) == 0)
+					elems[n++] = CStringGetTextDatum(ent->transitions[t].from_status);
+			st->predecessors = PointerGetDatum(construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT));
+		}
+	}
+	MemoryContextSwitchTo(oldcxt);
+
+	SPI_finish();
+	return cache;
+}
+
+/*
+ * The current whitelist, rebuilt if stale.  The pointer stays valid until the
+ * next call of this function; do not keep it across SPI calls that may fire
+ * the triggers (they call this function too).
+ */
+static WhitelistCache *
+whitelist_get(void)
+{
+	static MemoryContext current_context = NULL;
+
+	if (!callback_registered)
+	{
+		CacheRegisterRelcacheCallback(whitelist_relcache_callback, (Datum) 0);
+		callback_registered = true;
+	}
+
+	while (whitelist == NULL)
+	{
+		uint64		before = whitelist_inval_count;
+		WhitelistCache *fresh = whitelist_load();
+
+		/* keep it beyond this transaction; free the one it replaces */
+		MemoryContextSetParent(fresh->context, CacheMemoryContext);
+		if (current_context != NULL)
+			MemoryContextDelete(current_context);
+		current_context = fresh->context;
+
+		/* an invalidation that arrived while reading means: read again */
+		if (before == whitelist_inval_count)
+			whitelist = fresh;
+	}
+	return whitelist;
+}
+
+static WhitelistState *
+find_state(WhitelistEntity *ent, const char *status, int len)
+{
+	int			i;
+
+	if (ent == NULL)
+		return NULL;
+	for (i = 0; i < ent->nstates; i++)
+		if (ent->states[i].len == len && memcmp(ent->states[i].status, status, len) == 0)
+			return &ent->states[i];
+	return NULL;
+}
+
+static bool
+transition_allowed(WhitelistEntity *ent, const char *from, int from_len,
+				   const char *to, int to_len)
+{
+	int			i;
+
+	for (i = 0; i < ent->ntransitions; i++)
+	{
+		WhitelistTransition *tr = &ent->transitions[i];
+
+		if (tr->from_len == from_len && tr->to_len == to_len &&
+			memcmp(tr->from_status, from, from_len) == 0 &&
+			memcmp(tr->to_status, to, to_len) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * "Allowed from 'x': 'a', 'b'." / "Allowed from 'x': none (terminal status)."
+ * — the HINT of an illegal change.
+ */
+static char *
+allowed_hint(WhitelistEntity *ent, const char *from)
+{
+	StringInfoData buf;
+	WhitelistState *st = find_state(ent, from, strlen(from));
+	int			n = 0;
+	int			i;
+
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "Allowed from '%s': ", from);
+	if (st != NULL && st->terminal)
+	{
+		appendStringInfoString(&buf, "none (terminal status).");
+		return buf.data;
+	}
+	for (i = 0; ent != NULL && i < ent->ntransitions; i++)
+	{
+		if (strcmp(ent->transitions[i].from_status, from) != 0)
+			continue;
+		appendStringInfo(&buf, "%s'%s'", n > 0 ? ", " : "", ent->transitions[i].to_status);
+		n++;
+	}
+	appendStringInfoString(&buf, n > 0 ? "." : "none.");
+	return buf.data;
+}
+
+/* the statuses of an entity, quoted and comma-separated (for a HINT) */
+static char *
+known_statuses(WhitelistEntity *ent)
+{
+	StringInfoData buf;
+	int			i;
+
+	initStringInfo(&buf);
+	for (i = 0; ent != NULL && i < ent->nstates; i++)
+		appendStringInfo(&buf, "%s'%s'", i > 0 ? ", " : "", ent->states[i].status);
+	if (buf.len == 0)
+		appendStringInfoString(&buf, "none");
+	return buf.data;
+}
+
+/* Raise PI002 for a change the whitelist does not allow. */
+static void
+report_illegal_change(WhitelistEntity *ent, const char *entity, const char *quoted_key,
+					  const char *from, const char *to)
+{
+	payidem_count(PAYIDEM_TRANSITIONS_REJECTED);
+	ereport(ERROR,
+			(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+			 errmsg("status change not allowed by the %s state machine", entity),
+			 errdetail("%s %s: '%s' -> '%s' is not allowed", entity, quoted_key, from, to),
+			 errhint("%s", allowed_hint(ent, from))));
+}
+
+/* NUL-terminated copy of a text value, and its length */
+static char *
+text_datum_cstring(Datum d, int *len)
+{
+	text	   *t = DatumGetTextPP(d);
+
+	*len = VARSIZE_ANY_EXHDR(t);
+	return text_to_cstring(t);
+}
+
+/*
+ * Append one row to payidem.status_log.  A direct executor insert, as the
+ * logical replication apply worker does (ExecSimpleRelationInsert): NOT NULL
+ * and CHECK constraints, index entries (unique log_id) and stored generated
+ * columns are handled by the executor, with no SQL, plan or snapshot per row.
+ * The known columns are filled here — log_id from its sequence, changed_at =
+ * now(), changed_by = the acting role (GetOuterUserId: the session's role,
+ * not the owner that SECURITY DEFINER code or the transit functions run
+ * as), txid = txid_current() —
+ * and any column added later gets its default.  Trusted code writing on the
+ * log owner's behalf: no permission check, so application roles need no
+ * right on status_log and cannot write it themselves.
+ */
+static void
+append_status_log(const char *entity, Datum entity_no, Datum from_status,
+				  bool from_null, Datum to_status)
+{
+	Relation	rel = table_open(status_log_relid, RowExclusiveLock);
+	TupleDesc	desc = RelationGetDescr(rel);
+	EState	   *estate = CreateExecutorState();
+	RangeTblEntry *rte = makeNode(RangeTblEntry);
+	ResultRelInfo *rri = makeNode(ResultRelInfo);
+	TupleTableSlot *slot;
+	MemoryContext oldcxt;
+	int			i;
+
+	rte->rtekind = RTE_RELATION;
+	rte->relid = status_log_relid;
+	rte->relkind = rel->rd_rel->relkind;
+	rte->rellockmode = RowExclusiveLock;
+#if PG_VERSION_NUM >= 160000
+	ExecInitRangeTable(estate, list_make1(rte), NIL);
+#else
+	ExecInitRangeTable(estate, list_make1(rte));
+#endif
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	estate->es_output_cid = GetCurrentCommandId(true);
+	ExecOpenIndices(rri, false);
+	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
+	ExecClearTuple(slot);
+
+	oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		const char *name = NameStr(att->attname);
+		Datum		value = (Datum) 0;
+		bool		isnull = false;
+
+		if (att->attisdropped || att->attgenerated)
+			isnull = true;		/* generated: computed by the executor */
+		else if (strcmp(name, "log_id") == 0)
+			value = Int64GetDatum(nextval_internal(status_log_seq, false));
+		else if (strcmp(name, "entity") == 0)
+			value = CStringGetTextDatum(entity);
+		else if (strcmp(name, "entity_no") == 0)
+			value = entity_no;
+		else if (strcmp(name, "from_status") == 0)
+		{
+			value = from_status;
+			isnull = from_null;
+		}
+		else if (strcmp(name, "to_status") == 0)
+			value = to_status;
+		else if (strcmp(name, "changed_at") == 0)
+			value = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+		else if (strcmp(name, "changed_by") == 0)
+			value = CStringGetTextDatum(GetUserNameFromId(GetOuterUserId(), false));
+		else if (strcmp(name, "txid") == 0)
+			value = Int64GetDatum((int64) U64FromFullTransactionId(GetTopFullTransactionId()));
+		else
+		{
+			Node	   *def = build_column_default(rel, i + 1);
+
+			if (def == NULL)
+				isnull = true;
+			else
+			{
+				ExprState  *es = ExecPrepareExpr((Expr *) def, estate);
+
+				value = ExecEvalExpr(es, GetPerTupleExprContext(estate), &isnull);
+			}
+		}
+		slot->tts_values[i] = value;
+		slot->tts_isnull[i] = isnull;
+	}
+	MemoryContextSwitchTo(oldcxt);
+	ExecStoreVirtualTuple(slot);
+
+	AfterTriggerBeginQuery();	/* in case someone adds row triggers to the log */
+	ExecSimpleRelationInsert(rri, estate, slot);
+	AfterTriggerEndQuery(estate);
+
+	ExecCloseIndices(rri);
+	ExecResetTupleTable(estate->es_tupleTable, false);
+	FreeExecutorState(estate);
+	table_close(rel, NoLock);
+}
+
+/* the text value of a column (by name) of a trigger tuple, as a text Datum */
+static Datum
+tuple_text_column(Relation rel, HeapTuple tuple, const char *colname, bool *isnull)
+{
+	TupleDesc	tupdesc = RelationGetDescr(rel);
+	int			attnum = SPI_fnumber(tupdesc, colname);
+	Datum		d;
+	Oid			typid;
+
+	if (attnum <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" of relation \"%s\" does not exist",
+						colname, RelationGetRelationName(rel)),
+				 errhint("Check the arguments of the status_guard trigger.")));
+	d = heap_getattr(tuple, attnum, tupdesc, isnull);
+	if (*isnull)
+		return (Datum) 0;
+	typid = TupleDescAttr(tupdesc, attnum - 1)->atttypid;
+	if (typid == TEXTOID || typid == VARCHAROID)
+		return d;
+	return CStringGetTextDatum(SPI_getvalue(tuple, tupdesc, attnum));
+}
+
+/*
+ * payidem.status_guard(entity, key_column) — constraint trigger
+ *		AFTER INSERT OR UPDATE OF status ... FOR EACH ROW on "order", payment
+ *		and refund.  An insert must use the entity's initial status; a status
+ *		change must be a row of payidem.transition.  Anything else is PI002.
+ *		Every accepted insert or change appends one row to status_log.
+ *		Runs on the cached whitelist: no query per row except the log insert.
+ */
+PG_FUNCTION_INFO_V1(payidem_status_guard);
+Datum
+payidem_status_guard(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Trigger    *trigger;
+	const char *entity;
+	const char *keycol;
+	WhitelistCache *cache;
+	WhitelistEntity *ent;
+	HeapTuple	newtuple;
+	Datum		key;
+	Datum		new_status;
+	int			new_len;
+	char	   *new_s;
+	bool		isnull;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.status_guard() was not called by trigger manager")));
+	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.status_guard() must be fired AFTER ... FOR EACH ROW")));
+	if (!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) &&
+		!TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.status_guard() must be fired for INSERT or UPDATE")));
+	trigger = trigdata->tg_trigger;
+	if (trigger->tgnargs != 2)
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.status_guard() needs two arguments: the entity and the key column"),
+				 errhint("For example: EXECUTE FUNCTION payidem.status_guard('order', 'order_no').")));
+	entity = trigger->tgargs[0];
+	keycol = trigger->tgargs[1];
+
+	newtuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event)
+		? trigdata->tg_newtuple : trigdata->tg_trigtuple;
+	new_status = tuple_text_column(trigdata->tg_relation, newtuple, "status", &isnull);
+	if (isnull)
+		return PointerGetDatum(NULL);	/* NOT NULL / foreign key will refuse it */
+	new_s = text_datum_cstring(new_status, &new_len);
+
+	cache = whitelist_get();
+	ent = find_entity_in(cache, entity);
+
+	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+	{
+		if (ent == NULL || ent->initial == NULL ||
+			ent->initial->len != new_len || memcmp(ent->initial->status, new_s, new_len) != 0)
+		{
+			char	   *quoted;
+
+			key = tuple_text_column(trigdata->tg_relation, newtuple, keycol, &isnull);
+			quoted = isnull ? pstrdup("NULL")
+				: payidem_quote_value(VARDATA_ANY(DatumGetTextPP(key)),
+									  VARSIZE_ANY_EXHDR(DatumGetTextPP(key)));
+			payidem_count(PAYIDEM_TRANSITIONS_REJECTED);
+			if (ent == NULL || ent->initial == NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+						 errmsg("the %s state machine has no initial status", entity),
+						 errdetail("%s %s: inserted as '%s'; payidem.state has no initial status for entity '%s'.",
+								   entity, quoted, new_s, entity),
+						 errhint("Mark one status of entity '%s' as initial in payidem.state.", entity)));
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+					 errmsg("a new %s must start in status '%s'", entity, ent->initial->status),
+					 errdetail("%s %s: inserted as '%s', which is not the initial status.",
+							   entity, quoted, new_s),
+					 errhint("Insert it as '%s', then change its status through the allowed transitions.",
+							 ent->initial->status)));
+		}
+		key = tuple_text_column(trigdata->tg_relation, newtuple, keycol, &isnull);
+		append_status_log(entity, key, (Datum) 0, true, new_status);
+	}
+	else
+	{
+		Datum		old_status;
+		char	   *old_s;
+		int			old_len;
+
+		old_status = tuple_text_column(trigdata->tg_relation, trigdata->tg_trigtuple, "status", &isnull);
+		if (isnull)
+			return PointerGetDatum(NULL);
+		old_s = text_datum_cstring(old_status, &old_len);
+		if (old_len == new_len && memcmp(old_s, new_s, new_len) == 0)
+			return PointerGetDatum(NULL);	/* status listed in SET but unchanged */
+
+		key = tuple_text_column(trigdata->tg_relation, newtuple, keycol, &isnull);
+		if (ent == NULL || !transition_allowed(ent, old_s, old_len, new_s, new_len))
+		{
+			char	   *quoted = isnull ? pstrdup("NULL")
+				: payidem_quote_value(VARDATA_ANY(DatumGetTextPP(key)),
+									  VARSIZE_ANY_EXHDR(DatumGetTextPP(key)));
+
+			report_illegal_change(ent, entity, quoted, old_s, new_s);
+		}
+		append_status_log(entity, key, old_status, false, new_status);
+	}
+	payidem_count(PAYIDEM_TRANSITIONS_APPLIED);
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * payidem.whitelist_changed() — trigger AFTER INSERT OR UPDATE OR DELETE OR
+ *		TRUNCATE ... FOR EACH STATEMENT on payidem.state and payidem.transition.
+ *		Queues a relcache invalidation of the table: this backend's next
+ *		command and, after commit, every other backend's next statement
+ *		rebuild their whitelist cache.
+ */
+PG_FUNCTION_INFO_V1(payidem_whitelist_changed);
+Datum
+payidem_whitelist_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.whitelist_changed() was not called by trigger manager")));
+	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_STATEMENT(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.whitelist_changed() must be fired AFTER ... FOR EACH STATEMENT")));
+
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * payidem.status_log_append_only() — trigger BEFORE UPDATE OR DELETE OR
+ *		TRUNCATE ... FOR EACH STATEMENT on payidem.status_log, created ENABLE
+ *		ALWAYS so that session_replication_role cannot switch it off.  Refuses
+ *		the statement, for every role including the owner and superusers.
+ */
+PG_FUNCTION_INFO_V1(payidem_status_log_append_only);
+Datum
+payidem_status_log_append_only(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	const char *what;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.status_log_append_only() was not called by trigger manager")));
+	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.status_log_append_only() must be fired BEFORE")));
+
+	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+		what = "UPDATE";
+	else if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
+		what = "DELETE";
+	else if (TRIGGER_FIRED_BY_TRUNCATE(trigdata->tg_event))
+		what = "TRUNCATE";
+	else
+		return PointerGetDatum(NULL);	/* INSERT: the log grows */
+
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("payidem.status_log is append-only"),
+			 errdetail("%s of status history is refused for every role, including the owner and superusers.", what),
+			 errhint("Rows are only ever added, by the state-machine triggers.")));
+	PG_RETURN_NULL();			/* keep the compiler quiet */
+}
+
+/*
+ * transit_<entity>(key, to_status): the one conditional UPDATE of the contract.
+ *		true  — the row moved to to_status;
+ *		false — it already was in to_status (an idempotent repeat);
+ *		PI009 — no such row; PI002 — its current status cannot move there;
+ *		22023 — to_status is not a status of the entity.
+ */
+static Datum
+transit(FunctionCallInfo fcinfo, int which)
+{
+	TransitTarget *target = &transit_targets[which];
+	text	   *key = PG_GETARG_TEXT_PP(0);
+	text	   *to = PG_GETARG_TEXT_PP(1);
+	char	   *to_s = text_to_cstring(to);
+	int			to_len = VARSIZE_ANY_EXHDR(to);
+	WhitelistCache *cache;
+	WhitelistEntity *ent;
+	WhitelistState *st;
+	Datum		predecessors;
+	Datum		values[3];
+	char	   *current = NULL;
+	int			attempt;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	cache = whitelist_get();
+	ent = find_entity_in(cache, target->entity);
+	st = find_state(ent, to_s, to_len);
+	if (st == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("unknown %s status %s", target->entity, payidem_quote_value(to_s, to_len)),
+				 errdetail("payidem.state has no such status for entity '%s'.", target->entity),
+				 errhint("Known %s statuses: %s.", target->entity, known_statuses(ent))));
+	/* a private copy: running the UPDATE may rebuild the cache */
+	predecessors = datumCopy(st->predecessors, false, -1);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (target->update_plan == NULL)
+	{
+		Oid			types[3] = {TEXTOID, TEXTOID, TEXTARRAYOID};
+
+		target->update_plan = prepare_saved(target->update_sql, 3, types);
+	}
+	if (target->select_plan == NULL)
+	{
+		Oid			types[1] = {TEXTOID};
+
+		target->select_plan = prepare_saved(target->select_sql, 1, types);
+	}
+
+	values[0] = PointerGetDatum(key);
+	values[1] = PointerGetDatum(to);
+	values[2] = predecessors;
+
+	/*
+	 * Run as the tables' owner (the extension's owner), like a SECURITY
+	 * DEFINER function without the cost of a SET clause: an application role
+	 * needs EXECUTE on this function, not rights on the tables, and row-level
+	 * security for reporting roles does not hide rows from it.  The status
+	 * log still records the calling role (GetOuterUserId).  An error restores
+	 * the identity with the transaction.
+	 */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(whitelist_owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+
+	for (attempt = 0;; attempt++)
+	{
+		int			rc;
+		bool		may_retry = false;
+		ArrayType  *arr;
+		Datum	   *elems;
+		int			nelems;
+		int			i;
+
+		rc = SPI_execute_plan(target->update_plan, values, NULL, false, 0);
+		if (rc != SPI_OK_UPDATE)
+			elog(ERROR, "%s: UPDATE failed: %s", target->funcname, SPI_result_code_string(rc));
+		if (SPI_processed > 0)
+		{
+			SetUserIdAndSecContext(save_userid, save_sec_context);
+			SPI_finish();
+			PG_RETURN_BOOL(true);
+		}
+
+		/* not moved: find out why, with a fresh snapshot */
+		rc = SPI_execute_plan(target->select_plan, values, NULL, false, 1);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "%s: SELECT failed: %s", target->funcname, SPI_result_code_string(rc));
+		if (SPI_processed == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_NOT_FOUND),
+					 errmsg("%s %s not found", target->entity,
+							payidem_quote_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))),
+					 errdetail("payidem.%s has no row with that key.",
+							   which == TRANSIT_ORDER ? "\"order\"" : target->entity)));
+		current = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		if (strcmp(current, to_s) == 0)
+		{
+			SetUserIdAndSecContext(save_userid, save_sec_context);
+			SPI_finish();
+			PG_RETURN_BOOL(false);
+		}
+
+		/*
+		 * A concurrent transaction may have moved the row between our UPDATE
+		 * and this SELECT into a status from which the change is allowed.
+		 */
+		arr = DatumGetArrayTypeP(predecessors);
+		deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, &nelems);
+		for (i = 0; i < nelems; i++)
+		{
+			char	   *p = TextDatumGetCString(elems[i]);
+
+			if (strcmp(p, current) == 0)
+				may_retry = true;
+		}
+		if (!may_retry || attempt >= TRANSIT_MAX_RETRIES)
+			break;
+	}
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	cache = whitelist_get();
+	ent = find_entity_in(cache, target->entity);
+	report_illegal_change(ent, target->entity,
+						  payidem_quote_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key)),
+						  current, to_s);
+	PG_RETURN_NULL();			/* not reached */
+}
+
+/* payidem.transit_order(order_no text, to_status text) RETURNS boolean */
+PG_FUNCTION_INFO_V1(payidem_transit_order);
+Datum
+payidem_transit_order(PG_FUNCTION_ARGS)
+{
+	return transit(fcinfo, TRANSIT_ORDER);
+}
+
+/* payidem.transit_payment(payment_no text, to_status text) RETURNS boolean */
+PG_FUNCTION_INFO_V1(payidem_transit_payment);
+Datum
+payidem_transit_payment(PG_FUNCTION_ARGS)
+{
+	return transit(fcinfo, TRANSIT_PAYMENT);
+}
+
+/* payidem.transit_refund(refund_no text, to_status text) RETURNS boolean */
+PG_FUNCTION_INFO_V1(payidem_transit_refund);
+Datum
+payidem_transit_refund(PG_FUNCTION_ARGS)
+{
+	return transit(fcinfo, TRANSIT_REFUND);
+}
