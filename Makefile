@@ -57,9 +57,17 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-.PHONY: test demo version
+.PHONY: test demo version bench bench-check
 test:
 	@bash scripts/test
+
+# every benchmark in bench/ (QUICK=1 for a short run); see docs/benchmarks.md
+bench:
+	@bash bench/run.sh
+
+# instruction counts (valgrind) against bench/instructions.baseline, +20 % allowed
+bench-check:
+	@bash bench/instructions.sh --check
 
 demo:
 	@bash scripts/demo
