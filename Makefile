@@ -19,7 +19,8 @@ OBJS_ORDER_NO  = src/order_no.o src/order_no_codec.o
 OBJS_IDEM      = src/idem.o
 OBJS_STATE     = src/state_machine.o
 OBJS_MERCHANT  = src/crypto.o
-OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT)
+OBJS_RECON     = src/recon.o
+OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON)
 
 DATA = $(wildcard sql/payidem--*.sql)
 
@@ -29,16 +30,16 @@ REGRESS_ORDER_NO = order_no
 REGRESS_IDEM     = idempotency
 REGRESS_STATE    = state_machine
 REGRESS_MERCHANT = merchant merchant_security
-REGRESS_FLOW     =
-REGRESS_RECON    =
+REGRESS_FLOW     = payment_flow
+REGRESS_RECON    = reconciliation
 REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON)
 
 # isolation specs: test/specs/<name>.spec -> test/expected/<name>.out
 ISOLATION_ORDER_NO = order_no_concurrent
 ISOLATION_IDEM     = idem_commit idem_rollback idem_lease_finish idem_three
 ISOLATION_STATE    = state_transit_race state_whitelist_cache
-ISOLATION_FLOW     =
-ISOLATION_RECON    =
+ISOLATION_FLOW     = flow_duplicate_callbacks flow_callback_vs_query flow_close_vs_success flow_two_channels flow_refund_race flow_notify_workers
+ISOLATION_RECON    = recon_concurrent
 ISOLATION = $(ISOLATION_ORDER_NO) $(ISOLATION_IDEM) $(ISOLATION_STATE) $(ISOLATION_FLOW) $(ISOLATION_RECON)
 ISOLATION_OPTS = --inputdir=test
 

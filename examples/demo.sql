@@ -98,3 +98,76 @@ VALUES (:'payment_no2', :'order_no', :'merchant_no', 'WXPAY_001', 1250);
 \set ON_ERROR_STOP 1
 SELECT order_no, amount, currency, status FROM payidem."order";
 SELECT payment_no, order_no, channel_no, amount, status FROM payidem.payment;
+
+\echo
+\echo '== 7. The payment flow: one order, two attempts, duplicate callbacks ========'
+\echo 'A double click sends the same out_trade_no twice: one order.'
+SELECT payidem.create_order(:'merchant_no', 'SHOP-1001', 2599, 'Two lattes', 'https://shop.example/notify') AS order_no \gset
+SELECT payidem.create_order(:'merchant_no', 'SHOP-1001', 2599, 'Two lattes', 'https://shop.example/notify') = :'order_no' AS same_order;
+\unset ON_ERROR_STOP
+\echo '-- the same out_trade_no with another amount is refused (PI001):'
+SELECT payidem.create_order(:'merchant_no', 'SHOP-1001', 9999, 'Two lattes');
+\set ON_ERROR_STOP 1
+\echo 'The customer tries WeChat Pay; the attempt fails.'
+SELECT payidem.begin_payment(:'order_no', 'WXPAY_001') AS wx_payment \gset
+\unset ON_ERROR_STOP
+\echo '-- while it is pending, no second attempt on another channel (PI003):'
+SELECT payidem.begin_payment(:'order_no', 'ALIPAY_001');
+\set ON_ERROR_STOP 1
+SELECT payidem.apply_payment_result(:'wx_payment', 'callback', 'failed') AS wechat_result;
+\echo 'Then Alipay; its success callback arrives three times, and our own query too:'
+SELECT payidem.begin_payment(:'order_no', 'ALIPAY_001') AS ali_payment \gset
+SELECT payidem.apply_payment_result(:'ali_payment', 'callback', 'succeeded', 'ALI-20261129-0001', 2599) AS first_callback;
+SELECT payidem.apply_payment_result(:'ali_payment', 'callback', 'succeeded', 'ALI-20261129-0001', 2599) AS second_callback;
+SELECT payidem.apply_payment_result(:'ali_payment', 'query', 'succeeded', 'ALI-20261129-0001', 2599) AS query_result;
+SELECT payment_no = :'ali_payment' AS alipay, channel_no, status, fee_amount, cost_amount
+  FROM payidem.payment WHERE order_no = :'order_no' ORDER BY created_at;
+SELECT status, paid_payment_no = :'ali_payment' AS paid_by_alipay, notify_status FROM payidem."order" WHERE order_no = :'order_no';
+\echo 'The status log holds every change, and nobody can rewrite it:'
+SELECT entity, from_status, to_status FROM payidem.status_log
+ WHERE entity_no IN (:'order_no', :'wx_payment', :'ali_payment') ORDER BY log_id;
+\unset ON_ERROR_STOP
+UPDATE payidem.status_log SET to_status = 'refunded' WHERE entity_no = :'order_no';
+\echo '-- and no UPDATE can move money state outside the whitelist (PI002):'
+UPDATE payidem."order" SET status = 'pending' WHERE order_no = :'order_no';
+\set ON_ERROR_STOP 1
+
+\echo
+\echo '== 8. Money where it should not be: closed order, late success ==============='
+SELECT payidem.create_order(:'merchant_no', 'SHOP-1002', 1200, 'Croissant') AS late_order \gset
+SELECT payidem.begin_payment(:'late_order', 'WXPAY_001') AS late_payment \gset
+SELECT payidem.close_order(:'late_order') AS order_closed;
+SELECT payidem.apply_payment_result(:'late_payment', 'callback', 'succeeded', 'WX-LATE-1', 1200) AS late_success;
+SELECT kind, amount, handle_status FROM payidem.anomaly WHERE order_no = :'late_order';
+
+\echo
+\echo '== 9. Refunds never exceed what was paid ===================================='
+SELECT payidem.refund(:'ali_payment', 1000, 'R-1', 'one latte was cold') AS refund_no \gset
+SELECT payidem.apply_refund_result(:'refund_no', 'succeeded', 'ALI-R-1') AS refund_result;
+\unset ON_ERROR_STOP
+\echo '-- 1000 refunded of 2599; asking for 2000 more is refused (PI006):'
+SELECT payidem.refund(:'ali_payment', 2000, 'R-2');
+\set ON_ERROR_STOP 1
+SELECT status, refunded_amount FROM payidem."order" WHERE order_no = :'order_no';
+
+\echo
+\echo '== 10. Signed notifications to the merchant ================================='
+SELECT order_no = :'order_no' AS our_order, payload ->> 'status' AS status, attempt,
+       payidem.verify_signature(:'api_key', payload::text, signature) AS merchant_can_verify
+  FROM payidem.notify_due(10);
+SELECT payidem.notify_result(:'order_no', true);
+
+\echo
+\echo '== 11. Reconciliation: only the differences are stored ======================='
+\echo 'The channel''s bill has our payment (not yet its partial refund: a status mismatch)'
+\echo 'and a transaction we have no record of (channel_only: it also raises an anomaly).'
+SELECT (paid_at AT TIME ZONE 'UTC')::date AS bill_day FROM payidem.payment WHERE payment_no = :'ali_payment' \gset
+SELECT payidem.load_bill('ALIPAY_001', :'bill_day',
+  'channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at' || E'\n' ||
+  format('ALIPAY_001,%s,ALI-20261129-0001,%s,2599,16,succeeded,%s', :'bill_day', :'ali_payment', now()) || E'\n' ||
+  format('ALIPAY_001,%s,ALI-UNKNOWN-9,,500,3,succeeded,%s', :'bill_day', now())) AS bill_lines;
+SELECT matched, platform_only, channel_only, amount_mismatch, status_mismatch
+  FROM payidem.reconcile('ALIPAY_001', :'bill_day');
+SELECT diff_type, transaction_id, channel_amount, handle_status FROM payidem.reconciliation
+ WHERE channel_no = 'ALIPAY_001' ORDER BY recon_id;
+SELECT name, value FROM payidem.stats() WHERE value > 0 ORDER BY name;

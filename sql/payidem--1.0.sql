@@ -1410,7 +1410,7 @@ BEGIN ATOMIC
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
-						 'reconcile', 'resolve_diff');
+						 'reconcile', 'resolve_diff', 'load_bill');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -1442,7 +1442,7 @@ BEGIN
 	EXECUTE format('GRANT SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
 				   'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.status_log, '
 				   'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
-				   'payidem.reconciliation TO %I', v_role);
+				   'payidem.reconciliation, payidem.recon_summary TO %I', v_role);
 	INSERT INTO payidem.auditor_role (role_name) VALUES (v_role) ON CONFLICT DO NOTHING;
 END
 $$;
@@ -1488,11 +1488,1385 @@ COMMENT ON FUNCTION payidem.unmap_merchant_role(regrole, text) IS
 -- Payment flow: orders, attempts, results, refunds, notifications
 ------------------------------------------------------------------------------
 
+-- Lock order, everywhere in this section: payment row(s) first, then the
+-- order row, then refund rows.  begin_payment and close_order, which start from
+-- an order, take the order's pending attempt first where they lock it.
+-- All nine functions run as the extension owner (SECURITY DEFINER): an
+-- application role needs only EXECUTE (grant_app); no table is granted.
+
+-- What an anomaly row records of a channel's raw message: never a signature or key.
+CREATE FUNCTION payidem._flow_raw(raw jsonb)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN raw IS NULL THEN NULL
+			WHEN pg_catalog.jsonb_typeof(raw) OPERATOR(pg_catalog.=) 'object'
+			THEN raw OPERATOR(pg_catalog.-) ARRAY['sign', 'signature', 'paySign', 'key', 'secret',
+												  'api_secret', 'private_key', 'password', 'token']
+			ELSE raw END;
+COMMENT ON FUNCTION payidem._flow_raw(jsonb) IS
+	'Internal: a channel message as recorded in anomaly.detail, without top-level signature/key/secret fields.';
+
+CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
+	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
+	expire_in interval DEFAULT '2 hours', body text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_merchant_no text := create_order.merchant_no;
+	v_out_trade_no text := create_order.out_trade_no;
+	v_amount bigint := create_order.amount;
+	v_subject text := create_order.subject;
+	v_status text;
+	v_order_no text;
+	o payidem."order";
+BEGIN
+	IF v_amount IS NULL OR v_amount <= 0 THEN
+		RAISE EXCEPTION 'invalid order amount' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The amount was %s; it must be a positive number of minor units (fen, cents).',
+							coalesce(v_amount::text, 'NULL')),
+			HINT = 'Pass 12.50 CNY as 1250.';
+	END IF;
+	IF v_subject IS NULL OR length(btrim(v_subject)) NOT BETWEEN 1 AND 256 THEN
+		RAISE EXCEPTION 'invalid order subject' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
+							coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
+			HINT = 'Describe what is being paid for, e.g. ''Green tea 250 g''.';
+	END IF;
+	IF v_out_trade_no IS NULL OR v_out_trade_no !~ '^[0-9A-Za-z_.|*@-]{1,64}$' THEN
+		RAISE EXCEPTION 'invalid out_trade_no' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; it must be 1 to 64 characters of 0-9, A-Z, a-z and _ . | * @ -.',
+							coalesce(quote_literal(left(v_out_trade_no, 64)), 'NULL')),
+			HINT = 'Use the merchant''s own order number, e.g. SHOP-20261129-0001.';
+	END IF;
+	IF expire_in IS NULL OR expire_in <= interval '0' THEN
+		RAISE EXCEPTION 'invalid expiry' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('expire_in was %s; it must be a positive interval.', coalesce(expire_in::text, 'NULL')),
+			HINT = 'The default is ''2 hours''.';
+	END IF;
+	IF notify_url IS NOT NULL AND (notify_url !~ '^https?://[^[:space:]]+$' OR length(notify_url) > 1024) THEN
+		RAISE EXCEPTION 'invalid notify_url' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; it must be an http:// or https:// URL without spaces, at most 1024 characters.',
+							quote_literal(left(notify_url, 64))),
+			HINT = 'Pass NULL for no merchant notification.';
+	END IF;
+	IF return_url IS NOT NULL AND (return_url !~ '^https?://[^[:space:]]+$' OR length(return_url) > 1024) THEN
+		RAISE EXCEPTION 'invalid return_url' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; it must be an http:// or https:// URL without spaces, at most 1024 characters.',
+							quote_literal(left(return_url, 64))),
+			HINT = 'Pass NULL for none.';
+	END IF;
+	IF body IS NOT NULL AND length(body) > 1024 THEN
+		RAISE EXCEPTION 'invalid order body' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The body has %s characters; at most 1024 are allowed.', length(body));
+	END IF;
+
+	SELECT m.status INTO v_status FROM payidem.merchant m WHERE m.merchant_no = v_merchant_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(v_merchant_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	IF v_status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is %', v_merchant_no, v_status USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status %s.', v_merchant_no, v_status),
+			HINT = 'Only active merchants take orders.';
+	END IF;
+
+	-- the unique constraint decides between concurrent first calls; the loser
+	-- waits for the winner's commit, then reads its row below
+	INSERT INTO payidem."order" AS x (order_no, merchant_no, out_trade_no, subject, body, amount,
+									  notify_url, return_url, expire_at)
+	VALUES (payidem.gen_order_no('PO'), v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
+			create_order.notify_url, create_order.return_url, now() + expire_in)
+	ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING
+	RETURNING x.order_no INTO v_order_no;
+	IF v_order_no IS NOT NULL THEN
+		RETURN v_order_no;
+	END IF;
+
+	SELECT * INTO o FROM payidem."order" x
+	 WHERE x.merchant_no = v_merchant_no AND x.out_trade_no = v_out_trade_no;
+	IF NOT FOUND THEN	-- cannot happen: the conflicting row is committed and never deleted
+		RAISE EXCEPTION 'order % of merchant % vanished', v_out_trade_no, v_merchant_no;
+	END IF;
+	IF o.amount <> v_amount THEN
+		RAISE EXCEPTION 'out_trade_no % was already used with another amount', v_out_trade_no USING
+			ERRCODE = 'PI001',
+			DETAIL = format('Order %s of merchant %s (out_trade_no %s) has amount %s; this call asked for %s.',
+							o.order_no, v_merchant_no, v_out_trade_no, o.amount, v_amount),
+			HINT = 'A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.';
+	END IF;
+	IF o.subject <> v_subject THEN
+		RAISE EXCEPTION 'out_trade_no % was already used with another subject', v_out_trade_no USING
+			ERRCODE = 'PI001',
+			DETAIL = format('Order %s of merchant %s (out_trade_no %s) has subject %L; this call asked for %L.',
+							o.order_no, v_merchant_no, v_out_trade_no, left(o.subject, 64), left(v_subject, 64)),
+			HINT = 'A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.';
+	END IF;
+	RETURN o.order_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.create_order(text, text, bigint, text, text, text, interval, text) IS
+	'New pending order (order_no = gen_order_no(''PO'')). Idempotent on (merchant_no, out_trade_no): the same amount and subject return the existing order_no, others raise PI001. PI009 unknown merchant, PI004 merchant not active, 22023 bad input.';
+
+CREATE FUNCTION payidem.begin_payment(order_no text, channel_no text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_order_no text := begin_payment.order_no;
+	v_channel_no text := begin_payment.channel_no;
+	o payidem."order";
+	m payidem.merchant;
+	c payidem.channel;
+	b payidem.merchant_channel;
+	p payidem.payment;
+	v_tz text;
+	v_day_start timestamptz;
+	v_used bigint;
+	v_payment_no text;
+BEGIN
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	IF o.status <> 'pending' THEN
+		RAISE EXCEPTION 'order % cannot take a payment', o.order_no USING
+			ERRCODE = 'PI002',
+			DETAIL = format('Order %s is %s; only a pending order takes a payment.', o.order_no, o.status),
+			HINT = CASE WHEN o.status = 'closed' THEN 'Create a new order (with a new out_trade_no).'
+						ELSE 'The order is already paid.' END;
+	END IF;
+	IF o.expire_at <= now() THEN
+		RAISE EXCEPTION 'order % has expired', o.order_no USING
+			ERRCODE = 'PI008',
+			DETAIL = format('Order %s expired at %s.', o.order_no, o.expire_at),
+			HINT = 'Close it with payidem.close_order() and create a new order.';
+	END IF;
+
+	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no = o.merchant_no;
+	IF m.status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
+			ERRCODE = 'PI004',
+			HINT = 'Only active merchants take payments.';
+	END IF;
+	SELECT * INTO c FROM payidem.channel x WHERE x.channel_no = v_channel_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'channel % does not exist', coalesce(quote_literal(left(v_channel_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	IF c.status <> 'active' THEN
+		RAISE EXCEPTION 'channel % is %', c.channel_no, c.status USING
+			ERRCODE = 'PI004',
+			HINT = 'Route the payment to an active channel (payidem.route_channel()).';
+	END IF;
+	SELECT * INTO b FROM payidem.merchant_channel x
+	 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no;
+	IF NOT FOUND OR b.status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is not bound to channel %', m.merchant_no, c.channel_no USING
+			ERRCODE = 'PI004',
+			DETAIL = CASE WHEN FOUND THEN format('The binding is %s.', b.status) ELSE 'There is no binding.' END,
+			HINT = 'Bind the channel with payidem.bind_channel().';
+	END IF;
+	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
+		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Channel %s admits %s; merchant %s is %s.', c.channel_no,
+							array_to_string(c.allowed_merchant_types, ', '), m.merchant_no, m.merchant_type);
+	END IF;
+
+	-- at most one pending attempt per order (we hold the order's lock, so
+	-- this read is stable; the partial unique index is the final guard)
+	SELECT * INTO p FROM payidem.payment x WHERE x.order_no = o.order_no AND x.status = 'pending';
+	IF FOUND THEN
+		IF p.channel_no = c.channel_no THEN
+			RETURN p.payment_no;			-- a retried call: the same attempt
+		END IF;
+		RAISE EXCEPTION 'order % has a payment in progress on channel %', o.order_no, p.channel_no USING
+			ERRCODE = 'PI003',
+			DETAIL = format('Payment %s of order %s is pending on channel %s; this call asked for channel %s.',
+							p.payment_no, o.order_no, p.channel_no, c.channel_no),
+			HINT = format('Query channel %s, then close payment %s with payidem.close_payment() before starting another.',
+						  p.channel_no, p.payment_no);
+	END IF;
+
+	IF o.amount > b.single_limit OR o.amount > c.single_limit THEN
+		RAISE EXCEPTION 'amount exceeds the single-payment limit' USING
+			ERRCODE = 'PI007',
+			DETAIL = format('Order %s is for %s; the single limit is %s for merchant %s on channel %s and %s for the channel.',
+							o.order_no, o.amount, coalesce(b.single_limit::text, 'none'), m.merchant_no,
+							c.channel_no, coalesce(c.single_limit::text, 'none')),
+			HINT = 'Use another channel, or raise the limit with payidem.bind_channel().';
+	END IF;
+	IF b.daily_limit IS NOT NULL OR c.daily_limit IS NOT NULL THEN
+		-- serialize the day's sum of this merchant on this channel
+		PERFORM 1 FROM payidem.merchant_channel x
+		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no FOR UPDATE;
+		v_tz := coalesce(nullif(current_setting('payidem.bill_timezone', true), ''), 'UTC');
+		v_day_start := date_trunc('day', now() AT TIME ZONE v_tz) AT TIME ZONE v_tz;
+		SELECT coalesce(sum(x.amount), 0) INTO v_used FROM payidem.payment x
+		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no
+		   AND x.created_at >= v_day_start
+		   AND x.status IN ('pending', 'succeeded', 'partially_refunded', 'refunded');
+		IF v_used + o.amount > b.daily_limit OR v_used + o.amount > c.daily_limit THEN
+			RAISE EXCEPTION 'amount exceeds the daily limit' USING
+				ERRCODE = 'PI007',
+				DETAIL = format('Merchant %s has %s pending or paid on channel %s today (%s); with %s more the daily limit (merchant %s, channel %s) would be exceeded.',
+								m.merchant_no, v_used, c.channel_no, v_tz, o.amount,
+								coalesce(b.daily_limit::text, 'none'), coalesce(c.daily_limit::text, 'none')),
+				HINT = 'Use another channel, or try again tomorrow.';
+		END IF;
+	END IF;
+
+	v_payment_no := payidem.gen_order_no('PY');
+	INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+	VALUES (v_payment_no, o.order_no, m.merchant_no, c.channel_no, o.amount);
+	RETURN v_payment_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.begin_payment(text, text) IS
+	'Start (or, on the same channel, return again) the pending payment attempt of an order; payment_no = gen_order_no(''PY''). PI009, PI002 (order not pending), PI008 (expired), PI004 (merchant/channel/binding/type), PI003 (pending on another channel), PI007 (limits).';
+
+CREATE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
+	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
+	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_payment_no text := apply_payment_result.payment_no;
+	v_source text := apply_payment_result.source;
+	v_status text := apply_payment_result.status;
+	v_txn text := apply_payment_result.transaction_id;
+	v_amount bigint := apply_payment_result.amount;
+	v_paid_at timestamptz := coalesce(apply_payment_result.paid_at, now());
+	v_key text;
+	v_claim text;
+	v_outcome text;
+	v_other text;
+	v_kind text;
+	v_rate numeric;
+	v_cost_rate numeric;
+	p payidem.payment;
+	o payidem."order";
+BEGIN
+	IF v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close') THEN
+		RAISE EXCEPTION 'invalid result source' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The source was %s; it must be callback, query or close.',
+							coalesce(quote_literal(left(v_source, 64)), 'NULL'));
+	END IF;
+	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed', 'closed') THEN
+		RAISE EXCEPTION 'invalid payment result status' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The status was %s; it must be succeeded, failed or closed.',
+							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
+	END IF;
+	IF v_amount IS NOT NULL AND v_amount <= 0 THEN
+		RAISE EXCEPTION 'invalid reported amount' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The amount was %s; it must be positive, or NULL if the channel did not say.', v_amount);
+	END IF;
+	IF v_txn IS NOT NULL AND v_txn !~ '^[[:graph:]]{1,64}$' THEN
+		RAISE EXCEPTION 'invalid transaction_id' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
+							quote_literal(left(v_txn, 64)));
+	END IF;
+
+	-- lock order: the payment, then its order
+	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = p.order_no FOR UPDATE;
+
+	IF v_status = 'succeeded' THEN
+		-- refusals first, without claiming the key: they change nothing but
+		-- one anomaly row, and a repeat of the same refusal adds none
+		IF v_amount IS NOT NULL AND v_amount <> p.amount THEN
+			IF NOT EXISTS (SELECT 1 FROM payidem.anomaly a
+							WHERE a.payment_no = p.payment_no AND a.kind = 'amount_mismatch'
+							  AND a.handle_status = 'open'
+							  AND a.detail @> jsonb_build_object('reported_amount', v_amount)) THEN
+				INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+				VALUES ('amount_mismatch', p.order_no, p.payment_no, p.channel_no, v_amount,
+						jsonb_build_object('reported_amount', v_amount, 'payment_amount', p.amount,
+										   'transaction_id', v_txn, 'source', v_source,
+										   'payment_status', p.status, 'raw', payidem._flow_raw(raw)));
+			END IF;
+			RETURN 'rejected';
+		END IF;
+		IF v_txn IS NOT NULL THEN
+			SELECT x.payment_no INTO v_other FROM payidem.payment x
+			 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
+			IF FOUND THEN
+				IF NOT EXISTS (SELECT 1 FROM payidem.anomaly a
+								WHERE a.payment_no = p.payment_no AND a.kind = 'transaction_conflict'
+								  AND a.handle_status = 'open'
+								  AND a.detail @> jsonb_build_object('transaction_id', v_txn)) THEN
+					INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+					VALUES ('transaction_conflict', p.order_no, p.payment_no, p.channel_no, coalesce(v_amount, p.amount),
+							jsonb_build_object('transaction_id', v_txn, 'other_payment_no', v_other,
+											   'source', v_source, 'payment_status', p.status,
+											   'raw', payidem._flow_raw(raw)));
+				END IF;
+				RETURN 'rejected';
+			END IF;
+		END IF;
+	ELSIF p.status IN ('succeeded', 'partially_refunded', 'refunded')
+		OR (p.status = 'failed' AND v_status = 'closed')
+		OR (p.status = 'closed' AND v_status = 'failed') THEN
+		-- the channel's word of success wins over a later failure/close report;
+		-- and a failed attempt is not closed (nor a closed one failed) afterwards
+		RETURN 'rejected';
+	END IF;
+
+	-- one key per payment and final status, whatever the source
+	v_key := 'payment:' || p.payment_no || ':' || v_status;
+	SELECT c.outcome INTO v_claim
+	  FROM payidem.idem_claim(v_key, 'payment_result', p.order_no, p.channel_no, p.amount, NULL) c;
+	IF v_claim = 'replay' THEN
+		RETURN 'duplicate';
+	ELSIF v_claim = 'in_progress' THEN
+		RAISE EXCEPTION 'result % of payment % is being applied elsewhere', v_status, p.payment_no USING
+			ERRCODE = 'lock_not_available',
+			DETAIL = format('Idempotency key %s is held by a live lease.', v_key),
+			HINT = 'Answer the channel with a retryable failure; it will deliver the result again.';
+	END IF;
+
+	IF v_status = 'succeeded' THEN
+		IF p.status IN ('succeeded', 'partially_refunded', 'refunded') THEN
+			v_outcome := 'duplicate';			-- key purged since; the row says it all
+		ELSIF p.status = 'failed' THEN
+			-- failed is terminal: money arrived for an attempt we recorded as failed
+			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+			VALUES ('success_after_failure', p.order_no, p.payment_no, p.channel_no, p.amount,
+					jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
+									   'order_status', o.status, 'raw', payidem._flow_raw(raw)));
+			v_outcome := 'anomaly';
+		ELSE
+			-- pending or closed -> succeeded: the channel's word wins
+			SELECT coalesce(b.fee_rate, m.fee_rate), c.fee_rate INTO v_rate, v_cost_rate
+			  FROM payidem.merchant m
+			  JOIN payidem.channel c ON c.channel_no = p.channel_no
+			  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
+			 WHERE m.merchant_no = p.merchant_no;
+			UPDATE payidem.payment x
+			   SET transaction_id = coalesce(v_txn, x.transaction_id), paid_at = v_paid_at,
+				   fee_amount = round(p.amount * v_rate)::bigint,
+				   cost_amount = round(p.amount * v_cost_rate)::bigint
+			 WHERE x.payment_no = p.payment_no;
+			PERFORM payidem.transit_payment(p.payment_no, 'succeeded');
+
+			IF o.status = 'pending' THEN
+				UPDATE payidem."order" x
+				   SET paid_payment_no = p.payment_no, paid_at = v_paid_at,
+					   notify_status = CASE WHEN x.notify_url IS NULL THEN x.notify_status ELSE 'pending' END,
+					   next_notify_at = CASE WHEN x.notify_url IS NULL THEN x.next_notify_at ELSE now() END,
+					   notify_attempts = CASE WHEN x.notify_url IS NULL THEN x.notify_attempts ELSE 0 END
+				 WHERE x.order_no = o.order_no;
+				PERFORM payidem.transit_order(o.order_no, 'paid');
+				v_outcome := 'applied';
+			ELSE
+				v_kind := CASE WHEN o.status = 'closed' THEN 'paid_after_close' ELSE 'duplicate_payment' END;
+				INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+				VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
+						jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
+										   'order_status', o.status, 'paid_payment_no', o.paid_payment_no,
+										   'action', 'refund this payment', 'raw', payidem._flow_raw(raw)));
+				v_outcome := 'anomaly';
+			END IF;
+		END IF;
+	ELSE
+		-- failed or closed; p.status is pending, or already v_status (key purged)
+		IF payidem.transit_payment(p.payment_no, v_status) THEN
+			v_outcome := 'applied';
+		ELSE
+			v_outcome := 'duplicate';
+		END IF;
+	END IF;
+
+	PERFORM payidem.idem_finish(v_key, 'completed', jsonb_build_object('outcome', v_outcome));
+	RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
+	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed) exactly once per payment and status. Returns applied, duplicate, anomaly (paid_after_close, duplicate_payment, success_after_failure: payment recorded, anomaly row asks for a refund) or rejected (amount_mismatch, transaction_conflict, or failure/close after success: nothing changes but an anomaly row).';
+
+CREATE FUNCTION payidem.close_payment(payment_no text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_outcome text;
+	v_status text;
+BEGIN
+	v_outcome := payidem.apply_payment_result(close_payment.payment_no, 'close', 'closed');
+	IF v_outcome = 'applied' THEN
+		RETURN true;
+	ELSIF v_outcome = 'duplicate' THEN
+		RETURN false;
+	END IF;
+	SELECT x.status INTO v_status FROM payidem.payment x WHERE x.payment_no = close_payment.payment_no;
+	RAISE EXCEPTION 'payment % cannot be closed', close_payment.payment_no USING
+		ERRCODE = 'PI002',
+		DETAIL = format('Payment %s is %s; only a pending payment can be closed.', close_payment.payment_no, v_status),
+		HINT = CASE WHEN v_status = 'failed' THEN 'A failed payment needs no closing.'
+					ELSE 'The payment succeeded: refund it with payidem.refund() instead.' END;
+END
+$$;
+COMMENT ON FUNCTION payidem.close_payment(text) IS
+	'Close a pending payment attempt (after the channel confirmed it is closed): true = closed now, false = already closed; PI002 if it succeeded or failed, PI009 if unknown.';
+
+CREATE FUNCTION payidem.close_order(order_no text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_order_no text := close_order.order_no;
+	v_pending text;
+	v_locked text;
+	o payidem."order";
+BEGIN
+	-- lock order is payment before order: lock the pending attempt first
+	SELECT x.payment_no INTO v_locked FROM payidem.payment x
+	 WHERE x.order_no = v_order_no AND x.status = 'pending';
+	IF v_locked IS NOT NULL THEN
+		PERFORM 1 FROM payidem.payment x WHERE x.payment_no = v_locked FOR UPDATE;
+	END IF;
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	IF o.status = 'closed' THEN
+		RETURN false;
+	ELSIF o.status <> 'pending' THEN
+		RAISE EXCEPTION 'order % cannot be closed', o.order_no USING
+			ERRCODE = 'PI002',
+			DETAIL = format('Order %s is %s; only a pending order can be closed.', o.order_no, o.status),
+			HINT = 'A paid order is refunded, not closed: see payidem.refund().';
+	END IF;
+	-- with the order locked no new attempt can start; close the pending one
+	SELECT x.payment_no INTO v_pending FROM payidem.payment x
+	 WHERE x.order_no = o.order_no AND x.status = 'pending';
+	IF v_pending IS NOT NULL THEN
+		PERFORM payidem.apply_payment_result(v_pending, 'close', 'closed');
+	END IF;
+	PERFORM payidem.transit_order(o.order_no, 'closed');
+	RETURN true;
+END
+$$;
+COMMENT ON FUNCTION payidem.close_order(text) IS
+	'Close a pending order and its pending payment attempt (query and close it at the channel first): true = closed now, false = already closed; PI002 if paid or refunded, PI009 if unknown. A success arriving later is recorded as anomaly paid_after_close.';
+
+CREATE FUNCTION payidem.refund(payment_no text, amount bigint, out_refund_no text, reason text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_payment_no text := refund.payment_no;
+	v_amount bigint := refund.amount;
+	v_out_refund_no text := refund.out_refund_no;
+	v_refund_no text;
+	v_committed bigint;
+	p payidem.payment;
+	r payidem.refund;
+BEGIN
+	IF v_amount IS NULL OR v_amount <= 0 THEN
+		RAISE EXCEPTION 'invalid refund amount' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The amount was %s; it must be a positive number of minor units.', coalesce(v_amount::text, 'NULL'));
+	END IF;
+	IF v_out_refund_no IS NULL OR v_out_refund_no !~ '^[0-9A-Za-z_.|*@-]{1,64}$' THEN
+		RAISE EXCEPTION 'invalid out_refund_no' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; it must be 1 to 64 characters of 0-9, A-Z, a-z and _ . | * @ -.',
+							coalesce(quote_literal(left(v_out_refund_no, 64)), 'NULL')),
+			HINT = 'Use the merchant''s own refund number.';
+	END IF;
+	IF length(reason) > 256 THEN
+		RAISE EXCEPTION 'invalid refund reason' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The reason has %s characters; at most 256 are allowed.', length(reason));
+	END IF;
+
+	-- serializes the refunds of one payment
+	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+
+	<<attempt>>
+	LOOP
+		SELECT * INTO r FROM payidem.refund x
+		 WHERE x.merchant_no = p.merchant_no AND x.out_refund_no = v_out_refund_no;
+		IF FOUND THEN
+			IF r.payment_no <> p.payment_no OR r.amount <> v_amount THEN
+				RAISE EXCEPTION 'out_refund_no % was already used for another refund', v_out_refund_no USING
+					ERRCODE = 'PI001',
+					DETAIL = CASE WHEN r.payment_no <> p.payment_no
+							 THEN format('Refund %s (out_refund_no %s) is for payment %s; this call names payment %s.',
+										 r.refund_no, v_out_refund_no, r.payment_no, p.payment_no)
+							 ELSE format('Refund %s (out_refund_no %s) is for amount %s; this call asked for %s.',
+										 r.refund_no, v_out_refund_no, r.amount, v_amount) END,
+					HINT = 'A repeated refund must carry the same payment and amount; use a new out_refund_no for a new refund.';
+			END IF;
+			RETURN r.refund_no;
+		END IF;
+
+		IF p.status NOT IN ('succeeded', 'partially_refunded') THEN
+			RAISE EXCEPTION 'payment % cannot be refunded', p.payment_no USING
+				ERRCODE = 'PI002',
+				DETAIL = format('Payment %s is %s; only a succeeded or partially refunded payment can be refunded.',
+								p.payment_no, p.status);
+		END IF;
+		SELECT coalesce(sum(x.amount), 0) INTO v_committed FROM payidem.refund x
+		 WHERE x.payment_no = p.payment_no AND x.status IN ('pending', 'succeeded');
+		IF v_committed + v_amount > p.amount THEN
+			RAISE EXCEPTION 'refund exceeds the paid amount' USING
+				ERRCODE = 'PI006',
+				DETAIL = format('Payment %s is for %s; %s is already refunded or being refunded, so at most %s more can be refunded, not %s.',
+								p.payment_no, p.amount, v_committed, p.amount - v_committed, v_amount);
+		END IF;
+
+		-- a concurrent refund of another payment of this merchant may take the
+		-- same out_refund_no: then read its row and decide as above
+		INSERT INTO payidem.refund AS x (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, reason)
+		VALUES (payidem.gen_order_no('RF'), p.payment_no, p.order_no, p.merchant_no, v_out_refund_no, v_amount, reason)
+		ON CONFLICT ON CONSTRAINT refund_out_refund_no_key DO NOTHING
+		RETURNING x.refund_no INTO v_refund_no;
+		IF v_refund_no IS NOT NULL THEN
+			RETURN v_refund_no;
+		END IF;
+	END LOOP attempt;
+END
+$$;
+COMMENT ON FUNCTION payidem.refund(text, bigint, text, text) IS
+	'Start a refund of a succeeded or partially refunded payment (refund_no = gen_order_no(''RF''), pending). Idempotent on (merchant, out_refund_no): same payment and amount return the existing refund_no, else PI001. PI006 if pending + succeeded refunds would exceed the payment amount, PI002 wrong payment status, PI009 unknown payment.';
+
+CREATE FUNCTION payidem.apply_refund_result(refund_no text, status text, channel_refund_id text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_refund_no text := apply_refund_result.refund_no;
+	v_status text := apply_refund_result.status;
+	v_crid text := apply_refund_result.channel_refund_id;
+	v_payment_no text;
+	v_key text;
+	v_claim text;
+	v_outcome text;
+	v_refunded bigint;
+	p payidem.payment;
+	r payidem.refund;
+	o payidem."order";
+BEGIN
+	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed') THEN
+		RAISE EXCEPTION 'invalid refund result status' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The status was %s; it must be succeeded or failed.',
+							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
+	END IF;
+	IF v_crid IS NOT NULL AND v_crid !~ '^[[:graph:]]{1,64}$' THEN
+		RAISE EXCEPTION 'invalid channel_refund_id' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
+							quote_literal(left(v_crid, 64)));
+	END IF;
+
+	-- lock order as in refund(): the payment, then the refund (then the order)
+	SELECT x.payment_no INTO v_payment_no FROM payidem.refund x WHERE x.refund_no = v_refund_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'refund % does not exist', coalesce(quote_literal(left(v_refund_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
+	SELECT * INTO r FROM payidem.refund x WHERE x.refund_no = v_refund_no FOR UPDATE;
+
+	IF r.status NOT IN ('pending', v_status) THEN
+		-- succeeded and failed are both final: the other word comes too late
+		IF v_status = 'succeeded' AND NOT EXISTS (
+				SELECT 1 FROM payidem.anomaly a
+				 WHERE a.payment_no = p.payment_no AND a.kind = 'refund_success_after_failure'
+				   AND a.handle_status = 'open' AND a.detail @> jsonb_build_object('refund_no', r.refund_no)) THEN
+			-- the channel says money went back on a refund we recorded as failed
+			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+			VALUES ('refund_success_after_failure', p.order_no, p.payment_no, p.channel_no, r.amount,
+					jsonb_build_object('refund_no', r.refund_no, 'channel_refund_id', v_crid));
+		END IF;
+		RETURN 'rejected';
+	END IF;
+
+	v_key := 'refund:' || r.refund_no || ':' || v_status;
+	SELECT c.outcome INTO v_claim
+	  FROM payidem.idem_claim(v_key, 'refund_result', r.order_no, p.channel_no, r.amount, NULL) c;
+	IF v_claim = 'replay' THEN
+		RETURN 'duplicate';
+	ELSIF v_claim = 'in_progress' THEN
+		RAISE EXCEPTION 'result % of refund % is being applied elsewhere', v_status, r.refund_no USING
+			ERRCODE = 'lock_not_available',
+			DETAIL = format('Idempotency key %s is held by a live lease.', v_key),
+			HINT = 'Answer the channel with a retryable failure; it will deliver the result again.';
+	END IF;
+
+	IF r.status = v_status THEN
+		v_outcome := 'duplicate';				-- key purged since
+	ELSIF v_status = 'failed' THEN
+		PERFORM payidem.transit_refund(r.refund_no, 'failed');
+		v_outcome := 'applied';
+	ELSE
+		IF v_crid IS NOT NULL THEN
+			UPDATE payidem.refund x SET channel_refund_id = v_crid WHERE x.refund_no = r.refund_no;
+		END IF;
+		PERFORM payidem.transit_refund(r.refund_no, 'succeeded');
+
+		v_refunded := p.refunded_amount + r.amount;
+		UPDATE payidem.payment x SET refunded_amount = v_refunded WHERE x.payment_no = p.payment_no;
+		PERFORM payidem.transit_payment(p.payment_no,
+			CASE WHEN v_refunded >= p.amount THEN 'refunded' ELSE 'partially_refunded' END);
+
+		-- the order follows only the refunds of the payment that paid it
+		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = p.order_no FOR UPDATE;
+		IF o.paid_payment_no = p.payment_no THEN
+			v_refunded := o.refunded_amount + r.amount;
+			UPDATE payidem."order" x SET refunded_amount = v_refunded WHERE x.order_no = o.order_no;
+			PERFORM payidem.transit_order(o.order_no,
+				CASE WHEN v_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END);
+		END IF;
+		v_outcome := 'applied';
+	END IF;
+
+	PERFORM payidem.idem_finish(v_key, 'completed', jsonb_build_object('outcome', v_outcome));
+	RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
+	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order. Returns applied, duplicate or rejected (the other final word came first).';
+
+CREATE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
+RETURNS TABLE (order_no text, merchant_no text, notify_url text, payload jsonb, signature text, attempt integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_lease constant interval := '60 seconds';
+	n record;
+BEGIN
+	IF max_rows IS NULL OR max_rows <= 0 THEN
+		RAISE EXCEPTION 'invalid max_rows' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL'));
+	END IF;
+	-- rows another worker holds are skipped; a row handed out is leased (its
+	-- next_notify_at pushed forward), so it is not handed out again after this
+	-- transaction ends, until notify_result() or the lease runs out
+	FOR n IN
+		WITH due AS (
+			SELECT x.order_no FROM payidem."order" x
+			 WHERE x.notify_status = 'pending' AND x.next_notify_at <= now()
+			 ORDER BY x.next_notify_at
+			 LIMIT max_rows
+			 FOR UPDATE SKIP LOCKED)
+		UPDATE payidem."order" x SET next_notify_at = now() + v_lease
+		  FROM due WHERE x.order_no = due.order_no
+		RETURNING x.order_no, x.merchant_no, x.out_trade_no, x.notify_url, x.amount, x.currency,
+				  x.status, x.paid_at, x.notify_attempts
+	LOOP
+		order_no := n.order_no;
+		merchant_no := n.merchant_no;
+		notify_url := n.notify_url;
+		payload := jsonb_build_object('order_no', n.order_no, 'out_trade_no', n.out_trade_no,
+									  'merchant_no', n.merchant_no, 'amount', n.amount,
+									  'currency', n.currency, 'status', n.status,
+									  'paid_at', n.paid_at::text);
+		signature := payidem.sign(n.merchant_no, payload::text);
+		attempt := n.notify_attempts + 1;
+		RETURN NEXT;
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION payidem.notify_due(integer) IS
+	'Hand out up to max_rows due merchant notifications (FOR UPDATE SKIP LOCKED; each row leased for 60 s): payload and its HMAC-SHA256 signature (payidem.sign(merchant_no, payload::text)). Report each with notify_result().';
+
+CREATE FUNCTION payidem.notify_result(order_no text, ok boolean, response text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	-- wait after the n-th failed attempt; after the 16th attempt: failed
+	v_schedule constant interval[] := ARRAY['15 seconds', '15 seconds', '30 seconds', '3 minutes',
+		'10 minutes', '20 minutes', '30 minutes', '30 minutes', '30 minutes', '60 minutes',
+		'3 hours', '3 hours', '3 hours', '6 hours', '6 hours']::interval[];
+	v_attempts integer;
+	o payidem."order";
+BEGIN
+	IF ok IS NULL THEN
+		RAISE EXCEPTION 'notification result must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = notify_result.order_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(notify_result.order_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+	IF o.notify_status <> 'pending' THEN
+		RETURN;			-- already sent or given up: a late or repeated report changes nothing
+	END IF;
+	v_attempts := o.notify_attempts + 1;
+	IF ok THEN
+		UPDATE payidem."order" x
+		   SET notify_status = 'sent', notify_attempts = v_attempts, next_notify_at = NULL, updated_at = now()
+		 WHERE x.order_no = o.order_no;
+	ELSIF v_attempts > cardinality(v_schedule) THEN
+		UPDATE payidem."order" x
+		   SET notify_status = 'failed', notify_attempts = v_attempts, next_notify_at = NULL, updated_at = now()
+		 WHERE x.order_no = o.order_no;
+	ELSE
+		UPDATE payidem."order" x
+		   SET notify_attempts = v_attempts, next_notify_at = now() + v_schedule[v_attempts], updated_at = now()
+		 WHERE x.order_no = o.order_no;
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.notify_result(text, boolean, text) IS
+	'Report one notification attempt: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts). No change if the notification is not pending. PI009 unknown order. The response text is not stored.';
+
 -- (end of payment-flow functions)
 
 ------------------------------------------------------------------------------
 -- Reconciliation
 ------------------------------------------------------------------------------
+
+-- How it works (docs/reconciliation.md has the operator's guide):
+--  * load_bill() (or a plain COPY) fills channel_bill with the channel's lines.
+--  * reconcile(channel, day) puts the day's bill lines and the day's paid
+--    payments of that channel through ONE hash full join on transaction_id;
+--    only what is left over (about 1 % on a normal day) is looked at again,
+--    by index, for midnight straddles.  Only differences are stored.
+--  * A re-run of a channel+day keeps the recon_id of a difference that is
+--    still there, drops open ones that are gone, never re-opens or doubles
+--    one a person handled or ignored.  Runs of one channel are serialised by
+--    a transaction-level advisory lock (hashtext('payidem.reconcile'),
+--    hashtext(channel_no)), which load_bill() takes too.
+
+-- What each run saw, beyond the counts of the contract.
+ALTER TABLE payidem.recon_batch
+	ADD COLUMN bill_timezone		text,
+	ADD COLUMN bill_lines			bigint	NOT NULL DEFAULT 0,
+	ADD COLUMN bill_amount_total	bigint	NOT NULL DEFAULT 0,
+	ADD COLUMN platform_payments	bigint	NOT NULL DEFAULT 0,
+	ADD COLUMN platform_amount_total bigint	NOT NULL DEFAULT 0,
+	ADD COLUMN straddled			bigint	NOT NULL DEFAULT 0,
+	ADD COLUMN auto_resolved		bigint	NOT NULL DEFAULT 0,
+	ADD CONSTRAINT recon_batch_totals_nonnegative CHECK (
+		bill_lines >= 0 AND bill_amount_total >= 0 AND platform_payments >= 0
+		AND platform_amount_total >= 0 AND straddled >= 0 AND auto_resolved >= 0);
+COMMENT ON COLUMN payidem.recon_batch.recon_batch_no IS
+	'RC-<channel_no>-<YYYYMMDD>-<run>, run = 001, 002, ... per channel and bill day.';
+COMMENT ON COLUMN payidem.recon_batch.bill_timezone IS
+	'The payidem.bill_timezone the run used to cut the day.';
+COMMENT ON COLUMN payidem.recon_batch.bill_lines IS
+	'Lines of the channel''s bill of that day.';
+COMMENT ON COLUMN payidem.recon_batch.bill_amount_total IS
+	'Sum of the amounts of the bill''s lines, minor units.';
+COMMENT ON COLUMN payidem.recon_batch.platform_payments IS
+	'Platform payments of the channel (succeeded, partially_refunded, refunded) whose paid_at falls on the day.';
+COMMENT ON COLUMN payidem.recon_batch.platform_amount_total IS
+	'Sum of the amounts of those payments, minor units.';
+COMMENT ON COLUMN payidem.recon_batch.straddled IS
+	'Midnight straddles: bill lines of the day matched to payments of another day, and payments of the day found in the bill of another day.';
+COMMENT ON COLUMN payidem.recon_batch.auto_resolved IS
+	'Open platform_only differences of other days that this run found in the day''s bill and marked auto_resolved.';
+
+-- A channel_only difference raises one anomaly, never a second one on a re-run.
+CREATE UNIQUE INDEX anomaly_channel_only_once ON payidem.anomaly
+	(channel_no, (detail ->> 'bill_date'), (detail ->> 'transaction_id'))
+	WHERE kind = 'channel_only';
+
+CREATE FUNCTION payidem._bill_timezone()
+RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce(nullif(pg_catalog.current_setting('payidem.bill_timezone', true), ''), 'UTC');
+COMMENT ON FUNCTION payidem._bill_timezone() IS
+	'The setting payidem.bill_timezone (UTC when unset).';
+
+-- One CSV record (RFC 4180 quoting, one physical line); NULL when a double
+-- quote is misplaced or not closed.  Lines without quotes never come here.
+CREATE FUNCTION payidem._csv_fields(line text)
+RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	fields		text[] := '{}';
+	field		text := '';
+	ch			text;
+	i			integer := 1;
+	n			integer := length(line);
+	in_quotes	boolean := false;
+	was_quoted	boolean := false;
+BEGIN
+	WHILE i <= n LOOP
+		ch := substr(line, i, 1);
+		IF in_quotes THEN
+			IF ch = '"' THEN
+				IF substr(line, i + 1, 1) = '"' THEN
+					field := field || '"';
+					i := i + 1;
+				ELSE
+					in_quotes := false;
+				END IF;
+			ELSE
+				field := field || ch;
+			END IF;
+		ELSIF ch = ',' THEN
+			fields := fields || field;
+			field := '';
+			was_quoted := false;
+		ELSIF ch = '"' THEN
+			IF field <> '' OR was_quoted THEN
+				RETURN NULL;
+			END IF;
+			in_quotes := true;
+			was_quoted := true;
+		ELSIF was_quoted THEN
+			RETURN NULL;
+		ELSE
+			field := field || ch;
+		END IF;
+		i := i + 1;
+	END LOOP;
+	IF in_quotes THEN
+		RETURN NULL;
+	END IF;
+	RETURN fields || field;
+END
+$$;
+COMMENT ON FUNCTION payidem._csv_fields(text) IS
+	'Split one CSV record with double-quoted fields; NULL if the quoting is malformed.';
+
+-- The records of a CSV text: physical line number and fields.  Blank lines,
+-- a byte-order mark and a header line (first line starting with channel_no)
+-- are skipped; line numbers stay those of the text.
+CREATE FUNCTION payidem._bill_lines(csv text)
+RETURNS TABLE(line_no bigint, fields text[])
+LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT t.n,
+		   CASE WHEN pg_catalog.strpos(t.line, '"') = 0
+				THEN pg_catalog.string_to_array(t.line, ',')
+				ELSE payidem._csv_fields(t.line) END
+	  FROM (SELECT s.n, pg_catalog.ltrim(pg_catalog.rtrim(s.l, pg_catalog.chr(13)), pg_catalog.chr(65279)) AS line
+			  FROM pg_catalog.string_to_table(csv, pg_catalog.chr(10)) WITH ORDINALITY AS s(l, n)) t
+	 WHERE pg_catalog.btrim(t.line, ' ' || pg_catalog.chr(9)) <> ''
+	   AND NOT (t.n = 1 AND t.line ~* '^"?channel_no"?,');
+END;
+COMMENT ON FUNCTION payidem._bill_lines(text) IS
+	'Records of a channel bill CSV text with their line numbers (blank lines, BOM and header skipped).';
+
+-- A bill time: ISO 8601; without an offset it is a wall-clock time in tz.
+CREATE FUNCTION payidem._bill_time(value text, tz text)
+RETURNS timestamptz
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE
+	WHEN value IS NULL OR value = '' THEN NULL
+	WHEN value ~ '([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$' THEN value::timestamptz
+	ELSE pg_catalog.timezone(tz, value::timestamp)
+END;
+COMMENT ON FUNCTION payidem._bill_time(text, text) IS
+	'Read a bill line''s paid_at: with an offset as given, without one as wall-clock time in the given zone.';
+
+CREATE FUNCTION payidem.load_bill(channel_no text, bill_date date, csv text)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_channel	text := load_bill.channel_no;
+	v_day		date := load_bill.bill_date;
+	v_csv		text := load_bill.csv;
+	v_tz		text := payidem._bill_timezone();
+	v_day_text	text;
+	v_bad		record;
+	v_rows		bigint;
+	-- the shape of a paid_at; the cast still checks the ranges
+	c_time		constant text := '^[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?( ?([Zz]|[+-][0-9]{2}(:?[0-9]{2})?))?$';
+	c_hint		constant text := 'Nothing was imported. The layout is channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at (see docs/reconciliation.md); fix the line and load the whole bill again.';
+BEGIN
+	IF v_channel IS NULL OR v_day IS NULL OR v_csv IS NULL THEN
+		RAISE EXCEPTION 'channel_no, bill_date and csv must not be null' USING
+			ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF NOT isfinite(v_day) THEN
+		RAISE EXCEPTION 'invalid bill date' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The bill date was %s; a bill covers one calendar day.', v_day);
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
+		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
+			ERRCODE = 'PI009';
+	END IF;
+	v_day_text := to_char(v_day, 'YYYY-MM-DD');
+	PERFORM pg_advisory_xact_lock(hashtext('payidem.reconcile'), hashtext(v_channel));
+
+	-- the first bad line, if any (field by field, then duplicates)
+	SELECT c.line_no, c.problem[1] AS field, c.problem[2] AS value, c.problem[3] AS rule
+	  INTO v_bad
+	  FROM (SELECT l.line_no,
+				   CASE
+					WHEN l.f IS NULL THEN
+						ARRAY[NULL, NULL, 'a double quote is misplaced or not closed']
+					WHEN cardinality(l.f) <> 8 THEN
+						ARRAY[NULL, NULL, format('the line has %s fields instead of 8', cardinality(l.f))]
+					WHEN l.f[1] NOT IN ('', v_channel) THEN
+						ARRAY['channel_no', l.f[1], format('is not the channel of this bill (%s)', v_channel)]
+					WHEN l.f[2] <> '' AND l.f[2] !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}$' THEN
+						ARRAY['bill_date', l.f[2], 'is not a date written YYYY-MM-DD']
+					WHEN l.f[2] <> '' AND l.f[2] <> v_day_text THEN
+						ARRAY['bill_date', l.f[2], format('is not the day of this bill (%s)', v_day_text)]
+					WHEN l.f[3] !~ '^[[:graph:]]{1,64}$' THEN
+						ARRAY['transaction_id', l.f[3], 'must be 1 to 64 printable characters without spaces']
+					WHEN l.f[4] <> '' AND l.f[4] !~ '^[[:graph:]]{1,64}$' THEN
+						ARRAY['payment_no', l.f[4], 'must be empty or 1 to 64 printable characters without spaces']
+					WHEN l.f[5] !~ '^[0-9]{1,18}$' OR l.f[5] ~ '^0+$' THEN
+						ARRAY['amount', l.f[5], 'must be a positive integer in minor units (fen, cents)']
+					WHEN l.f[6] <> '' AND l.f[6] !~ '^[0-9]{1,18}$' THEN
+						ARRAY['fee', l.f[6], 'must be empty or a non-negative integer in minor units (fen, cents)']
+					WHEN l.f[7] NOT IN ('succeeded', 'refunded') THEN
+						ARRAY['status', l.f[7], 'must be succeeded or refunded']
+					WHEN l.f[8] <> '' AND l.f[8] !~ c_time THEN
+						ARRAY['paid_at', l.f[8], 'is not a time written YYYY-MM-DD HH:MM:SS[.ffffff][+HH:MM]']
+					WHEN l.first_line <> l.line_no THEN
+						ARRAY['transaction_id', l.f[3], format('appears already on line %s', l.first_line)]
+				   END AS problem
+			  FROM (SELECT b.line_no, b.fields AS f,
+						   min(b.line_no) OVER (PARTITION BY b.fields[3]) AS first_line
+					  FROM payidem._bill_lines(v_csv) b) l) c
+	 WHERE c.problem IS NOT NULL
+	 ORDER BY c.line_no
+	 LIMIT 1;
+	IF FOUND THEN
+		IF v_bad.field IS NULL THEN
+			RAISE EXCEPTION 'invalid line % in the channel bill', v_bad.line_no USING
+				ERRCODE = 'invalid_parameter_value',
+				DETAIL = format('Line %s: %s.', v_bad.line_no, v_bad.rule),
+				HINT = c_hint;
+		END IF;
+		RAISE EXCEPTION 'invalid % on line % of the channel bill', v_bad.field, v_bad.line_no USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('Line %s, field %s: %s %s.', v_bad.line_no, v_bad.field,
+							quote_literal(left(v_bad.value, 64)), v_bad.rule),
+			HINT = c_hint;
+	END IF;
+
+	-- a bill loaded again replaces the channel's earlier bill of that day
+	DELETE FROM payidem.channel_bill cb
+	 WHERE cb.channel_no OPERATOR(pg_catalog.=) v_channel AND cb.bill_date OPERATOR(pg_catalog.=) v_day;
+	BEGIN
+		INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at)
+		SELECT v_channel, v_day, b.fields[3], nullif(b.fields[4], ''), b.fields[5]::bigint,
+			   coalesce(nullif(b.fields[6], '')::bigint, 0), b.fields[7],
+			   CASE
+				WHEN b.fields[8] = '' THEN NULL
+				WHEN b.fields[8] ~ '([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$' THEN b.fields[8]::timestamptz
+				ELSE timezone(v_tz, b.fields[8]::timestamp)
+			   END
+		  FROM payidem._bill_lines(v_csv) b;
+		GET DIAGNOSTICS v_rows = ROW_COUNT;
+	EXCEPTION WHEN data_exception THEN
+		-- a paid_at of the right shape but out of range (month 13, 25 o'clock):
+		-- find its line (only on this error path, line by line)
+		FOR v_bad IN SELECT b.line_no, b.fields[8] AS value FROM payidem._bill_lines(v_csv) b ORDER BY b.line_no LOOP
+			BEGIN
+				PERFORM payidem._bill_time(v_bad.value, v_tz);
+			EXCEPTION WHEN data_exception THEN
+				RAISE EXCEPTION 'invalid paid_at on line % of the channel bill', v_bad.line_no USING
+					ERRCODE = 'invalid_parameter_value',
+					DETAIL = format('Line %s, field paid_at: %s is not a valid time (%s).', v_bad.line_no,
+									quote_literal(left(v_bad.value, 64)), SQLERRM),
+					HINT = c_hint;
+			END;
+		END LOOP;
+		RAISE;
+	END;
+	RETURN v_rows;
+END
+$$;
+COMMENT ON FUNCTION payidem.load_bill(text, date, text) IS
+	'Import a channel''s bill of one day from CSV text (channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at; channel_no and bill_date may be empty); replaces that day''s earlier bill; all lines or none (22023 naming the line and field); returns the number of lines.';
+
+-- Refunded as far as bill day ending at `day_end` is concerned: a refunded or
+-- partially refunded payment whose first succeeded refund (if the refund
+-- table knows it) happened before the end of the day.  A refund made after
+-- the day is not a difference of that day's bill.
+CREATE FUNCTION payidem._refunded_by(payment_no text, payment_status text, day_end timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN payment_status IN ('refunded', 'partially_refunded')
+	AND NOT EXISTS (SELECT 1 FROM payidem.refund rf
+					 WHERE rf.payment_no OPERATOR(pg_catalog.=) _refunded_by.payment_no
+					   AND rf.status OPERATOR(pg_catalog.=) 'succeeded'
+					HAVING pg_catalog.min(coalesce(rf.refunded_at, rf.updated_at)) >= day_end);
+COMMENT ON FUNCTION payidem._refunded_by(text, text, timestamptz) IS
+	'Whether a payment counts as refunded for the bill day that ends at day_end.';
+
+CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date)
+RETURNS TABLE(recon_batch_no text, matched bigint, platform_only bigint,
+			  channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- The planner cannot know how many differences a day has (a CTE, a table
+-- just written): a nested-loop anti-join of the day's differences against
+-- the stored ones would be quadratic at 10,000+ differences.  Joins here
+-- are hash joins; the look-ups that must be nested loops (LATERAL ... LIMIT,
+-- subplans, = ANY) are not affected by this setting.  It also adds a huge
+-- "disabled" cost to the plans, which would trigger JIT compilation (about
+-- 2 s a statement) on every run: JIT is off here.
+SET enable_nestloop = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+	v_channel	text := reconcile.channel_no;
+	v_day		date := reconcile.bill_date;
+	v_tz		text := payidem._bill_timezone();
+	v_from		timestamptz;
+	v_to		timestamptz;
+	v_batch		text;
+	v_run		bigint;
+	v_matched	bigint;
+	v_bill_lines bigint;
+	v_bill_amount bigint;
+	v_payments	bigint;
+	v_pay_amount bigint;
+	-- what the join left over (the differences, before the straddle check)
+	l_p_no		text[];
+	l_p_txn		text[];
+	l_p_amount	bigint[];
+	l_p_status	text[];
+	l_b_txn		text[];
+	l_b_no		text[];
+	l_b_amount	bigint[];
+	l_b_status	text[];
+	l_kind		text[];
+	n			record;
+BEGIN
+	IF v_channel IS NULL OR v_day IS NULL THEN
+		RAISE EXCEPTION 'channel_no and bill_date must not be null' USING
+			ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF NOT isfinite(v_day) THEN
+		RAISE EXCEPTION 'invalid bill date' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The bill date was %s; a bill covers one calendar day.', v_day);
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
+		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
+			ERRCODE = 'PI009';
+	END IF;
+	-- the bill day, midnight to midnight in the channel's zone
+	v_from := timezone(v_tz, v_day::timestamp);
+	v_to := timezone(v_tz, (v_day + 1)::timestamp);
+
+	-- one run per channel at a time (also keeps two runs of a day from
+	-- doubling differences, and a straddle update from racing its day)
+	PERFORM pg_advisory_xact_lock(hashtext('payidem.reconcile'), hashtext(v_channel));
+
+	SELECT coalesce(max(substring(b.recon_batch_no FROM '-([0-9]{1,9})$')::bigint), 0) + 1
+	  INTO v_run
+	  FROM payidem.recon_batch b
+	 WHERE b.channel_no = v_channel AND b.bill_date = v_day;
+	v_batch := format('RC-%s-%s-%s', v_channel, to_char(v_day, 'YYYYMMDD'),
+					  CASE WHEN v_run < 1000 THEN lpad(v_run::text, 3, '0') ELSE v_run::text END);
+	INSERT INTO payidem.recon_batch (recon_batch_no, channel_no, bill_date, status, bill_timezone)
+	VALUES (v_batch, v_channel, v_day, 'running', v_tz);
+
+	-- 1. The day: one hash full join of the bill and the platform's payments,
+	--    counted in the same pass; only the rows that do not match are kept.
+	SELECT count(*) FILTER (WHERE j.kind = 'matched'),
+		   count(j.b_txn), coalesce(sum(j.b_amount), 0),
+		   count(j.p_no), coalesce(sum(j.p_amount), 0),
+		   array_agg(j.p_no) FILTER (WHERE j.kind <> 'matched'),
+		   array_agg(j.p_txn) FILTER (WHERE j.kind <> 'matched'),
+		   array_agg(j.p_amount) FILTER (WHERE j.kind <> 'matched'),
+		   array_agg(j.p_status) FILTER (WHERE j.kind <> 'matched'),
+		   array_agg(j.b_txn) FILTER (WHERE j.kind <> 'matched'),
+		   array_agg(j.b_no) FILTER (WHERE j.kind <> 'matched'),
+		   array_agg(j.b_amount) FILTER (WHERE j.kind <> 'matched'),
+		   array_agg(j.b_status) FILTER (WHERE j.kind <> 'matched'),
+		   array_agg(j.kind) FILTER (WHERE j.kind <> 'matched')
+	  INTO v_matched, v_bill_lines, v_bill_amount, v_payments, v_pay_amount,
+		   l_p_no, l_p_txn, l_p_amount, l_p_status, l_b_txn, l_b_no, l_b_amount, l_b_status, l_kind
+	  FROM (SELECT p.payment_no AS p_no, p.transaction_id AS p_txn, p.amount AS p_amount, p.status AS p_status,
+				   b.transaction_id AS b_txn, b.payment_no AS b_no, b.amount AS b_amount, b.status AS b_status,
+				   CASE
+					WHEN p.payment_no IS NULL THEN 'bill_only'
+					WHEN b.transaction_id IS NULL THEN 'platform_only'
+					WHEN p.amount <> b.amount THEN 'amount_mismatch'
+					WHEN (b.status = 'refunded' AND p.status = 'succeeded')
+					  OR (b.status = 'succeeded' AND p.status <> 'succeeded'
+						  AND payidem._refunded_by(p.payment_no, p.status, v_to)) THEN 'status_mismatch'
+					ELSE 'matched'
+				   END AS kind
+			  FROM (SELECT pay.payment_no, pay.transaction_id, pay.amount, pay.status
+					  FROM payidem.payment pay
+					 WHERE pay.channel_no = v_channel
+					   AND pay.paid_at >= v_from AND pay.paid_at < v_to
+					   AND pay.status IN ('succeeded', 'partially_refunded', 'refunded')) p
+			  FULL JOIN
+				   (SELECT cb.transaction_id, cb.payment_no, cb.amount, cb.status
+					  FROM payidem.channel_bill cb
+					 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day) b
+				ON b.transaction_id = p.transaction_id) j;
+
+	-- 2. The leftovers: straddles, then the day's differences replace its
+	--    open ones; one statement, one snapshot.
+	WITH r AS (
+		SELECT *
+		  FROM unnest(l_p_no, l_p_txn, l_p_amount, l_p_status, l_b_txn, l_b_no, l_b_amount, l_b_status, l_kind)
+			   AS r(p_no, p_txn, p_amount, p_status, b_txn, b_no, b_amount, b_status, kind)
+	),
+	-- a bill line without a payment of the day: ours from another day (a
+	-- midnight straddle), ours but not paid, or unknown
+	bo AS (
+		SELECT r.b_txn, r.b_no, r.b_amount, r.b_status,
+			   x.payment_no AS x_no, x.order_no AS x_order, x.amount AS x_amount, x.status AS x_status,
+			   coalesce(x.by_txn AND x.status IN ('succeeded', 'partially_refunded', 'refunded'), false) AS x_paid,
+			   coalesce(x.by_txn AND payidem._refunded_by(x.payment_no, x.status, v_to), false) AS x_refunded
+		  FROM r
+		  LEFT JOIN LATERAL (
+				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn
+				  FROM payidem.payment pay
+				 WHERE pay.channel_no = v_channel AND pay.transaction_id = r.b_txn
+				UNION ALL
+				-- else the payment number the channel echoes (for the record only)
+				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, false
+				  FROM payidem.payment pay
+				 WHERE pay.payment_no = r.b_no AND pay.channel_no = v_channel
+				LIMIT 1) x ON true
+		 WHERE r.kind = 'bill_only'
+	),
+	-- a payment of the day missing from the bill: in the bill of another day?
+	po AS (
+		SELECT r.p_no, r.p_txn, r.p_amount, r.p_status,
+			   EXISTS (SELECT 1 FROM payidem.channel_bill cb
+						WHERE cb.channel_no = v_channel AND cb.transaction_id = r.p_txn
+						  AND cb.bill_date <> v_day) AS elsewhere
+		  FROM r
+		 WHERE r.kind = 'platform_only'
+	),
+	found AS MATERIALIZED (
+		SELECT r.kind AS diff_type, r.p_txn AS transaction_id, r.p_no AS payment_no,
+			   r.p_amount AS platform_amount, r.b_amount AS channel_amount,
+			   r.p_status AS platform_status, r.b_status AS channel_status
+		  FROM r
+		 WHERE r.kind IN ('amount_mismatch', 'status_mismatch')
+		UNION ALL
+		SELECT 'platform_only', po.p_txn, po.p_no, po.p_amount, NULL, po.p_status, NULL
+		  FROM po
+		 WHERE NOT po.elsewhere
+		UNION ALL
+		SELECT s.diff_type, s.b_txn, coalesce(s.x_no, s.b_no),
+			   CASE WHEN s.x_paid THEN s.x_amount END, s.b_amount, s.x_status, s.b_status
+		  FROM (SELECT bo.*,
+					   CASE
+						WHEN NOT bo.x_paid THEN 'channel_only'
+						WHEN bo.x_amount <> bo.b_amount THEN 'amount_mismatch'
+						WHEN (bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
+						  OR (bo.b_status = 'succeeded' AND bo.x_refunded) THEN 'status_mismatch'
+					   END AS diff_type
+				  FROM bo) s
+		 WHERE s.diff_type IS NOT NULL
+	),
+	-- platform_only differences of other days that this bill explains
+	auto AS (
+		UPDATE payidem.reconciliation rc
+		   SET handle_status = 'auto_resolved', handled_at = now(), handled_by = 'payidem.reconcile',
+			   note = format('found in the bill of %s (%s)', to_char(v_day, 'YYYY-MM-DD'), v_batch),
+			   updated_at = now()
+		 WHERE rc.channel_no = v_channel
+		   AND rc.transaction_id = ANY (ARRAY(SELECT bo.b_txn FROM bo WHERE bo.x_paid))
+		   AND rc.diff_type = 'platform_only' AND rc.handle_status = 'open'
+		   AND rc.bill_date <> v_day
+		RETURNING rc.recon_id
+	),
+	-- open differences found again keep their recon_id, with today's values
+	kept AS (
+		UPDATE payidem.reconciliation rc
+		   SET recon_batch_no = v_batch, payment_no = f.payment_no,
+			   platform_amount = f.platform_amount, channel_amount = f.channel_amount,
+			   platform_status = f.platform_status, channel_status = f.channel_status,
+			   updated_at = now()
+		  FROM found f
+		 WHERE rc.channel_no = v_channel AND rc.bill_date = v_day AND rc.handle_status = 'open'
+		   AND rc.diff_type = f.diff_type
+		   AND (rc.transaction_id IS NULL) = (f.transaction_id IS NULL)
+		   AND coalesce(rc.transaction_id, rc.payment_no) = coalesce(f.transaction_id, f.payment_no)
+		RETURNING rc.recon_id
+	),
+	-- open differences not found again are gone (bill corrected, payment fixed)
+	dropped AS (
+		DELETE FROM payidem.reconciliation rc
+		 WHERE rc.channel_no = v_channel AND rc.bill_date = v_day AND rc.handle_status = 'open'
+		   AND NOT EXISTS (SELECT 1 FROM found f
+							WHERE f.diff_type = rc.diff_type
+							  AND (f.transaction_id IS NULL) = (rc.transaction_id IS NULL)
+							  AND coalesce(f.transaction_id, f.payment_no) = coalesce(rc.transaction_id, rc.payment_no))
+		RETURNING rc.recon_id
+	),
+	-- new ones; one a person handled or ignored is not opened again
+	added AS (
+		INSERT INTO payidem.reconciliation AS rc
+			(recon_batch_no, channel_no, bill_date, diff_type, transaction_id, payment_no,
+			 platform_amount, channel_amount, platform_status, channel_status)
+		SELECT v_batch, v_channel, v_day, f.diff_type, f.transaction_id, f.payment_no,
+			   f.platform_amount, f.channel_amount, f.platform_status, f.channel_status
+		  FROM found f
+		 WHERE NOT EXISTS (SELECT 1 FROM payidem.reconciliation e
+							WHERE e.channel_no = v_channel AND e.bill_date = v_day
+							  AND e.diff_type = f.diff_type
+							  AND (e.transaction_id IS NULL) = (f.transaction_id IS NULL)
+							  AND coalesce(e.transaction_id, e.payment_no) = coalesce(f.transaction_id, f.payment_no))
+		RETURNING rc.recon_id, rc.diff_type, rc.transaction_id, rc.channel_amount
+	),
+	-- money taken without a record of ours: an anomaly, once per difference
+	alerted AS (
+		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+		SELECT 'channel_only', bo.x_order, bo.x_no, v_channel, a.channel_amount,
+			   jsonb_strip_nulls(jsonb_build_object(
+				   'transaction_id', a.transaction_id,
+				   'bill_date', to_char(v_day, 'YYYY-MM-DD'),
+				   'recon_id', a.recon_id,
+				   'recon_batch_no', v_batch,
+				   'channel_status', bo.b_status,
+				   'channel_payment_no', bo.b_no,
+				   'platform_status', bo.x_status))
+		  FROM added a
+		  JOIN bo ON bo.b_txn = a.transaction_id
+		 WHERE a.diff_type = 'channel_only'
+		ON CONFLICT (channel_no, (detail ->> 'bill_date'), (detail ->> 'transaction_id'))
+			WHERE kind = 'channel_only' DO NOTHING
+		RETURNING anomaly_id
+	)
+	SELECT (SELECT count(*) FROM found f WHERE f.diff_type = 'platform_only') AS platform_only,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'channel_only') AS channel_only,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'amount_mismatch') AS amount_mismatch,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'status_mismatch') AS status_mismatch,
+		   (SELECT count(*) FROM bo
+			 WHERE bo.x_paid AND bo.x_amount = bo.b_amount
+			   AND NOT ((bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
+						OR (bo.b_status = 'succeeded' AND bo.x_refunded))) AS matched_across,
+		   (SELECT count(*) FROM bo WHERE bo.x_paid)
+			 + (SELECT count(*) FROM po WHERE po.elsewhere) AS straddled,
+		   (SELECT count(*) FROM auto) AS auto_resolved,
+		   (SELECT count(*) FROM kept) + (SELECT count(*) FROM dropped)
+			 + (SELECT count(*) FROM alerted) AS touched
+	  INTO n;
+
+	UPDATE payidem.recon_batch b
+	   SET status = 'done', finished_at = clock_timestamp(),
+		   matched = v_matched + n.matched_across,
+		   platform_only = n.platform_only, channel_only = n.channel_only,
+		   amount_mismatch = n.amount_mismatch, status_mismatch = n.status_mismatch,
+		   bill_lines = v_bill_lines, bill_amount_total = v_bill_amount,
+		   platform_payments = v_payments, platform_amount_total = v_pay_amount,
+		   straddled = n.straddled, auto_resolved = n.auto_resolved
+	 WHERE b.recon_batch_no = v_batch;
+
+	RETURN QUERY SELECT v_batch, v_matched + n.matched_across, n.platform_only, n.channel_only,
+						n.amount_mismatch, n.status_mismatch;
+END
+$$;
+COMMENT ON FUNCTION payidem.reconcile(text, date) IS
+	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments: one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
+
+CREATE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_id		bigint := resolve_diff.recon_id;
+	v_status	text := resolve_diff.handle_status;
+	v_note		text := resolve_diff.note;
+	d			payidem.reconciliation;
+BEGIN
+	IF v_status IS NULL OR v_status NOT IN ('handled', 'ignored') THEN
+		RAISE EXCEPTION 'invalid handle status %', coalesce(quote_literal(left(v_status, 64)), 'NULL') USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'A person resolves a difference as handled or ignored.';
+	END IF;
+	IF length(v_note) > 1024 THEN
+		RAISE EXCEPTION 'note too long' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The note has %s characters; at most 1024 are kept.', length(v_note));
+	END IF;
+
+	UPDATE payidem.reconciliation rc
+	   SET handle_status = v_status, handled_by = session_user, handled_at = now(),
+		   note = v_note, updated_at = now()
+	 WHERE rc.recon_id = v_id AND rc.handle_status = 'open'
+	RETURNING rc.* INTO d;
+	IF NOT FOUND THEN
+		SELECT rc.* INTO d FROM payidem.reconciliation rc WHERE rc.recon_id = v_id;
+		IF NOT FOUND THEN
+			RAISE EXCEPTION 'reconciliation difference % does not exist', coalesce(v_id::text, 'NULL') USING
+				ERRCODE = 'PI009';
+		END IF;
+		RAISE EXCEPTION 'reconciliation difference % is not open', v_id USING
+			ERRCODE = 'PI002',
+			DETAIL = format('It is already %s%s.', d.handle_status,
+							CASE WHEN d.handled_by IS NOT NULL THEN ' by ' || d.handled_by ELSE '' END),
+			HINT = 'Only an open difference can be resolved.';
+	END IF;
+
+	-- the alarm raised for a channel_only difference is closed with it
+	IF d.diff_type = 'channel_only' THEN
+		UPDATE payidem.anomaly a
+		   SET handle_status = v_status, handled_by = session_user, handled_at = now(),
+			   note = v_note, updated_at = now()
+		 WHERE a.kind = 'channel_only' AND a.channel_no = d.channel_no
+		   AND a.detail ->> 'bill_date' = to_char(d.bill_date, 'YYYY-MM-DD')
+		   AND a.detail ->> 'transaction_id' = d.transaction_id
+		   AND a.handle_status = 'open';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.resolve_diff(bigint, text, text) IS
+	'A person closes an open reconciliation difference as handled or ignored (22023 otherwise; PI009 unknown id; PI002 not open), recording who, when and a note; closes the anomaly of a channel_only difference too.';
+
+-- The daily report: the last run of each channel and day, and what is still open.
+CREATE VIEW payidem.recon_summary AS
+SELECT b.channel_no, b.bill_date,
+	   b.recon_batch_no AS last_batch_no, b.finished_at, b.bill_timezone,
+	   b.bill_lines, b.bill_amount_total, b.platform_payments, b.platform_amount_total,
+	   b.matched, b.platform_only, b.channel_only, b.amount_mismatch, b.status_mismatch,
+	   b.straddled,
+	   coalesce(d.open_count, 0) AS open_count,
+	   coalesce(d.open_amount, 0) AS open_amount,
+	   coalesce(d.open_channel_only, 0) AS open_channel_only,
+	   coalesce(d.handled_count, 0) AS handled_count,
+	   coalesce(d.ignored_count, 0) AS ignored_count,
+	   coalesce(d.auto_resolved_count, 0) AS auto_resolved_count
+  FROM (SELECT DISTINCT ON (rb.channel_no, rb.bill_date) rb.*
+		  FROM payidem.recon_batch rb
+		 WHERE rb.status = 'done'
+		 ORDER BY rb.channel_no, rb.bill_date, rb.started_at DESC,
+				  pg_catalog.length(rb.recon_batch_no) DESC, rb.recon_batch_no DESC) b
+  LEFT JOIN (SELECT rc.channel_no, rc.bill_date,
+					count(*) FILTER (WHERE rc.handle_status = 'open') AS open_count,
+					sum(CASE rc.diff_type
+						 WHEN 'platform_only' THEN rc.platform_amount
+						 WHEN 'channel_only' THEN rc.channel_amount
+						 WHEN 'amount_mismatch' THEN pg_catalog.abs(rc.platform_amount - rc.channel_amount)
+						 ELSE coalesce(rc.channel_amount, rc.platform_amount)
+						END) FILTER (WHERE rc.handle_status = 'open') AS open_amount,
+					count(*) FILTER (WHERE rc.handle_status = 'open' AND rc.diff_type = 'channel_only') AS open_channel_only,
+					count(*) FILTER (WHERE rc.handle_status = 'handled') AS handled_count,
+					count(*) FILTER (WHERE rc.handle_status = 'ignored') AS ignored_count,
+					count(*) FILTER (WHERE rc.handle_status = 'auto_resolved') AS auto_resolved_count
+			   FROM payidem.reconciliation rc
+			  GROUP BY rc.channel_no, rc.bill_date) d
+	ON d.channel_no = b.channel_no AND d.bill_date = b.bill_date;
+COMMENT ON VIEW payidem.recon_summary IS
+	'Daily reconciliation report per channel and bill day: the last run''s counts and totals, and the differences still open (count, money concerned, channel_only among them) or closed by a person or automatically.';
+COMMENT ON COLUMN payidem.recon_summary.open_amount IS
+	'Money concerned by the open differences, minor units: the amount of a platform_only, channel_only or status_mismatch, the gap of an amount_mismatch.';
 
 -- (end of reconciliation functions)
 

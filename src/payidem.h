@@ -52,6 +52,9 @@ extern void payidem_count(PayidemCounter counter);
 /* crypto.c */
 extern void crypto_define_gucs(void);
 
+/* recon.c */
+extern void recon_define_gucs(void);
+
 /* payidem.c */
 extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);

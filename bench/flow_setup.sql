@@ -1,0 +1,125 @@
+-- bench/flow.sh set-up: a merchant and channel, a pool of pending payments for
+-- payidem and an identical pool for the reference handler, 1,000 already-paid
+-- payments of each for the duplicate deliveries.  :pool sets the pool size.
+CREATE EXTENSION payidem;
+CREATE SCHEMA bench;
+CREATE TABLE bench.merchant AS SELECT merchant_no FROM payidem.create_merchant('Bench Shop', 'retail', 0.006);
+SELECT payidem.create_channel('BENCH_WX', 'wechat', 0.002);
+SELECT payidem.bind_channel(merchant_no, 'BENCH_WX') FROM bench.merchant;
+
+-- payidem: orders and attempts inserted in their initial status (the
+-- state-machine triggers check and log them as usual)
+WITH o AS (
+	INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, notify_url)
+	SELECT payidem.gen_order_no('PO'), m.merchant_no, 'B-' || i, 'bench', 1000 + i % 1000,
+		   now() + interval '1 day', 'https://shop.example/notify'
+	  FROM bench.merchant m, generate_series(1, :pool) i
+	RETURNING order_no, merchant_no, amount)
+INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_WX', amount FROM o;
+CREATE TABLE bench.pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);
+INSERT INTO bench.pool SELECT row_number() OVER (ORDER BY payment_no), payment_no, amount FROM payidem.payment;
+SELECT count(*) AS paid_for_duplicates
+  FROM (SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || k, amount)
+		  FROM bench.pool WHERE k <= 1000) x;
+CREATE SEQUENCE bench.next_payidem START 1001;
+
+-- the reference: seed 002's handler in PL/pgSQL on tables of the same shape
+CREATE TABLE bench.ref_order (
+	order_no text PRIMARY KEY, merchant_no text NOT NULL, amount bigint NOT NULL, status text NOT NULL,
+	paid_payment_no text, paid_at timestamptz, notify_status text NOT NULL DEFAULT 'none',
+	next_notify_at timestamptz, notify_attempts int NOT NULL DEFAULT 0, updated_at timestamptz);
+CREATE INDEX ON bench.ref_order (next_notify_at) WHERE notify_status = 'pending';
+CREATE TABLE bench.ref_payment (
+	payment_no text PRIMARY KEY, order_no text NOT NULL REFERENCES bench.ref_order, channel_no text NOT NULL,
+	amount bigint NOT NULL, status text NOT NULL, transaction_id text, paid_at timestamptz,
+	fee_amount bigint, cost_amount bigint, updated_at timestamptz, UNIQUE (channel_no, transaction_id));
+CREATE UNIQUE INDEX ON bench.ref_payment (order_no) WHERE status = 'pending';
+CREATE TABLE bench.ref_idem (idem_key text PRIMARY KEY, order_no text, result text, created_at timestamptz DEFAULT now());
+CREATE TABLE bench.ref_history (
+	id bigserial PRIMARY KEY, entity text, entity_no text, from_status text, to_status text,
+	changed_at timestamptz DEFAULT now());
+CREATE TABLE bench.ref_rate (merchant_rate numeric, channel_rate numeric);
+INSERT INTO bench.ref_rate VALUES (0.006, 0.002);
+INSERT INTO bench.ref_order (order_no, merchant_no, amount, status)
+SELECT 'RO' || k, 'M', amount, 'pending' FROM bench.pool;
+INSERT INTO bench.ref_payment (payment_no, order_no, channel_no, amount, status)
+SELECT 'RP' || k, 'RO' || k, 'BENCH_WX', amount, 'pending' FROM bench.pool;
+
+CREATE FUNCTION bench.ref_apply(p_payment_no text, p_status text, p_txn text, p_amount bigint)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	p bench.ref_payment;
+	o bench.ref_order;
+	r bench.ref_rate;
+BEGIN
+	PERFORM pg_advisory_xact_lock(hashtext(p_payment_no));
+	SELECT * INTO p FROM bench.ref_payment WHERE payment_no = p_payment_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'payment % not found', p_payment_no;
+	END IF;
+	IF p.status = p_status THEN
+		RETURN 'duplicate';
+	END IF;
+	IF p.status <> 'pending' OR p_amount <> p.amount THEN
+		RETURN 'rejected';
+	END IF;
+	INSERT INTO bench.ref_idem (idem_key, order_no, result)
+	VALUES ('pay:' || p_payment_no || ':' || p_status, p.order_no, 'applied') ON CONFLICT DO NOTHING;
+	IF NOT FOUND THEN
+		RETURN 'duplicate';
+	END IF;
+	SELECT * INTO r FROM bench.ref_rate;
+	SELECT * INTO o FROM bench.ref_order WHERE order_no = p.order_no FOR UPDATE;
+	UPDATE bench.ref_payment
+	   SET status = p_status, transaction_id = p_txn, paid_at = now(),
+		   fee_amount = round(p.amount * r.merchant_rate), cost_amount = round(p.amount * r.channel_rate),
+		   updated_at = now()
+	 WHERE payment_no = p_payment_no;
+	INSERT INTO bench.ref_history (entity, entity_no, from_status, to_status)
+	VALUES ('payment', p_payment_no, p.status, p_status);
+	IF o.status = 'pending' THEN
+		UPDATE bench.ref_order
+		   SET status = 'paid', paid_payment_no = p_payment_no, paid_at = now(), notify_status = 'pending',
+			   next_notify_at = now(), updated_at = now()
+		 WHERE order_no = o.order_no;
+		INSERT INTO bench.ref_history (entity, entity_no, from_status, to_status)
+		VALUES ('order', o.order_no, o.status, 'paid');
+	END IF;
+	RETURN 'applied';
+END
+$$;
+SELECT count(*) AS ref_paid_for_duplicates
+  FROM (SELECT bench.ref_apply('RP' || k, 'succeeded', 'TX' || k, amount) FROM bench.pool WHERE k <= 1000) x;
+CREATE SEQUENCE bench.next_ref START 1001;
+
+-- one delivery: a duplicate of one of the 1,000 paid payments, or the first
+-- delivery for the next pending one
+CREATE FUNCTION bench.deliver_payidem(dup boolean) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	v_k bigint := CASE WHEN dup THEN 1 + (random() * 999)::bigint ELSE nextval('bench.next_payidem') END;
+	b bench.pool;
+BEGIN
+	SELECT * INTO b FROM bench.pool WHERE k = v_k;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bench pool exhausted (k = %): raise POOL', v_k;
+	END IF;
+	RETURN payidem.apply_payment_result(b.payment_no, 'callback', 'succeeded', 'TX' || b.k, b.amount);
+END
+$$;
+CREATE FUNCTION bench.deliver_ref(dup boolean) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	v_k bigint := CASE WHEN dup THEN 1 + (random() * 999)::bigint ELSE nextval('bench.next_ref') END;
+	b bench.pool;
+BEGIN
+	SELECT * INTO b FROM bench.pool WHERE k = v_k;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bench pool exhausted (k = %): raise POOL', v_k;
+	END IF;
+	RETURN bench.ref_apply('RP' || b.k, 'succeeded', 'TX' || b.k, b.amount);
+END
+$$;
+
+-- the ceiling: one small row per commit
+CREATE TABLE bench.ceiling (id bigserial PRIMARY KEY, v int, created_at timestamptz DEFAULT now());
+VACUUM ANALYZE;

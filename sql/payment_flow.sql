@@ -1,0 +1,400 @@
+--
+-- payment_flow: create_order, begin_payment, apply_payment_result,
+-- close_payment, close_order, refund, apply_refund_result, notify_due,
+-- notify_result, and the seed cases of the payment-flow issue.
+-- The test cluster's postgresql.conf names a master key file (sign() needs it).
+-- Generated numbers are never printed, only their properties.
+--
+CREATE EXTENSION IF NOT EXISTS payidem;
+SET client_min_messages = warning;
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+
+-- run a statement; show its SQLSTATE, message, detail and hint with random
+-- merchant numbers and generated order/payment/refund numbers masked
+CREATE FUNCTION pg_temp.try(stmt text)
+RETURNS TABLE (err_code text, err_message text, err_detail text, err_hint text)
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE stmt;
+	RETURN QUERY SELECT '00000', 'no error', NULL::text, NULL::text;
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS err_code = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
+		err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT;
+	err_message := regexp_replace(regexp_replace(err_message, 'M[0-9A-HJKMNP-TV-Z]{15}', 'M***', 'g'),
+								  '(PO|PY|RF)[0-9]{24}', '\1***', 'g');
+	err_detail := regexp_replace(regexp_replace(err_detail, 'M[0-9A-HJKMNP-TV-Z]{15}', 'M***', 'g'),
+								 '(PO|PY|RF)[0-9]{24}', '\1***', 'g');
+	err_detail := regexp_replace(err_detail, 'expired at .*$', 'expired at ***');
+	err_hint := regexp_replace(err_hint, '(PO|PY|RF)[0-9]{24}', '\1***', 'g');
+	RETURN NEXT;
+END
+$$;
+
+-- the status history of an order and its payments, in order, numbers masked
+CREATE FUNCTION pg_temp.history(p_order_no text)
+RETURNS TABLE (entity text, entity_no text, from_status text, to_status text)
+LANGUAGE sql AS $$
+	SELECT l.entity, regexp_replace(l.entity_no, '[0-9]{24}', '***'), l.from_status, l.to_status
+	  FROM payidem.status_log l
+	 WHERE l.entity_no = p_order_no
+		OR l.entity_no IN (SELECT payment_no FROM payidem.payment WHERE order_no = p_order_no)
+		OR l.entity_no IN (SELECT refund_no FROM payidem.refund WHERE order_no = p_order_no)
+	 ORDER BY l.log_id
+$$;
+
+------------------------------------------------------------------------ set-up
+SELECT merchant_no AS m1, api_key AS m1_key FROM payidem.create_merchant('Flow Tea House', 'retail', 0.006) \gset
+SELECT merchant_no AS m2 FROM payidem.create_merchant('Flow Noodles', 'catering', 0.0038) \gset
+SELECT payidem.create_channel('FLOW_WX', 'wechat', 0.002);
+SELECT payidem.create_channel('FLOW_ALI', 'alipay', 0.0025);
+SELECT payidem.create_channel('FLOW_UNION', 'unionpay', 0.001);
+SELECT payidem.create_channel('FLOW_OFF', 'wechat', 0.002);
+SELECT payidem.create_channel('FLOW_FOOD', 'wechat', 0.002, 100, ARRAY['catering']);
+SELECT payidem.create_channel('FLOW_LIM', 'epay', 0.002);
+SELECT payidem.bind_channel(:'m1', 'FLOW_WX');
+SELECT payidem.bind_channel(:'m1', 'FLOW_ALI', 0.0055);		-- merchant rate override
+SELECT payidem.bind_channel(:'m1', 'FLOW_OFF');
+SELECT payidem.bind_channel(:'m1', 'FLOW_LIM', NULL, 5000, 8000);
+SELECT payidem.bind_channel(:'m2', 'FLOW_FOOD');
+SELECT payidem.set_channel_status('FLOW_OFF', 'disabled');
+-- the channel's own limits (no API yet: set directly)
+UPDATE payidem.channel SET single_limit = 3000, daily_limit = 100000 WHERE channel_no = 'FLOW_UNION';
+SELECT payidem.bind_channel(:'m1', 'FLOW_UNION');
+
+------------------------------------------------------------------ create_order
+SELECT payidem.create_order(:'m1', 'T-0001', 1250, 'Green tea 250 g',
+                            'https://shop.example/notify', 'https://shop.example/done') AS o1 \gset
+SELECT :'o1' ~ '^PO[0-9]{24}$' AS order_no_format, payidem.order_no_valid(:'o1') AS check_digits_ok,
+       (payidem.order_no_parse(:'o1')).prefix AS prefix;
+SELECT merchant_no = :'m1' AS merchant, out_trade_no, amount, currency, subject, status, refunded_amount,
+       notify_status, notify_attempts, next_notify_at IS NULL AS no_notify_yet,
+       expire_at - created_at AS expires_after, paid_at IS NULL AS unpaid, paid_payment_no
+  FROM payidem."order" WHERE order_no = :'o1';
+-- seed 4: a double click returns the same order; another amount or subject is PI001
+SELECT payidem.create_order(:'m1', 'T-0001', 1250, 'Green tea 250 g') = :'o1' AS same_order_returned;
+SELECT count(*) AS orders_for_t0001 FROM payidem."order" WHERE merchant_no = :'m1' AND out_trade_no = 'T-0001';
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 1300, %L)', :'m1', 'T-0001', 'Green tea 250 g'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 1250, %L)', :'m1', 'T-0001', 'Black tea'));
+-- the same out_trade_no at another merchant is another order
+SELECT payidem.create_order(:'m2', 'T-0001', 1250, 'Noodles') <> :'o1' AS other_merchant_other_order;
+-- bad input: 22023 with DETAIL and HINT
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 0, %L)', :'m1', 'T-0002', 'x'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, -5, %L)', :'m1', 'T-0002', 'x'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L)', :'m1', 'T-0002', '   '));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L)', :'m1', 'T-0002', repeat('x', 257)));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L)', :'m1', 'T 0002', 'x'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L)', :'m1', repeat('x', 65), 'x'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L, expire_in => %L)', :'m1', 'T-0002', 'x', '0'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L, %L)', :'m1', 'T-0002', 'x', 'ftp://shop.example/n'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L, return_url => %L)', :'m1', 'T-0002', 'x', 'https://a b'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, NULL, 100, %L)', :'m1', 'x'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, NULL, %L)', :'m1', 'T-0002', 'x'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L, body => repeat(%L, 1025))', :'m1', 'T-0002', 'x', 'b'));
+SELECT * FROM pg_temp.try('SELECT payidem.create_order(''M000000000000000'', ''T-0002'', 100, ''x'')');
+SELECT payidem.freeze_merchant(:'m2');
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 100, %L)', :'m2', 'T-0002', 'x'));
+SELECT payidem.unfreeze_merchant(:'m2');
+-- nothing was left behind by the refusals
+SELECT count(*) AS orders_of_m1 FROM payidem."order" WHERE merchant_no = :'m1';
+
+----------------------------------------------------------------- begin_payment
+SELECT payidem.begin_payment(:'o1', 'FLOW_WX') AS p1 \gset
+SELECT :'p1' ~ '^PY[0-9]{24}$' AS payment_no_format, payidem.order_no_valid(:'p1') AS check_digits_ok;
+SELECT order_no = :'o1' AS of_order, merchant_no = :'m1' AS of_merchant, channel_no, amount, status,
+       transaction_id, fee_amount, cost_amount, refunded_amount
+  FROM payidem.payment WHERE payment_no = :'p1';
+-- a retried call on the same channel returns the same attempt
+SELECT payidem.begin_payment(:'o1', 'FLOW_WX') = :'p1' AS same_attempt;
+-- seed 5: another channel while one is pending -> PI003, naming it
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o1', 'FLOW_ALI'));
+SELECT count(*) AS attempts FROM payidem.payment WHERE order_no = :'o1';
+-- refusals
+SELECT payidem.create_order(:'m1', 'T-0003', 2000, 'Oolong') AS o3 \gset
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', 'PO000000000000000000000000', 'FLOW_WX'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o3', 'NOPE_X'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o3', 'FLOW_OFF'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o3', 'FLOW_FOOD'));
+SELECT payidem.unbind_channel(:'m1', 'FLOW_ALI');
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o3', 'FLOW_ALI'));
+SELECT payidem.bind_channel(:'m1', 'FLOW_ALI', 0.0055);
+SELECT payidem.freeze_merchant(:'m1');
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o3', 'FLOW_WX'));
+SELECT payidem.unfreeze_merchant(:'m1');
+-- a channel that does not admit the merchant type
+SELECT payidem.create_order(:'m2', 'N-0001', 900, 'Noodles') AS on1 \gset
+UPDATE payidem.channel SET allowed_merchant_types = ARRAY['retail'] WHERE channel_no = 'FLOW_FOOD';
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'on1', 'FLOW_FOOD'));
+UPDATE payidem.channel SET allowed_merchant_types = ARRAY['catering'] WHERE channel_no = 'FLOW_FOOD';
+-- expired: PI008
+SELECT payidem.create_order(:'m1', 'T-0004', 100, 'Short-lived', expire_in => '10 milliseconds') AS o4 \gset
+SELECT pg_sleep(0.05);
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o4', 'FLOW_WX'));
+-- limits (PI007): binding single 5000 / daily 8000 on FLOW_LIM; channel single 3000 on FLOW_UNION
+SELECT payidem.create_order(:'m1', 'L-0001', 5001, 'Too big') AS l1 \gset
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'l1', 'FLOW_LIM'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'l1', 'FLOW_UNION'));
+SELECT payidem.create_order(:'m1', 'L-0002', 5000, 'Limit A') AS l2 \gset
+SELECT payidem.create_order(:'m1', 'L-0003', 3000, 'Limit B') AS l3 \gset
+SELECT payidem.create_order(:'m1', 'L-0004', 3001, 'Limit C') AS l4 \gset
+SELECT payidem.begin_payment(:'l2', 'FLOW_LIM') IS NOT NULL AS first_5000;
+SELECT payidem.begin_payment(:'l3', 'FLOW_LIM') IS NOT NULL AS then_3000_makes_8000;
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'l4', 'FLOW_LIM'));
+-- a failed attempt no longer counts towards the day
+SELECT payidem.apply_payment_result(payidem.begin_payment(:'l2', 'FLOW_LIM'), 'query', 'failed') AS l2_failed;
+SELECT payidem.begin_payment(:'l4', 'FLOW_LIM') IS NOT NULL AS fits_again;
+
+----------------------------------------------------------- apply_payment_result
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', :'p1', 'webhook', 'succeeded'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', :'p1', 'callback', 'paid'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, amount => 0)', :'p1', 'callback', 'succeeded'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L)', :'p1', 'callback', 'succeeded', 'has space'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', 'PY000000000000000000000000', 'callback', 'succeeded'));
+
+-- amount mismatch: rejected + anomaly, nothing else changes; a repeat adds no second anomaly
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1200,
+                                    raw => '{"total_fee": 1200, "sign": "ABCDEF"}') AS wrong_amount;
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1200) AS wrong_amount_again;
+SELECT kind, amount, detail - 'raw' AS detail, detail -> 'raw' AS raw_without_sign, handle_status
+  FROM payidem.anomaly WHERE payment_no = :'p1' ORDER BY anomaly_id;
+SELECT p.status AS payment, o.status AS "order", p.transaction_id,
+       (SELECT count(*) FROM payidem.idempotency WHERE idem_key = 'payment:' || :'p1' || ':succeeded') AS idem_keys
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p1';
+
+-- seed 1: duplicate callback delivery -> one applied, the rest duplicate, one notification
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250, '2026-11-29 08:15:00+00') AS first_delivery;
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250, '2026-11-29 08:15:00+00') AS second_delivery;
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001') AS third_delivery;
+-- seed 2: the active query learns the same thing: same key, no second effect
+SELECT payidem.apply_payment_result(:'p1', 'query', 'succeeded', 'WX-T-0001', 1250) AS query_result;
+SELECT idem_key = 'payment:' || :'p1' || ':succeeded' AS key_shape, biz_type, order_no = :'o1' AS of_order,
+       channel, amount, status, result
+  FROM payidem.idempotency WHERE idem_key LIKE 'payment:' || :'p1' || ':%';
+-- fees: 1250 * 0.006 = 7.5 -> 8 (half-up); cost 1250 * 0.002 = 2.5 -> 3
+SELECT status, transaction_id, paid_at, fee_amount, cost_amount FROM payidem.payment WHERE payment_no = :'p1';
+SELECT status, paid_payment_no = :'p1' AS paid_by_p1, paid_at, notify_status, notify_attempts,
+       next_notify_at <= now() AS notify_due
+  FROM payidem."order" WHERE order_no = :'o1';
+SELECT * FROM pg_temp.history(:'o1');
+-- a failure or close reported after the success is refused; nothing changes
+SELECT payidem.apply_payment_result(:'p1', 'query', 'failed') AS failed_after_success,
+       payidem.apply_payment_result(:'p1', 'close', 'closed') AS closed_after_success;
+SELECT status FROM payidem.payment WHERE payment_no = :'p1';
+
+-- transaction_id already used by another payment of the channel: rejected + anomaly
+SELECT payidem.begin_payment(:'o3', 'FLOW_WX') AS p3 \gset
+SELECT payidem.apply_payment_result(:'p3', 'callback', 'succeeded', 'WX-T-0001', 2000) AS reused_txn;
+SELECT payidem.apply_payment_result(:'p3', 'callback', 'succeeded', 'WX-T-0001', 2000) AS reused_txn_again;
+SELECT kind, amount, detail ->> 'transaction_id' AS txn, detail ->> 'other_payment_no' = :'p1' AS names_owner
+  FROM payidem.anomaly WHERE payment_no = :'p3';
+SELECT p.status AS payment, o.status AS "order" FROM payidem.payment p JOIN payidem."order" o USING (order_no)
+ WHERE p.payment_no = :'p3';
+
+-- WeChat attempt fails, Alipay attempt succeeds: one order, two payment rows, paid
+SELECT payidem.apply_payment_result(:'p3', 'callback', 'failed', raw => '{"err_code": "NOTENOUGH"}') AS wechat_failed;
+SELECT payidem.apply_payment_result(:'p3', 'query', 'failed') AS wechat_failed_again;
+SELECT payidem.begin_payment(:'o3', 'FLOW_ALI') AS p3b \gset
+SELECT payidem.apply_payment_result(:'p3b', 'callback', 'succeeded', 'ALI-0003', 2000) AS alipay_succeeded;
+-- 2000 * 0.0055 (binding) = 11; 2000 * 0.0025 = 5
+SELECT channel_no, status, fee_amount, cost_amount FROM payidem.payment WHERE order_no = :'o3' ORDER BY created_at, payment_no;
+SELECT status, paid_payment_no = :'p3b' AS paid_by_alipay FROM payidem."order" WHERE order_no = :'o3';
+-- a success reported for the failed attempt: failed is terminal -> anomaly, no status change
+SELECT payidem.apply_payment_result(:'p3', 'query', 'succeeded', 'WX-T-0003') AS success_after_failure;
+SELECT payidem.apply_payment_result(:'p3', 'query', 'succeeded', 'WX-T-0003') AS success_after_failure_again;
+SELECT kind, amount FROM payidem.anomaly WHERE payment_no = :'p3' ORDER BY anomaly_id;
+SELECT status, transaction_id FROM payidem.payment WHERE payment_no = :'p3';
+SELECT * FROM pg_temp.history(:'o3');
+
+------------------------------------------------------------------ close_payment
+SELECT payidem.create_order(:'m1', 'T-0005', 800, 'Puer') AS o5 \gset
+SELECT payidem.begin_payment(:'o5', 'FLOW_WX') AS p5 \gset
+SELECT payidem.close_payment(:'p5') AS closed_now, payidem.close_payment(:'p5') AS already_closed;
+SELECT status, closed_at IS NOT NULL AS has_closed_at FROM payidem.payment WHERE payment_no = :'p5';
+SELECT status FROM payidem."order" WHERE order_no = :'o5';
+SELECT * FROM pg_temp.try(format('SELECT payidem.close_payment(%L)', :'p1'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.close_payment(%L)', :'p3'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.close_payment(%L)', 'PY000000000000000000000000'));
+
+-------------------------------------------------------------------- close_order
+-- seed 3: close races payment: order closed, then the channel reports success
+SELECT payidem.create_order(:'m1', 'T-0006', 1500, 'Jasmine') AS o6 \gset
+SELECT payidem.begin_payment(:'o6', 'FLOW_WX') AS p6 \gset
+SELECT payidem.close_order(:'o6') AS closed_now, payidem.close_order(:'o6') AS already_closed;
+SELECT o.status AS "order", o.closed_at IS NOT NULL AS order_closed_at, p.status AS payment
+  FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = :'o6';
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o6', 'FLOW_WX'));
+SELECT payidem.apply_payment_result(:'p6', 'callback', 'succeeded', 'WX-T-0006', 1500,
+                                    raw => '{"transaction_id": "WX-T-0006"}') AS late_success;
+SELECT payidem.apply_payment_result(:'p6', 'callback', 'succeeded', 'WX-T-0006', 1500) AS late_success_again;
+SELECT o.status AS "order", o.paid_payment_no, o.notify_status, p.status AS payment, p.transaction_id
+  FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = :'o6';
+SELECT kind, amount, handle_status, detail ->> 'order_status' AS order_status, detail ->> 'action' AS action,
+       detail -> 'raw' AS raw
+  FROM payidem.anomaly WHERE order_no = :'o6';
+SELECT * FROM pg_temp.history(:'o6');
+SELECT * FROM pg_temp.try(format('SELECT payidem.close_order(%L)', :'o1'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.close_order(%L)', 'PO000000000000000000000000'));
+-- closing an order without an attempt
+SELECT payidem.create_order(:'m1', 'T-0007', 100, 'Sample') AS o7 \gset
+SELECT payidem.close_order(:'o7') AS closed_without_attempt;
+
+----------------------------------------------------- seed 5: two channels in parallel
+SELECT payidem.create_order(:'m1', 'T-0008', 3000, 'Tea set') AS o8 \gset
+SELECT payidem.begin_payment(:'o8', 'FLOW_WX') AS p8a \gset
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o8', 'FLOW_ALI'));
+-- the user switches: A is closed (after querying the channel), B begins
+SELECT payidem.close_payment(:'p8a') AS a_closed;
+SELECT payidem.begin_payment(:'o8', 'FLOW_ALI') AS p8b \gset
+-- both were really paid: A's late success pays the order, B's success is a duplicate payment
+SELECT payidem.apply_payment_result(:'p8a', 'query', 'succeeded', 'WX-T-0008', 3000) AS a_late_success;
+SELECT payidem.apply_payment_result(:'p8b', 'callback', 'succeeded', 'ALI-0008', 3000) AS b_success;
+SELECT payidem.apply_payment_result(:'p8b', 'callback', 'succeeded', 'ALI-0008', 3000) AS b_success_again;
+SELECT o.status, o.paid_payment_no = :'p8a' AS paid_by_a FROM payidem."order" o WHERE o.order_no = :'o8';
+SELECT payment_no = :'p8b' AS is_b, kind, amount, detail ->> 'paid_payment_no' = :'p8a' AS names_a
+  FROM payidem.anomaly WHERE order_no = :'o8';
+SELECT channel_no, status FROM payidem.payment WHERE order_no = :'o8' ORDER BY channel_no;
+
+------------------------------------------------------------------------- refund
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 0, %L)', :'p1', 'R-0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', :'p1', 'R 0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L, repeat(%L, 257))', :'p1', 'R-0001', 'r'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', 'PY000000000000000000000000', 'R-0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', :'p5', 'R-0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 1251, %L)', :'p1', 'R-0001'));
+-- partial: 250 of 1250
+SELECT payidem.refund(:'p1', 250, 'R-0001', 'one box damaged') AS r1 \gset
+SELECT :'r1' ~ '^RF[0-9]{24}$' AS refund_no_format, payidem.order_no_valid(:'r1') AS check_digits_ok;
+SELECT payment_no = :'p1' AS of_payment, order_no = :'o1' AS of_order, out_refund_no, amount, status, reason
+  FROM payidem.refund WHERE refund_no = :'r1';
+-- idempotent on out_refund_no; another amount or payment is PI001
+SELECT payidem.refund(:'p1', 250, 'R-0001') = :'r1' AS same_refund_returned;
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 300, %L)', :'p1', 'R-0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 250, %L)', :'p3b', 'R-0001'));
+-- pending refunds count: 250 pending + 1001 > 1250
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 1001, %L)', :'p1', 'R-0002'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_refund_result(%L, %L)', :'r1', 'done'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_refund_result(%L, %L)', 'RF000000000000000000000000', 'succeeded'));
+SELECT payidem.apply_refund_result(:'r1', 'succeeded', 'WXR-0001') AS r1_applied;
+SELECT payidem.apply_refund_result(:'r1', 'succeeded', 'WXR-0001') AS r1_duplicate;
+SELECT payidem.apply_refund_result(:'r1', 'failed') AS r1_failed_too_late;
+SELECT status, channel_refund_id, refunded_at IS NOT NULL AS has_refunded_at FROM payidem.refund WHERE refund_no = :'r1';
+SELECT p.status AS payment, p.refunded_amount AS payment_refunded, o.status AS "order", o.refunded_amount AS order_refunded
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p1';
+-- a failed refund frees its amount again
+SELECT payidem.refund(:'p1', 1000, 'R-0002') AS r2 \gset
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 1, %L)', :'p1', 'R-0003'));
+SELECT payidem.apply_refund_result(:'r2', 'failed') AS r2_failed;
+SELECT payidem.apply_refund_result(:'r2', 'succeeded') AS r2_success_too_late;
+SELECT kind, amount FROM payidem.anomaly WHERE kind = 'refund_success_after_failure' AND payment_no = :'p1';
+-- the rest, in full: payment and order refunded
+SELECT payidem.refund(:'p1', 1000, 'R-0003') AS r3 \gset
+SELECT payidem.apply_refund_result(:'r3', 'succeeded') AS r3_applied;
+SELECT p.status AS payment, p.refunded_amount AS payment_refunded, o.status AS "order", o.refunded_amount AS order_refunded
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p1';
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 1, %L)', :'p1', 'R-0004'));
+SELECT payidem.refund(:'p1', 1000, 'R-0003') = :'r3' AS repeat_after_full_refund;
+SELECT * FROM pg_temp.history(:'o1');
+-- refunds of the after-close and the duplicate payment move only the payment
+SELECT payidem.refund(:'p6', 1500, 'R-0006') AS r6 \gset
+SELECT payidem.apply_refund_result(:'r6', 'succeeded') AS r6_applied;
+SELECT payidem.refund(:'p8b', 3000, 'R-0008') AS r8 \gset
+SELECT payidem.apply_refund_result(:'r8', 'succeeded') AS r8_applied;
+SELECT o.out_trade_no, o.status AS "order", o.refunded_amount AS order_refunded,
+       p.channel_no, p.status AS payment, p.refunded_amount AS payment_refunded
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no)
+ WHERE p.payment_no IN (:'p6', :'p8a', :'p8b') ORDER BY o.out_trade_no, p.channel_no;
+
+---------------------------------------------------------- notify_due / notify_result
+-- only an order with a notify_url gets a notification: of the paid ones only T-0001 has one
+SELECT count(*) AS pending_notifications FROM payidem."order" WHERE merchant_no = :'m1' AND notify_status = 'pending';
+SELECT payidem.create_order(:'m1', 'T-0009', 990, 'Matcha', 'http://shop.example/n') AS o9 \gset
+SELECT payidem.apply_payment_result(payidem.begin_payment(:'o9', 'FLOW_ALI'), 'callback', 'succeeded', 'ALI-0009', 990,
+                                    '2026-11-29 09:00:00+00') AS o9_paid;
+CREATE TEMP TABLE handed AS SELECT * FROM payidem.notify_due(100) WHERE merchant_no = :'m1';
+SELECT order_no = :'o1' AS is_o1, order_no = :'o9' AS is_o9, notify_url, attempt,
+       payload - 'order_no' - 'merchant_no' AS payload, payload ->> 'order_no' = order_no AS payload_order,
+       payload ->> 'merchant_no' = :'m1' AS payload_merchant,
+       signature = payidem.sign(merchant_no, payload::text) AS signed
+  FROM handed ORDER BY payload ->> 'out_trade_no';
+SELECT bool_and(payidem.verify_signature(:'m1_key', payload::text, signature)) AS merchant_can_verify FROM handed;
+-- handed out rows are leased: not handed out again at once
+SELECT count(*) AS handed_again FROM payidem.notify_due(100) WHERE merchant_no = :'m1';
+SELECT count(*) FILTER (WHERE next_notify_at > now() + interval '50 seconds') AS leased
+  FROM payidem."order" WHERE order_no IN (:'o1', :'o9');
+-- ok -> sent; a repeated or late report changes nothing
+SELECT payidem.notify_result(:'o9', true);
+SELECT payidem.notify_result(:'o9', false, 'HTTP 500');
+SELECT notify_status, notify_attempts, next_notify_at FROM payidem."order" WHERE order_no = :'o9';
+-- failures follow the schedule, then failed after the 16th attempt
+CREATE TEMP TABLE schedule (attempt int, notify_status text, wait interval);
+DO $$
+DECLARE
+	v_order text := (SELECT order_no FROM payidem."order" WHERE out_trade_no = 'T-0001'
+					  AND merchant_no = (SELECT merchant_no FROM payidem.merchant WHERE merchant_name = 'Flow Tea House'));
+	i int;
+BEGIN
+	FOR i IN 1..17 LOOP
+		PERFORM payidem.notify_result(v_order, false, 'HTTP 502');
+		INSERT INTO schedule SELECT i, o.notify_status, o.next_notify_at - now()
+		  FROM payidem."order" o WHERE o.order_no = v_order;
+	END LOOP;
+END
+$$;
+SELECT * FROM schedule ORDER BY attempt;
+SELECT notify_attempts FROM payidem."order" WHERE order_no = :'o1';
+SELECT * FROM pg_temp.try('SELECT payidem.notify_result(''PO000000000000000000000000'', true)');
+SELECT * FROM pg_temp.try(format('SELECT payidem.notify_result(%L, NULL)', :'o1'));
+SELECT * FROM pg_temp.try('SELECT payidem.notify_due(0)');
+-- a due row comes back after its retry wait
+UPDATE payidem."order" SET notify_status = 'pending', notify_attempts = 3, next_notify_at = now() - interval '1 second'
+ WHERE order_no = :'o9';
+SELECT order_no = :'o9' AS is_o9, attempt FROM payidem.notify_due(100) WHERE merchant_no = :'m1';
+
+------------------------------------------------------------- seed 6: numbers
+SELECT count(*) AS orders, count(*) FILTER (WHERE order_no !~ '^PO[0-9]{24}$' OR NOT payidem.order_no_valid(order_no)) AS bad_orders
+  FROM payidem."order" WHERE merchant_no IN (:'m1', :'m2');
+SELECT count(*) AS payments, count(*) FILTER (WHERE payment_no !~ '^PY[0-9]{24}$' OR NOT payidem.order_no_valid(payment_no)) AS bad_payments
+  FROM payidem.payment WHERE merchant_no IN (:'m1', :'m2');
+SELECT count(*) AS refunds, count(*) FILTER (WHERE refund_no !~ '^RF[0-9]{24}$' OR NOT payidem.order_no_valid(refund_no)) AS bad_refunds
+  FROM payidem.refund WHERE merchant_no IN (:'m1', :'m2');
+
+------------------------------------------------------------ overall invariants
+-- refunded never above paid; an order is paid (or refunded) exactly when one of its payments paid it
+SELECT count(*) AS over_refunded FROM payidem.payment p
+ WHERE p.merchant_no IN (:'m1', :'m2') AND (p.refunded_amount > p.amount
+    OR (SELECT coalesce(sum(r.amount), 0) FROM payidem.refund r
+         WHERE r.payment_no = p.payment_no AND r.status IN ('pending', 'succeeded')) > p.amount);
+SELECT count(*) AS inconsistent_orders FROM payidem."order" o
+ WHERE o.merchant_no IN (:'m1', :'m2')
+   AND (o.status IN ('paid', 'partially_refunded', 'refunded')) IS DISTINCT FROM
+       (o.paid_payment_no IS NOT NULL AND EXISTS (
+			SELECT 1 FROM payidem.payment p WHERE p.payment_no = o.paid_payment_no
+			   AND p.status IN ('succeeded', 'partially_refunded', 'refunded')));
+-- every current status is the last one logged
+SELECT count(*) AS log_mismatches FROM (
+	SELECT 'payment' AS entity, payment_no AS no, status, merchant_no FROM payidem.payment
+	UNION ALL SELECT 'order', order_no, status, merchant_no FROM payidem."order"
+	UNION ALL SELECT 'refund', refund_no, status, merchant_no FROM payidem.refund) cur
+ WHERE cur.merchant_no IN (:'m1', :'m2') AND cur.status IS DISTINCT FROM (SELECT l.to_status FROM payidem.status_log l
+									 WHERE l.entity = cur.entity AND l.entity_no = cur.no
+									 ORDER BY l.log_id DESC LIMIT 1);
+
+------------------------------------------------------------------- privileges
+-- an application role reaches the flow only through the functions
+CREATE ROLE flow_app;
+SELECT payidem.grant_app('flow_app');
+SELECT count(*) AS flow_functions_granted FROM payidem.app_functions() f
+ WHERE f::text ~ '^payidem\.(create_order|begin_payment|apply_payment_result|close_payment|close_order|refund|apply_refund_result|notify_due|notify_result)\('
+   AND has_function_privilege('flow_app', f, 'EXECUTE');
+SELECT p.proname, p.prosecdef AS security_definer, p.proconfig AS settings
+  FROM pg_proc p WHERE p.pronamespace = 'payidem'::regnamespace
+   AND p.proname IN ('create_order', 'begin_payment', 'apply_payment_result', 'close_payment', 'close_order',
+                     'refund', 'apply_refund_result', 'notify_due', 'notify_result')
+ ORDER BY p.proname;
+SET ROLE flow_app;
+SELECT payidem.create_order(:'m2', 'N-0002', 500, 'Noodles to go') ~ '^PO' AS app_creates_orders;
+SELECT * FROM pg_temp.try('SELECT count(*) FROM payidem."order"');
+RESET ROLE;
+REVOKE ALL ON SCHEMA payidem FROM flow_app;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM flow_app;
+DROP ROLE flow_app;

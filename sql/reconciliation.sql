@@ -1,0 +1,247 @@
+--
+-- reconciliation: bill import (load_bill and COPY), reconcile() with every kind
+-- of difference, re-runs, resolve_diff(), midnight straddles, the bill time
+-- zone, the channel_only anomaly and the daily summary.
+--
+CREATE EXTENSION IF NOT EXISTS payidem;
+SET client_min_messages = warning;
+SET TimeZone = 'UTC';
+SET DateStyle = 'ISO, YMD';
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+
+-- errors as rows: SQLSTATE, message, detail
+CREATE FUNCTION pg_temp.try(stmt text)
+RETURNS TABLE (err_code text, err_message text, err_detail text)
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE stmt;
+	RETURN QUERY SELECT '00000', 'no error', NULL::text;
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS err_code = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
+		err_detail = PG_EXCEPTION_DETAIL;
+	-- recon_id values and the role name depend on the run
+	err_message := regexp_replace(err_message, 'difference [0-9]+ ', 'difference <id> ');
+	err_detail := regexp_replace(err_detail, ' by [^ ]+\.$', ' by <role>.');
+	RETURN NEXT;
+END
+$$;
+
+INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rate, api_key)
+VALUES ('M7RECQNC0000001X', 'Reconciled Shop', 'retail', 0.006, 'ak_recon_test_0000001');
+INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES
+	('RECON_WX', 'wechat', 0.0025),
+	('RECON_ALI', 'alipay', 0.0030);
+
+-- A paid payment n of a channel: order pending -> paid, payment pending ->
+-- succeeded (-> refunded ...), as the state machines allow.
+CREATE FUNCTION pg_temp.paid(n int, p_channel text, p_txn text, p_amount bigint,
+							 p_paid_at timestamptz, p_final text DEFAULT 'succeeded')
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	v_order text := 'PO20240501' || lpad(n::text, 16, '0');
+	v_pay text := 'PY20240501' || lpad(n::text, 16, '0');
+BEGIN
+	INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, created_at)
+	VALUES (v_order, 'M7RECQNC0000001X', 'RECON-' || n, 'reconciliation test', p_amount,
+			p_paid_at + interval '2 hours', p_paid_at - interval '1 minute');
+	INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, created_at)
+	VALUES (v_pay, v_order, 'M7RECQNC0000001X', p_channel, p_amount, p_paid_at - interval '1 minute');
+	IF p_final = 'closed' THEN
+		UPDATE payidem.payment SET status = 'closed', closed_at = p_paid_at WHERE payment_no = v_pay;
+		RETURN v_pay;
+	END IF;
+	UPDATE payidem.payment SET status = 'succeeded', transaction_id = p_txn, paid_at = p_paid_at
+	 WHERE payment_no = v_pay;
+	UPDATE payidem."order" SET status = 'paid', paid_at = p_paid_at WHERE order_no = v_order;
+	IF p_final IN ('refunded', 'partially_refunded') THEN
+		UPDATE payidem.payment
+		   SET status = p_final,
+			   refunded_amount = CASE p_final WHEN 'refunded' THEN p_amount ELSE p_amount / 2 END
+		 WHERE payment_no = v_pay;
+	END IF;
+	RETURN v_pay;
+END
+$$;
+
+-- Day 2024-05-01 (UTC) on RECON_WX
+SELECT count(*) AS payments FROM (VALUES
+	(pg_temp.paid(1,  'RECON_WX', 'WX-T1',  1000, '2024-05-01 08:00:00+00')),  -- matched
+	(pg_temp.paid(2,  'RECON_WX', 'WX-T2',  2000, '2024-05-01 00:00:00+00')),  -- matched (first instant of the day)
+	(pg_temp.paid(3,  'RECON_WX', 'WX-T3',  1500, '2024-05-01 09:00:00+00')),  -- platform_only
+	(pg_temp.paid(5,  'RECON_WX', 'WX-T5',  5000, '2024-05-01 10:00:00+00')),  -- amount_mismatch (bill 4900)
+	(pg_temp.paid(6,  'RECON_WX', 'WX-T6',   800, '2024-05-01 11:00:00+00')),  -- status_mismatch: bill says refunded
+	(pg_temp.paid(7,  'RECON_WX', 'WX-T7',   700, '2024-05-01 12:00:00+00', 'refunded')),  -- status_mismatch: we refunded
+	(pg_temp.paid(8,  'RECON_WX', 'WX-T8',   600, '2024-05-01 13:00:00+00', 'refunded')),  -- matched, refunded both sides
+	(pg_temp.paid(9,  'RECON_WX', NULL,      900, '2024-05-01 14:00:00+00', 'closed')),    -- closed here, paid there: channel_only
+	(pg_temp.paid(10, 'RECON_WX', 'WX-T10',  300, '2024-05-01 23:59:59.5+00')), -- in the bill of 05-02: straddle
+	(pg_temp.paid(11, 'RECON_WX', 'WX-T11',  400, '2024-04-30 23:59:59+00')),  -- another day: not compared
+	(pg_temp.paid(12, 'RECON_WX', 'WX-T12', 1200, '2024-05-01 15:00:00+00', 'partially_refunded')), -- matched
+	(pg_temp.paid(13, 'RECON_WX', 'WX-T13',  250, '2024-05-02 10:00:00+00'))   -- day 05-02, matched there
+) v(p);
+
+---------------------------------------------------------------- import
+-- load_bill: the documented CSV layout, with a header, CRLF line ends, a
+-- quoted field, empty channel_no/bill_date (taken from the arguments) and
+-- an empty fee (0)
+SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at\r\n'
+	'RECON_WX,2024-05-01,WX-T1,PY202405010000000000000001,1000,3,succeeded,2024-05-01 08:00:01\r\n'
+	',,WX-T2,PY202405010000000000000002,2000,5,succeeded,2024-05-01T00:00:00Z\r\n'
+	'RECON_WX,2024-05-01,WX-T4,,3000,8,succeeded,2024-05-01 16:30:00+08:00\r\n'
+	'RECON_WX,2024-05-01,"WX-T5",PY202405010000000000000005,4900,12,succeeded,2024-05-01 10:00:02\r\n'
+	'RECON_WX,2024-05-01,WX-T6,PY202405010000000000000006,800,2,refunded,2024-05-01 11:00:01\r\n'
+	'RECON_WX,2024-05-01,WX-T7,PY202405010000000000000007,700,2,succeeded,2024-05-01 12:00:01\r\n'
+	'RECON_WX,2024-05-01,WX-T8,PY202405010000000000000008,600,,refunded,2024-05-01 13:00:01\r\n'
+	'RECON_WX,2024-05-01,WX-T9,PY202405010000000000000009,900,2,succeeded,2024-05-01 14:00:30\r\n'
+	'RECON_WX,2024-05-01,WX-T12,PY202405010000000000000012,1200,3,refunded,2024-05-01 15:00:01\r\n') AS lines_loaded;
+SELECT transaction_id, payment_no, amount, fee, status, paid_at
+  FROM payidem.channel_bill WHERE channel_no = 'RECON_WX' AND bill_date = '2024-05-01'
+ ORDER BY transaction_id;
+
+-- bad lines: 22023 naming the line and the field; nothing is imported
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,100,0,succeeded,\nRECON_WX,2024-05-01,A2,,12.50,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,-100,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,0,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,100,-1,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,100,0,succeeded,\n\nEVIL_001,2024-05-01,A2,,100,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-5-1,A1,,100,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-02,A1,,100,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,100,0,succeeded,yesterday\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,100,0,succeeded,2024-05-01 10:00:00\nRECON_WX,2024-05-01,A2,,100,0,succeeded,2024-13-01 10:00:00\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,100,0,succeeded,\nRECON_WX,2024-05-01,A2,,100,0,succeeded,\nRECON_WX,2024-05-01,A1,,200,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,100,0,SUCCESS,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,100,0,succeeded\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,"A1,,100,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A 1,,100,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('NO_SUCH', '2024-05-01', E'NO_SUCH,2024-05-01,A1,,100,0,succeeded,\n')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_bill('RECON_WX', NULL, '')$$);
+-- the first bad line is reported, and the day's bill is unchanged
+SELECT count(*) AS lines_still_there, sum(amount) AS amount_still_there
+  FROM payidem.channel_bill WHERE channel_no = 'RECON_WX' AND bill_date = '2024-05-01';
+-- the hint says what to do
+SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'RECON_WX,2024-05-01,A1,,1.5,0,succeeded,\n');
+
+-- plain COPY of the same layout: the table's constraints check the lines,
+-- PostgreSQL names the line and column
+\set SHOW_CONTEXT errors
+COPY payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at) FROM STDIN WITH (FORMAT csv);
+RECON_WX,2024-05-03,WX-X1,,300,1,succeeded,
+RECON_WX,2024-05-03,WX-X2,,2.50,1,succeeded,
+\.
+\set SHOW_CONTEXT never
+
+---------------------------------------------------------------- reconcile
+SELECT * FROM payidem.reconcile('RECON_WX', '2024-05-01');
+SELECT diff_type, transaction_id, payment_no, platform_amount, channel_amount,
+       platform_status, channel_status, handle_status, recon_batch_no
+  FROM payidem.reconciliation WHERE channel_no = 'RECON_WX' AND bill_date = '2024-05-01'
+ ORDER BY diff_type, transaction_id;
+SELECT recon_batch_no, status, finished_at >= started_at AS timed, bill_timezone,
+       bill_lines, bill_amount_total, platform_payments, platform_amount_total,
+       matched, platform_only, channel_only, amount_mismatch, status_mismatch, straddled, auto_resolved
+  FROM payidem.recon_batch WHERE channel_no = 'RECON_WX' ORDER BY recon_batch_no;
+-- money taken without a record of ours cannot be missed: an anomaly each
+SELECT kind, channel_no, payment_no, amount, detail - 'recon_id' AS detail, handle_status,
+       (detail ->> 'recon_id')::bigint = (SELECT recon_id FROM payidem.reconciliation r
+                                           WHERE r.diff_type = 'channel_only'
+                                             AND r.transaction_id = a.detail ->> 'transaction_id') AS points_at_difference
+  FROM payidem.anomaly a WHERE kind = 'channel_only' ORDER BY detail ->> 'transaction_id';
+
+-- a re-run finds the same, keeps the same rows (recon_id) and raises nothing again
+CREATE TEMP TABLE first_run AS
+	SELECT recon_id, diff_type, transaction_id FROM payidem.reconciliation WHERE bill_date = '2024-05-01';
+SELECT * FROM payidem.reconcile('RECON_WX', '2024-05-01');
+SELECT (SELECT count(*) FROM payidem.reconciliation WHERE bill_date = '2024-05-01') AS differences,
+       (SELECT count(*) FROM payidem.reconciliation r JOIN first_run f USING (recon_id, diff_type, transaction_id)) AS same_rows,
+       (SELECT count(*) FROM payidem.reconciliation WHERE bill_date = '2024-05-01'
+                                                      AND recon_batch_no = 'RC-RECON_WX-20240501-002') AS confirmed_by_run_2,
+       (SELECT count(*) FROM payidem.anomaly WHERE kind = 'channel_only') AS anomalies;
+
+---------------------------------------------------------------- resolve_diff
+SELECT recon_id AS t5 FROM payidem.reconciliation WHERE transaction_id = 'WX-T5' \gset
+SELECT recon_id AS t4 FROM payidem.reconciliation WHERE transaction_id = 'WX-T4' \gset
+SELECT recon_id AS t6 FROM payidem.reconciliation WHERE transaction_id = 'WX-T6' \gset
+SELECT payidem.resolve_diff(:t5, 'handled', 'channel confirmed 4900; merchant refunded 100');
+SELECT payidem.resolve_diff(:t4, 'handled', 'refunded to the payer');
+SELECT payidem.resolve_diff(:t6, 'ignored');
+SELECT transaction_id, handle_status, handled_by = session_user AS by_me, handled_at IS NOT NULL AS dated, note
+  FROM payidem.reconciliation WHERE recon_id IN (:t4, :t5, :t6) ORDER BY transaction_id;
+-- the anomaly of the channel_only difference is closed with it
+SELECT detail ->> 'transaction_id' AS transaction_id, handle_status, note
+  FROM payidem.anomaly WHERE kind = 'channel_only' ORDER BY 1;
+-- errors
+SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_diff(%s, %L)', :t5, 'handled'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_diff(%s, %L)', :t6, 'handled'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_diff(%s, %L)', :t5, 'done'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_diff(%s, %L)', :t5, 'open'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_diff(%s, NULL)', :t5));
+SELECT * FROM pg_temp.try('SELECT payidem.resolve_diff(-1, ''handled'')');
+SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_diff(%s, %L, %L)', :t4 + 1000, 'ignored', repeat('x', 1025)));
+
+-- a re-run keeps handled/ignored differences and does not open them again;
+-- an open difference that is gone (the channel re-sent a line) is dropped
+INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status)
+VALUES ('RECON_WX', '2024-05-01', 'WX-T3', 'PY202405010000000000000003', 1500, 4, 'succeeded');
+SELECT * FROM payidem.reconcile('RECON_WX', '2024-05-01');
+SELECT diff_type, transaction_id, handle_status, recon_batch_no
+  FROM payidem.reconciliation WHERE channel_no = 'RECON_WX' AND bill_date = '2024-05-01'
+ ORDER BY diff_type, transaction_id;
+SELECT count(*) AS anomalies FROM payidem.anomaly WHERE kind = 'channel_only';
+
+---------------------------------------------------------------- midnight straddle
+-- WX-T10 was paid at 23:59:59.5 on 05-01 (ours) and billed on 05-02 (theirs):
+-- reconciling 05-02 matches it and auto-resolves the platform_only of 05-01;
+-- it is no channel_only of 05-02.
+SELECT diff_type, handle_status FROM payidem.reconciliation WHERE transaction_id = 'WX-T10';
+COPY payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at) FROM STDIN WITH (FORMAT csv);
+RECON_WX,2024-05-02,WX-T10,PY202405010000000000000010,300,1,succeeded,2024-05-02 00:00:01+00
+RECON_WX,2024-05-02,WX-T13,PY202405010000000000000013,250,1,succeeded,2024-05-02 10:00:01+00
+\.
+SELECT * FROM payidem.reconcile('RECON_WX', '2024-05-02');
+SELECT bill_date, diff_type, transaction_id, handle_status, handled_by, note
+  FROM payidem.reconciliation WHERE transaction_id = 'WX-T10';
+SELECT straddled, auto_resolved FROM payidem.recon_batch WHERE recon_batch_no = 'RC-RECON_WX-20240502-001';
+-- 05-01 again: WX-T10 is in another day's bill, so no new difference; the
+-- auto-resolved row is kept
+SELECT * FROM payidem.reconcile('RECON_WX', '2024-05-01');
+SELECT bill_date, diff_type, handle_status FROM payidem.reconciliation WHERE transaction_id = 'WX-T10';
+SELECT straddled FROM payidem.recon_batch WHERE recon_batch_no = 'RC-RECON_WX-20240501-004';
+
+---------------------------------------------------------------- time zone
+SHOW payidem.bill_timezone;
+SELECT * FROM pg_temp.try($$SET payidem.bill_timezone = 'Mars/Olympus_Mons'$$);
+SELECT * FROM pg_temp.try($$SET payidem.bill_timezone = ''$$);
+SET payidem.bill_timezone = 'Asia/Shanghai';
+-- Beijing midnight: 00:00:00 opens 05-01, 23:59:59 is the last second of
+-- 05-01, 00:00:00 the next day belongs to 05-02
+SELECT count(*) AS payments FROM (VALUES
+	(pg_temp.paid(20, 'RECON_ALI', 'ALI-T20', 100, '2024-05-01 00:00:00+08')),
+	(pg_temp.paid(21, 'RECON_ALI', 'ALI-T21', 200, '2024-05-01 23:59:59+08')),
+	(pg_temp.paid(22, 'RECON_ALI', 'ALI-T22', 400, '2024-05-02 00:00:00+08'))
+) v(p);
+-- bill times without an offset are Beijing wall-clock times
+SELECT payidem.load_bill('RECON_ALI', '2024-05-01', E'RECON_ALI,2024-05-01,ALI-T20,,100,0,succeeded,2024-05-01 00:00:00\nRECON_ALI,2024-05-01,ALI-T21,,200,0,succeeded,2024-05-01 23:59:59\n');
+SELECT payidem.load_bill('RECON_ALI', '2024-05-02', E'RECON_ALI,2024-05-02,ALI-T22,,400,0,succeeded,2024-05-02 00:00:00\n');
+SELECT transaction_id, paid_at FROM payidem.channel_bill WHERE channel_no = 'RECON_ALI' ORDER BY paid_at;
+SELECT * FROM payidem.reconcile('RECON_ALI', '2024-05-01');
+SELECT * FROM payidem.reconcile('RECON_ALI', '2024-05-02');
+-- cut at UTC midnight instead, 05-01 holds other payments: two straddles
+RESET payidem.bill_timezone;
+SELECT * FROM payidem.reconcile('RECON_ALI', '2024-05-01');
+SELECT recon_batch_no, bill_timezone, platform_payments, platform_amount_total, matched, straddled
+  FROM payidem.recon_batch WHERE channel_no = 'RECON_ALI' ORDER BY recon_batch_no;
+SELECT count(*) AS alipay_differences FROM payidem.reconciliation WHERE channel_no = 'RECON_ALI';
+
+---------------------------------------------------------------- bad arguments
+SELECT * FROM pg_temp.try($$SELECT payidem.reconcile('NO_SUCH', '2024-05-01')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.reconcile(NULL, '2024-05-01')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.reconcile('RECON_WX', 'infinity')$$);
+
+---------------------------------------------------------------- daily report
+SELECT channel_no, bill_date, last_batch_no, bill_lines, platform_payments, matched,
+       platform_only, channel_only, amount_mismatch, status_mismatch, straddled,
+       open_count, open_amount, open_channel_only, handled_count, ignored_count, auto_resolved_count
+  FROM payidem.recon_summary ORDER BY channel_no, bill_date;
+
+DROP FUNCTION pg_temp.paid(int, text, text, bigint, timestamptz, text);
+DROP FUNCTION pg_temp.try(text);
