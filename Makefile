@@ -8,8 +8,8 @@
 #                        (installs missing packages when run as root); see scripts/test
 #   make demo            the guided tour (examples/demo.sql) on a throwaway cluster
 
-EXTENSION  = payidem
-EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+EXTENSION  = payidem payidem_router
+EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" payidem.control)
 
 MODULE_big = payidem
 
@@ -22,7 +22,7 @@ OBJS_MERCHANT  = src/crypto.o
 OBJS_RECON     = src/recon.o
 OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON)
 
-DATA = $(wildcard sql/payidem--*.sql)
+DATA = $(wildcard sql/payidem--*.sql) $(wildcard sql/payidem_router--*.sql)
 
 # pg_regress suites: sql/<name>.sql -> expected/<name>.out
 REGRESS_CORE     = install privileges

@@ -2871,6 +2871,277 @@ COMMENT ON COLUMN payidem.recon_summary.open_amount IS
 -- (end of reconciliation functions)
 
 ------------------------------------------------------------------------------
+-- Scale-out: shard-side helpers for the payidem_router extension (DESIGN §9)
+------------------------------------------------------------------------------
+--
+-- A shard is an ordinary payidem database whose payidem.shard_id is its
+-- PL/Proxy partition number, so the shard digits inside every order, payment
+-- and refund number (characters 17-18) say which partition holds the row.
+-- The router (payidem_router) calls the API functions of the shards with the
+-- same names; these helpers cover what a single database never needed:
+--
+--   shard_prepare(shard)      make this database partition <shard> (once)
+--   shard_info()              what the router checks: partition, database, key
+--   import_merchant(...)      the copy of a merchant made on partition 0
+--   import_merchant_secret()  the copy of a rotated merchant secret
+--   import_channel(...)       create a channel, or accept an identical one
+--   load_bill_part(...)       keep this shard's lines of a channel bill
+--
+-- The import functions are idempotent: the router replays them on every
+-- partition (RUN ON ALL), including the one where the row was made, and an
+-- operator may replay them after a shard was down.
+
+-- Reconciliation difference ids, like order numbers, name their partition:
+-- on partition s they start at s * 10^15 (router: resolve_diff routes by
+-- recon_id / 10^15).
+CREATE FUNCTION payidem.shard_prepare(shard_id integer)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_floor bigint;
+BEGIN
+	IF shard_id IS NULL OR shard_id NOT BETWEEN 0 AND 99 THEN
+		RAISE EXCEPTION 'invalid shard number' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The shard number was %s; it must be from 0 to 99 (the PL/Proxy partition number).',
+							coalesce(shard_id::text, 'NULL'));
+	END IF;
+	IF EXISTS (SELECT 1 FROM payidem."order") AND payidem.shard_id() <> shard_id THEN
+		RAISE EXCEPTION 'this database already holds orders of shard %', payidem.shard_id() USING
+			ERRCODE = 'object_not_in_prerequisite_state',
+			DETAIL = format('Its order numbers carry shard digits %s; it cannot become partition %s.',
+							lpad(payidem.shard_id()::text, 2, '0'), shard_id),
+			HINT = 'Give a shard a number once, before it takes orders.';
+	END IF;
+	-- new sessions of this database, and this session from now on
+	EXECUTE format('ALTER DATABASE %I SET payidem.shard_id = %s', current_database(), shard_id);
+	PERFORM set_config('payidem.shard_id', shard_id::text, false);
+	v_floor := shard_id::bigint * 1000000000000000;
+	IF shard_id > 0 AND (SELECT s.last_value FROM payidem.reconciliation_recon_id_seq s) < v_floor THEN
+		PERFORM setval('payidem.reconciliation_recon_id_seq', v_floor, true);
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.shard_prepare(integer) IS
+	'Make this database PL/Proxy partition <shard_id> of a payidem cluster: sets payidem.shard_id for the database (ALTER DATABASE) and moves reconciliation ids to shard_id * 10^15 so they name their partition. Once, before the shard takes orders.';
+
+CREATE FUNCTION payidem.shard_id()
+RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN coalesce(nullif(pg_catalog.current_setting('payidem.shard_id', true), ''), '0')::integer;
+COMMENT ON FUNCTION payidem.shard_id() IS
+	'This database''s shard number (payidem.shard_id): the partition number the router knows it by.';
+
+CREATE FUNCTION payidem.shard_info(
+	OUT shard_id integer, OUT database name, OUT master_key_version integer,
+	OUT merchants bigint, OUT channels bigint, OUT orders bigint)
+RETURNS record
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT payidem.shard_id(), pg_catalog.current_database(), payidem.master_key_version(),
+		   (SELECT pg_catalog.count(*) FROM payidem.merchant),
+		   (SELECT pg_catalog.count(*) FROM payidem.channel),
+		   (SELECT pg_catalog.count(*) FROM payidem."order");
+END;
+COMMENT ON FUNCTION payidem.shard_info() IS
+	'What the router''s cluster_check() compares: shard number, database, master key version (55000 if no key), counts of merchants, channels, orders.';
+
+-- Whether the merchant's current secret is p_secret: decides whether an import
+-- is a replay.  The decrypted secret never leaves the function.
+CREATE FUNCTION payidem._current_secret_is(p_merchant_no text, p_secret text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	s payidem.merchant_secret;
+BEGIN
+	SELECT * INTO s FROM payidem.merchant_secret x
+	 WHERE x.merchant_no OPERATOR(pg_catalog.=) p_merchant_no AND x.valid_until IS NULL;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	RETURN payidem._open(payidem._secret_aad(s.merchant_no, s.secret_version),
+						 s.key_version, s.nonce, s.ciphertext, s.auth_tag)
+		   OPERATOR(pg_catalog.=) pg_catalog.convert_to(p_secret, 'UTF8');
+END
+$$;
+
+CREATE FUNCTION payidem.import_merchant(merchant_no text, name text, merchant_type text, fee_rate numeric,
+	settle_cycle text, api_key text, api_secret text)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m        payidem.merchant;
+	v_sealed record;
+BEGIN
+	PERFORM payidem._check_code('merchant number', import_merchant.merchant_no, '^M[0-9A-HJKMNP-TV-Z]{15}$',
+		'a merchant number is M followed by 15 Crockford base32 characters.');
+	PERFORM payidem._check_code('API key', import_merchant.api_key, '^[0-9A-Za-z_-]{16,64}$',
+		'an API key has 16 to 64 characters of 0-9, A-Z, a-z, _ and -.');
+	IF api_secret IS NULL OR length(api_secret) NOT BETWEEN 16 AND 256 THEN
+		RAISE EXCEPTION 'invalid API secret' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'An API secret has 16 to 256 characters.';	-- never the value
+	END IF;
+	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
+		RAISE EXCEPTION 'invalid merchant name' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
+	END IF;
+	PERFORM payidem._check_code('merchant type', import_merchant.merchant_type, '^[a-z][a-z0-9_]{0,31}$',
+		'a merchant type is a lower-case code such as retail or catering.');
+	PERFORM payidem._check_rate('merchant fee', import_merchant.fee_rate);
+	PERFORM payidem._check_code('settlement cycle', import_merchant.settle_cycle, '^[TD][0-9]{1,2}$',
+		'a settlement cycle is T<n> or D<n>, e.g. T1 or D0.');
+
+	INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rate, settle_cycle, api_key)
+	VALUES (import_merchant.merchant_no, btrim(name), import_merchant.merchant_type, import_merchant.fee_rate,
+			import_merchant.settle_cycle, import_merchant.api_key)
+	ON CONFLICT DO NOTHING;
+	IF FOUND THEN
+		v_sealed := payidem._seal(payidem._secret_aad(import_merchant.merchant_no, 1), convert_to(api_secret, 'UTF8'));
+		INSERT INTO payidem.merchant_secret (merchant_no, secret_version, key_version, nonce, ciphertext, auth_tag)
+		VALUES (import_merchant.merchant_no, 1, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext, v_sealed.auth_tag);
+		RETURN 'imported';
+	END IF;
+
+	-- already here (partition 0 made it, or a replay): it must be the same merchant
+	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) import_merchant.merchant_no;
+	IF NOT FOUND OR m.api_key <> import_merchant.api_key OR m.merchant_type <> import_merchant.merchant_type
+	   OR m.fee_rate <> import_merchant.fee_rate OR m.settle_cycle <> import_merchant.settle_cycle
+	   OR m.merchant_name <> btrim(name)
+	   OR NOT payidem._current_secret_is(m.merchant_no, api_secret) THEN
+		RAISE EXCEPTION 'merchant % exists on shard % with other attributes',
+			import_merchant.merchant_no, payidem.shard_id() USING
+			ERRCODE = 'duplicate_object',
+			DETAIL = CASE WHEN NOT FOUND THEN format('The API key %s belongs to another merchant.', import_merchant.api_key)
+						  ELSE 'Its name, type, rate, settlement cycle, API key or current secret differ from the copy.' END,
+			HINT = 'Reference data must be written through the router, which writes the same row on every shard.';
+	END IF;
+	RETURN 'present';
+END
+$$;
+COMMENT ON FUNCTION payidem.import_merchant(text, text, text, numeric, text, text, text) IS
+	'Scale-out: store a merchant created on partition 0 (same merchant_no, api_key and secret, the secret sealed with this shard''s master key). Idempotent: returns imported or present; duplicate_object if a different merchant holds the number or key.';
+
+CREATE FUNCTION payidem.import_merchant_secret(merchant_no text, api_secret text, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_sealed  record;
+	v_version integer;
+BEGIN
+	IF api_secret IS NULL OR length(api_secret) NOT BETWEEN 16 AND 256 THEN
+		RAISE EXCEPTION 'invalid API secret' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'An API secret has 16 to 256 characters.';
+	END IF;
+	PERFORM payidem._merchant_for_update(import_merchant_secret.merchant_no);
+	IF payidem._current_secret_is(import_merchant_secret.merchant_no, api_secret) THEN
+		RETURN 'present';
+	END IF;
+	-- the same rotation (grace windows and all) as rotate_merchant_secret(),
+	-- then its fresh random secret is replaced by the one of partition 0
+	PERFORM payidem.rotate_merchant_secret(import_merchant_secret.merchant_no, grace);
+	SELECT s.secret_version INTO v_version FROM payidem.merchant_secret s
+	 WHERE s.merchant_no OPERATOR(pg_catalog.=) import_merchant_secret.merchant_no AND s.valid_until IS NULL;
+	v_sealed := payidem._seal(payidem._secret_aad(import_merchant_secret.merchant_no, v_version),
+							  convert_to(api_secret, 'UTF8'));
+	UPDATE payidem.merchant_secret s
+	   SET key_version = v_sealed.key_version, nonce = v_sealed.nonce,
+		   ciphertext = v_sealed.ciphertext, auth_tag = v_sealed.auth_tag
+	 WHERE s.merchant_no OPERATOR(pg_catalog.=) import_merchant_secret.merchant_no AND s.secret_version = v_version;
+	RETURN 'rotated';
+END
+$$;
+COMMENT ON FUNCTION payidem.import_merchant_secret(text, text, interval) IS
+	'Scale-out: make a secret rotated on partition 0 the current secret here too (same grace rule as rotate_merchant_secret). Returns rotated, or present if it already is current.';
+
+CREATE FUNCTION payidem.import_channel(channel_no text, channel_type text, fee_rate numeric,
+	weight integer DEFAULT 100, allowed_merchant_types text[] DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	c payidem.channel;
+BEGIN
+	SELECT * INTO c FROM payidem.channel x WHERE x.channel_no OPERATOR(pg_catalog.=) import_channel.channel_no;
+	IF NOT FOUND THEN
+		PERFORM payidem.create_channel(channel_no, channel_type, fee_rate, weight, allowed_merchant_types);
+		RETURN 'created';
+	END IF;
+	IF c.channel_type IS DISTINCT FROM import_channel.channel_type OR c.fee_rate IS DISTINCT FROM import_channel.fee_rate
+	   OR c.weight IS DISTINCT FROM import_channel.weight
+	   OR c.allowed_merchant_types IS DISTINCT FROM import_channel.allowed_merchant_types THEN
+		RAISE EXCEPTION 'channel % already exists', c.channel_no USING
+			ERRCODE = 'duplicate_object',
+			DETAIL = format('On shard %s it is %s at rate %s, weight %s; this call asked for %s at rate %s, weight %s.',
+							payidem.shard_id(), c.channel_type, c.fee_rate, c.weight,
+							channel_type, fee_rate, weight),
+			HINT = 'Choose another channel code, or change the existing channel.';
+	END IF;
+	RETURN 'present';
+END
+$$;
+COMMENT ON FUNCTION payidem.import_channel(text, text, numeric, integer, text[]) IS
+	'Scale-out: create_channel(), or nothing if an identical channel exists (a replay through the router); duplicate_object if it differs.';
+
+-- The partition a channel bill line belongs to: the shard digits of the
+-- payment number the channel echoes; lines without a valid one go to 0.
+CREATE FUNCTION payidem._bill_line_partition(payment_no text, partitions integer)
+RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN payment_no IS NOT NULL AND payidem.order_no_valid(payment_no)
+				 AND pg_catalog.substr(payment_no, 17, 2)::integer < partitions
+			THEN pg_catalog.substr(payment_no, 17, 2)::integer
+			ELSE 0 END;
+
+CREATE FUNCTION payidem.load_bill_part(channel_no text, bill_date date, csv text, partitions integer)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_me   integer := payidem.shard_id();
+	v_mine text;
+BEGIN
+	IF partitions IS NULL OR partitions < 1 OR v_me >= partitions THEN
+		RAISE EXCEPTION 'shard % is not a partition of a %-partition cluster', v_me, partitions USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'Check payidem.shard_id on the shards against the router''s server payidem (payidem.cluster_check()).';
+	END IF;
+	-- every shard checks the whole bill, so a bad line fails the load on all
+	-- of them and none keeps a part (the router has no two-phase commit)
+	BEGIN
+		PERFORM payidem.load_bill(channel_no, bill_date, csv);
+		RAISE EXCEPTION USING ERRCODE = 'PI000', MESSAGE = 'bill checked';
+	EXCEPTION WHEN SQLSTATE 'PI000' THEN
+		NULL;		-- the trial load is rolled back
+	END;
+	-- this shard's lines; the others become blank lines, so that line numbers
+	-- in messages stay those of the whole bill
+	SELECT string_agg(CASE WHEN b.line_no IS NULL
+							 OR payidem._bill_line_partition(nullif(b.fields[4], ''), partitions) = v_me
+						   THEN t.line ELSE '' END,
+					  chr(10) ORDER BY t.n)
+	  INTO v_mine
+	  FROM string_to_table(csv, chr(10)) WITH ORDINALITY AS t(line, n)
+	  LEFT JOIN payidem._bill_lines(csv) b ON b.line_no = t.n;
+	RETURN payidem.load_bill(channel_no, bill_date, coalesce(v_mine, ''));
+END
+$$;
+COMMENT ON FUNCTION payidem.load_bill_part(text, date, text, integer) IS
+	'Scale-out: load_bill() of the lines of a channel bill that belong to this shard (the shard digits of their payment_no; lines without a valid one belong to partition 0). The whole bill is checked first, so a bad line fails every shard alike.';
+
+REVOKE ALL ON FUNCTION payidem.shard_prepare(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.shard_id() FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.shard_info() FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._current_secret_is(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.import_merchant(text, text, text, numeric, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.import_merchant_secret(text, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.import_channel(text, text, numeric, integer, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._bill_line_partition(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.load_bill_part(text, date, text, integer) FROM PUBLIC;
+
+-- (end of shard helpers)
+
+------------------------------------------------------------------------------
 -- pg_dump keeps the rows of every data table (built-in whitelist rows are
 -- recreated by CREATE EXTENSION, so they are left out of the dump).
 ------------------------------------------------------------------------------

@@ -1,0 +1,641 @@
+\echo Use "CREATE EXTENSION payidem_router" to load this file. \quit
+
+/*
+ * payidem_router 1.0 — the payidem API on a router database (DESIGN §9).
+ *
+ * Every function of DESIGN §7-§8 exists here with the same name, arguments,
+ * defaults and result, as a PL/Proxy function (or a small SQL/plpgsql function
+ * over PL/Proxy functions) on the PL/Proxy cluster "payidem":
+ *
+ *	 CREATE SERVER payidem FOREIGN DATA WRAPPER plproxy
+ *		 OPTIONS (p0 'host=... port=... dbname=...', p1 '...', ...);
+ *	 CREATE USER MAPPING FOR PUBLIC SERVER payidem OPTIONS (user '...');
+ *
+ * Partition i is a payidem database with payidem.shard_id = i (see
+ * payidem.shard_prepare() on the shards); the partition count is a power of
+ * two.  Routing:
+ *
+ *	 create_order                    hashtext(merchant_no): a merchant's orders live on one shard
+ *	 calls keyed by an order,        the shard digits inside the number (characters 17-18),
+ *	   payment or refund number      checked first: a malformed number is 22023 here
+ *	 sign, route_channel             hashtext(merchant_no) (any shard would do: same data)
+ *	 verify_signature                hashtext(api_key)
+ *	 get_channel_config              hashtext(channel_no)
+ *	 create_merchant                 made on partition 0, then copied to all partitions
+ *	 rotate_merchant_secret          rotated on partition 0, then copied to all partitions
+ *	 channels, configs, bindings,    RUN ON ALL (idempotent on the shards, so a call
+ *	   merchant status                 can be repeated after a shard was down)
+ *	 notify_due                      all partitions, max_rows shared out between them
+ *	 load_bill                       all partitions; each keeps the lines whose payment_no names it
+ *	 reconcile                       all partitions; the router sums the counts
+ *	 resolve_diff                    recon_id / 10^15 (shards number their differences so)
+ *
+ * PL/Proxy runs each remote call in autocommit: a call that writes on several
+ * partitions is not atomic across them; see docs/scale-out.md.
+ */
+
+------------------------------------------------------------------------------
+-- Cluster: partitions, routing checks
+------------------------------------------------------------------------------
+
+-- Number of partitions of server payidem (its p0, p1, ... options).  The
+-- options hold connection strings, which only the server's owner may read:
+-- SECURITY DEFINER, returning only the count.
+CREATE FUNCTION payidem.cluster_partitions()
+RETURNS integer
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN (SELECT pg_catalog.count(*)::integer
+		  FROM pg_catalog.pg_foreign_server s, pg_catalog.unnest(s.srvoptions) AS o(opt)
+		 WHERE s.srvname OPERATOR(pg_catalog.=) 'payidem' AND o.opt ~ '^p[0-9]+=');
+COMMENT ON FUNCTION payidem.cluster_partitions() IS
+	'Number of partitions (p0, p1, ... options) of the PL/Proxy server payidem; 0 if it is not defined.';
+
+-- A partition number as PL/Proxy's RUN ON takes it, after checking that it
+-- names a partition (PL/Proxy itself would mask it silently).
+CREATE FUNCTION payidem.check_partition(partition integer)
+RETURNS integer
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	n integer := payidem.cluster_partitions();
+BEGIN
+	IF n = 0 THEN
+		RAISE EXCEPTION 'the PL/Proxy cluster payidem is not defined' USING
+			ERRCODE = 'object_not_in_prerequisite_state',
+			HINT = 'CREATE SERVER payidem FOREIGN DATA WRAPPER plproxy OPTIONS (p0 ''...'', p1 ''...''), see docs/scale-out.md.';
+	END IF;
+	IF partition IS NULL OR partition < 0 OR partition >= n THEN
+		RAISE EXCEPTION 'partition % does not exist', coalesce(partition::text, 'NULL') USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The cluster has %s partitions, 0 to %s.', n, n - 1);
+	END IF;
+	RETURN partition;
+END
+$$;
+COMMENT ON FUNCTION payidem.check_partition(integer) IS
+	'The partition number itself if the cluster has it; 22023 otherwise (55000 if server payidem is missing).';
+
+-- The partition that holds the row of an order, payment or refund number:
+-- the shard digits inside it, after checking the number's format, its check
+-- digits and that the shard exists.  No lookup table.
+CREATE FUNCTION payidem.partition_of(number text, kind text)
+RETURNS integer
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_prefix text := CASE kind WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' WHEN 'refund' THEN 'RF' END;
+	v_shard  integer;
+	v_digits text;
+	c        text;
+BEGIN
+	IF v_prefix IS NULL THEN
+		RAISE EXCEPTION 'unknown kind of number %', coalesce(quote_literal(kind), 'NULL') USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'The kinds are order, payment and refund.';
+	END IF;
+	IF number IS NULL OR number !~ '^[A-Z0-9]{2}[0-9]{24}$' OR left(number, 2) <> v_prefix THEN
+		RAISE EXCEPTION 'invalid % number', kind USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; %s numbers are %s followed by 24 digits.',
+							coalesce(quote_literal(left(number, 64)), 'NULL'), kind, v_prefix),
+			HINT = 'Pass the number payidem issued, unchanged.';
+	END IF;
+	-- ISO 7064 MOD 97-10 over the whole number, letters A=10 ... Z=35
+	v_digits := '';
+	FOREACH c IN ARRAY ARRAY[substr(number, 1, 1), substr(number, 2, 1)] LOOP
+		v_digits := v_digits || CASE WHEN c ~ '[A-Z]' THEN (ascii(c) - 55)::text ELSE c END;
+	END LOOP;
+	IF (v_digits || substr(number, 3))::numeric % 97 <> 1 THEN
+		RAISE EXCEPTION 'invalid % number', kind USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The check digits of %s do not match.', quote_literal(number)),
+			HINT = 'The number was mistyped or altered; pass the number payidem issued, unchanged.';
+	END IF;
+	v_shard := substr(number, 17, 2)::integer;
+	IF v_shard >= payidem.cluster_partitions() THEN
+		RAISE EXCEPTION '% number % names shard %, which is not a partition of this cluster', kind, number, v_shard USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('Server payidem has %s partitions (0 to %s).',
+							payidem.cluster_partitions(), payidem.cluster_partitions() - 1),
+			HINT = 'The number comes from another cluster, or a shard''s payidem.shard_id is not its partition number (see payidem.cluster_check()).';
+	END IF;
+	RETURN v_shard;
+END
+$$;
+COMMENT ON FUNCTION payidem.partition_of(text, text) IS
+	'Partition holding an order (kind order), payment or refund number: its shard digits (characters 17-18). 22023 for a malformed number, wrong prefix, bad check digits or a shard outside the cluster.';
+
+CREATE FUNCTION payidem.order_partition(order_no text) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN payidem.partition_of(order_no, 'order');
+CREATE FUNCTION payidem.payment_partition(payment_no text) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN payidem.partition_of(payment_no, 'payment');
+CREATE FUNCTION payidem.refund_partition(refund_no text) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN payidem.partition_of(refund_no, 'refund');
+
+-- Reconciliation differences are numbered from shard * 10^15 on each shard
+-- (payidem.shard_prepare()).
+CREATE FUNCTION payidem.recon_partition(recon_id bigint)
+RETURNS integer
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF recon_id IS NULL OR recon_id <= 0 OR recon_id / 1000000000000000 >= payidem.cluster_partitions() THEN
+		RAISE EXCEPTION 'invalid reconciliation difference id' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The id was %s; on a cluster of %s partitions ids run from 1 to %s * 10^15.',
+							coalesce(recon_id::text, 'NULL'), payidem.cluster_partitions(), payidem.cluster_partitions());
+	END IF;
+	RETURN (recon_id / 1000000000000000)::integer;
+END
+$$;
+
+-- What each partition says about itself.
+CREATE FUNCTION payidem._shard_info_on(partition integer,
+	OUT shard_id integer, OUT database name, OUT master_key_version integer,
+	OUT merchants bigint, OUT channels bigint, OUT orders bigint)
+RETURNS record
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.check_partition(partition);
+	SELECT i.shard_id, i.database, i.master_key_version, i.merchants, i.channels, i.orders
+	  FROM payidem.shard_info() i;
+$$;
+
+CREATE FUNCTION payidem.cluster_check()
+RETURNS TABLE (partition integer, shard_id integer, database name, master_key_version integer,
+			   merchants bigint, channels bigint, orders bigint, ok boolean, problem text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	n integer := payidem.cluster_partitions();
+	r record;
+	v_merchants bigint;
+	v_channels bigint;
+BEGIN
+	IF n = 0 OR n & (n - 1) <> 0 THEN
+		RAISE EXCEPTION 'server payidem has % partitions', n USING
+			ERRCODE = 'object_not_in_prerequisite_state',
+			HINT = 'Define p0 ... p<N-1> on server payidem, N a power of two (docs/scale-out.md).';
+	END IF;
+	FOR i IN 0 .. n - 1 LOOP
+		partition := i;
+		shard_id := NULL; database := NULL; master_key_version := NULL;
+		merchants := NULL; channels := NULL; orders := NULL;
+		BEGIN
+			SELECT * INTO r FROM payidem._shard_info_on(i);
+			shard_id := r.shard_id; database := r.database; master_key_version := r.master_key_version;
+			merchants := r.merchants; channels := r.channels; orders := r.orders;
+			IF i = 0 THEN
+				v_merchants := r.merchants;
+				v_channels := r.channels;
+			END IF;
+			IF r.shard_id <> i THEN
+				ok := false;
+				problem := format('payidem.shard_id is %s, not the partition number %s', r.shard_id, i);
+			ELSIF r.merchants IS DISTINCT FROM v_merchants OR r.channels IS DISTINCT FROM v_channels THEN
+				ok := false;
+				problem := format('reference data differs from partition 0 (%s merchants, %s channels)',
+								  v_merchants, v_channels);
+			ELSE
+				ok := true;
+				problem := NULL;
+			END IF;
+		EXCEPTION WHEN OTHERS THEN
+			ok := false;
+			problem := SQLERRM;
+		END;
+		RETURN NEXT;
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION payidem.cluster_check() IS
+	'One row per partition: its payidem.shard_id (must equal the partition number), database, master key version, counts of merchants, channels (must equal partition 0''s) and orders; ok and the problem otherwise, including a shard that cannot be reached.';
+
+------------------------------------------------------------------------------
+-- Merchants (made on partition 0, copied to all) and channels (all partitions)
+------------------------------------------------------------------------------
+
+CREATE FUNCTION payidem._create_merchant_first(name text, merchant_type text, fee_rate numeric, settle_cycle text)
+RETURNS TABLE (merchant_no text, api_key text, api_secret text)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON 0;
+	SELECT m.merchant_no, m.api_key, m.api_secret
+	  FROM payidem.create_merchant(name, merchant_type, fee_rate, settle_cycle) m;
+$$;
+
+CREATE FUNCTION payidem._import_merchant_all(merchant_no text, name text, merchant_type text, fee_rate numeric,
+	settle_cycle text, api_key text, api_secret text)
+RETURNS SETOF text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.import_merchant(merchant_no, name, merchant_type, fee_rate, settle_cycle, api_key, api_secret);
+$$;
+
+-- Re-raise a failure of the copy step with what the operator needs to know.
+CREATE FUNCTION payidem._copy_failed(what text, merchant_no text, sqlstate text, message text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	RAISE EXCEPTION '%', CASE what
+			WHEN 'merchant' THEN format('merchant %s was created on partition 0 but not copied to every shard', merchant_no)
+			ELSE format('the new secret of merchant %s was made on partition 0 but not copied to every shard', merchant_no) END USING
+		ERRCODE = sqlstate,
+		DETAIL = message,
+		HINT = CASE what
+			WHEN 'merchant' THEN 'The secret is not handed out, so the merchant cannot be used: close it with payidem.close_merchant() once all shards are up, and create the merchant again.'
+			ELSE 'The new secret is not handed out; once all shards are up, rotate again.' END;
+END
+$$;
+
+CREATE FUNCTION payidem.create_merchant(name text, merchant_type text, fee_rate numeric,
+	settle_cycle text DEFAULT 'T1')
+RETURNS TABLE (merchant_no text, api_key text, api_secret text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	r         record;
+	v_state   text;
+	v_message text;
+BEGIN
+	SELECT * INTO r FROM payidem._create_merchant_first(name, merchant_type, fee_rate, settle_cycle);
+	BEGIN
+		PERFORM FROM payidem._import_merchant_all(r.merchant_no, name, merchant_type, fee_rate, settle_cycle,
+												  r.api_key, r.api_secret);
+	EXCEPTION WHEN OTHERS THEN
+		GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+		PERFORM payidem._copy_failed('merchant', r.merchant_no, v_state, v_message);
+	END;
+	merchant_no := r.merchant_no;
+	api_key := r.api_key;
+	api_secret := r.api_secret;
+	RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION payidem.create_merchant(text, text, numeric, text) IS
+	'Router: create the merchant on partition 0 (random merchant_no, api_key, secret), then copy it to every partition (each seals the secret with its own master key). The secret is returned once.';
+
+CREATE FUNCTION payidem._rotate_merchant_secret_first(merchant_no text, grace interval)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON 0;
+	SELECT payidem.rotate_merchant_secret(merchant_no, grace);
+$$;
+
+CREATE FUNCTION payidem._import_merchant_secret_all(merchant_no text, api_secret text, grace interval)
+RETURNS SETOF text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.import_merchant_secret(merchant_no, api_secret, grace);
+$$;
+
+CREATE FUNCTION payidem.rotate_merchant_secret(merchant_no text, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_secret  text;
+	v_state   text;
+	v_message text;
+BEGIN
+	v_secret := payidem._rotate_merchant_secret_first(merchant_no, grace);
+	BEGIN
+		PERFORM FROM payidem._import_merchant_secret_all(merchant_no, v_secret, grace);
+	EXCEPTION WHEN OTHERS THEN
+		GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+		PERFORM payidem._copy_failed('secret', merchant_no, v_state, v_message);
+	END;
+	RETURN v_secret;
+END
+$$;
+COMMENT ON FUNCTION payidem.rotate_merchant_secret(text, interval) IS
+	'Router: rotate on partition 0, then make the new secret current on every partition with the same grace window. Returned once.';
+
+CREATE FUNCTION payidem.sign(merchant_no text, payload text)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(merchant_no);
+$$;
+
+CREATE FUNCTION payidem.verify_signature(api_key text, payload text, signature text)
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(api_key);
+$$;
+
+CREATE FUNCTION payidem._set_merchant_status_all(merchant_no text, status text)
+RETURNS SETOF text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT 'done'::text FROM payidem.set_merchant_status(merchant_no, status) AS x;
+$$;
+CREATE FUNCTION payidem.set_merchant_status(merchant_no text, status text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM FROM payidem._set_merchant_status_all(merchant_no, status);
+END
+$$;
+COMMENT ON FUNCTION payidem.set_merchant_status IS
+	'Router: set a merchant''s status on every partition.';
+CREATE FUNCTION payidem.freeze_merchant(merchant_no text) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT payidem.set_merchant_status(merchant_no, 'frozen'); END;
+CREATE FUNCTION payidem.unfreeze_merchant(merchant_no text) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT payidem.set_merchant_status(merchant_no, 'active'); END;
+CREATE FUNCTION payidem.close_merchant(merchant_no text) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT payidem.set_merchant_status(merchant_no, 'closed'); END;
+
+CREATE FUNCTION payidem._import_channel_all(channel_no text, channel_type text, fee_rate numeric,
+	weight integer, allowed_merchant_types text[])
+RETURNS SETOF text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.import_channel(channel_no, channel_type, fee_rate, weight, allowed_merchant_types);
+$$;
+
+CREATE FUNCTION payidem.create_channel(channel_no text, channel_type text, fee_rate numeric,
+	weight integer DEFAULT 100, allowed_merchant_types text[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	-- every partition creates it, or finds the identical channel (a repeat
+	-- after a shard was down); a different channel of that code is an error
+	IF NOT EXISTS (SELECT 1 FROM payidem._import_channel_all(channel_no, channel_type, fee_rate, weight,
+															allowed_merchant_types) r(outcome)
+					WHERE r.outcome = 'created') THEN
+		RAISE EXCEPTION 'channel % already exists', channel_no USING
+			ERRCODE = 'duplicate_object',
+			HINT = 'Choose another channel code, or change the existing channel.';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.create_channel(text, text, numeric, integer, text[]) IS
+	'Router: create the channel on every partition. Repeating the call after a shard was down creates it there (duplicate_object only if every partition had it already, or one has a different channel of that code).';
+
+CREATE FUNCTION payidem._set_channel_status_all(channel_no text, status text)
+RETURNS SETOF text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT 'done'::text FROM payidem.set_channel_status(channel_no, status) AS x;
+$$;
+CREATE FUNCTION payidem.set_channel_status(channel_no text, status text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM FROM payidem._set_channel_status_all(channel_no, status);
+END
+$$;
+COMMENT ON FUNCTION payidem.set_channel_status IS
+	'Router: set a channel''s status on every partition.';
+
+CREATE FUNCTION payidem._set_channel_config_all(channel_no text, config jsonb)
+RETURNS SETOF text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT 'done'::text FROM payidem.set_channel_config(channel_no, config) AS x;
+$$;
+CREATE FUNCTION payidem.set_channel_config(channel_no text, config jsonb)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM FROM payidem._set_channel_config_all(channel_no, config);
+END
+$$;
+COMMENT ON FUNCTION payidem.set_channel_config IS
+	'Router: store the channel configuration on every partition (each encrypts it with its own master key).';
+
+CREATE FUNCTION payidem.get_channel_config(channel_no text)
+RETURNS jsonb
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(channel_no);
+$$;
+
+CREATE FUNCTION payidem._bind_channel_all(merchant_no text, channel_no text, fee_rate numeric, single_limit bigint, daily_limit bigint)
+RETURNS SETOF text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT 'done'::text FROM payidem.bind_channel(merchant_no, channel_no, fee_rate, single_limit, daily_limit) AS x;
+$$;
+CREATE FUNCTION payidem.bind_channel(merchant_no text, channel_no text, fee_rate numeric DEFAULT NULL,
+	single_limit bigint DEFAULT NULL, daily_limit bigint DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM FROM payidem._bind_channel_all(merchant_no, channel_no, fee_rate, single_limit, daily_limit);
+END
+$$;
+COMMENT ON FUNCTION payidem.bind_channel IS
+	'Router: bind (or re-bind) the merchant to the channel on every partition.';
+
+CREATE FUNCTION payidem._unbind_channel_all(merchant_no text, channel_no text)
+RETURNS SETOF text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT 'done'::text FROM payidem.unbind_channel(merchant_no, channel_no) AS x;
+$$;
+CREATE FUNCTION payidem.unbind_channel(merchant_no text, channel_no text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM FROM payidem._unbind_channel_all(merchant_no, channel_no);
+END
+$$;
+COMMENT ON FUNCTION payidem.unbind_channel IS
+	'Router: disable the binding on every partition.';
+
+CREATE FUNCTION payidem.route_channel(merchant_no text, channel_type text)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(merchant_no);
+$$;
+
+------------------------------------------------------------------------------
+-- Payment flow: routed by merchant (new orders) or by the number's shard digits
+------------------------------------------------------------------------------
+
+CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
+	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
+	expire_in interval DEFAULT '2 hours', body text DEFAULT NULL)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(merchant_no);
+$$;
+
+CREATE FUNCTION payidem.begin_payment(order_no text, channel_no text)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.order_partition(order_no);
+$$;
+
+CREATE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
+	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
+	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.payment_partition(payment_no);
+$$;
+
+CREATE FUNCTION payidem.close_payment(payment_no text)
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.payment_partition(payment_no);
+$$;
+
+CREATE FUNCTION payidem.close_order(order_no text)
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.order_partition(order_no);
+$$;
+
+CREATE FUNCTION payidem.refund(payment_no text, amount bigint, out_refund_no text, reason text DEFAULT NULL)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.payment_partition(payment_no);
+$$;
+
+CREATE FUNCTION payidem.apply_refund_result(refund_no text, status text, channel_refund_id text DEFAULT NULL)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.refund_partition(refund_no);
+$$;
+
+-- Each partition gets its own share of max_rows (SPLIT sends element i of
+-- both arrays to partition partitions[i]).
+CREATE FUNCTION payidem._notify_due_split(partitions integer[], max_rows integer[])
+RETURNS TABLE (order_no text, merchant_no text, notify_url text, payload jsonb, signature text, attempt integer)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	SPLIT partitions, max_rows;
+	RUN ON partitions;
+	SELECT d.order_no, d.merchant_no, d.notify_url, d.payload, d.signature, d.attempt
+	  FROM unnest(max_rows) AS s(n), payidem.notify_due(s.n) d;
+$$;
+
+CREATE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
+RETURNS TABLE (order_no text, merchant_no text, notify_url text, payload jsonb, signature text, attempt integer)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	n        integer := payidem.cluster_partitions();
+	v_first  integer;
+	v_parts  integer[];
+	v_shares integer[];
+BEGIN
+	IF max_rows IS NULL OR max_rows <= 0 THEN
+		RAISE EXCEPTION 'invalid max_rows' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL'));
+	END IF;
+	PERFORM payidem.check_partition(0);
+	-- max_rows / n each, the remainder one by one from a random partition on,
+	-- so that small batches do not always come from the same shards
+	v_first := floor(random() * n)::integer;
+	SELECT array_agg(p.i ORDER BY p.i), array_agg(p.share ORDER BY p.i)
+	  INTO v_parts, v_shares
+	  FROM (SELECT i, max_rows / n + CASE WHEN (i - v_first + n) % n < max_rows % n THEN 1 ELSE 0 END AS share
+			  FROM generate_series(0, n - 1) i) p
+	 WHERE p.share > 0;
+	RETURN QUERY SELECT * FROM payidem._notify_due_split(v_parts, v_shares);
+END
+$$;
+COMMENT ON FUNCTION payidem.notify_due(integer) IS
+	'Router: due merchant notifications from all partitions, at most max_rows in all (shared out between the partitions). A worker per shard can use notify_due_on(partition, max_rows) instead.';
+
+CREATE FUNCTION payidem.notify_due_on(partition integer, max_rows integer DEFAULT 100)
+RETURNS TABLE (order_no text, merchant_no text, notify_url text, payload jsonb, signature text, attempt integer)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.check_partition(partition);
+	SELECT d.order_no, d.merchant_no, d.notify_url, d.payload, d.signature, d.attempt
+	  FROM payidem.notify_due(max_rows) d;
+$$;
+COMMENT ON FUNCTION payidem.notify_due_on(integer, integer) IS
+	'Router: due merchant notifications of one partition (a notification worker per shard keeps working while another shard is down).';
+
+CREATE FUNCTION payidem.notify_result(order_no text, ok boolean, response text DEFAULT NULL)
+RETURNS void
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.order_partition(order_no);
+$$;
+
+------------------------------------------------------------------------------
+-- Reconciliation: bills split by the payment numbers in them, counts summed
+------------------------------------------------------------------------------
+
+CREATE FUNCTION payidem._load_bill_all(channel_no text, bill_date date, csv text, partitions integer)
+RETURNS SETOF bigint
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.load_bill_part(channel_no, bill_date, csv, partitions);
+$$;
+
+CREATE FUNCTION payidem.load_bill(channel_no text, bill_date date, csv text)
+RETURNS bigint
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT pg_catalog.sum(n)::bigint
+	  FROM payidem._load_bill_all(channel_no, bill_date, csv, payidem.cluster_partitions()) AS l(n);
+END;
+COMMENT ON FUNCTION payidem.load_bill(text, date, text) IS
+	'Router: every partition checks the whole bill and keeps the lines whose payment_no names it (lines without a valid payment_no go to partition 0); returns the number of lines loaded in all.';
+
+CREATE FUNCTION payidem._reconcile_all(channel_no text, bill_date date)
+RETURNS TABLE (recon_batch_no text, matched bigint, platform_only bigint,
+			   channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT r.recon_batch_no, r.matched, r.platform_only, r.channel_only, r.amount_mismatch, r.status_mismatch
+	  FROM payidem.reconcile(channel_no, bill_date) r;
+$$;
+
+CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date)
+RETURNS TABLE (recon_batch_no text, matched bigint, platform_only bigint,
+			   channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT pg_catalog.string_agg(DISTINCT r.recon_batch_no, ','),
+		   pg_catalog.sum(r.matched)::bigint, pg_catalog.sum(r.platform_only)::bigint,
+		   pg_catalog.sum(r.channel_only)::bigint, pg_catalog.sum(r.amount_mismatch)::bigint,
+		   pg_catalog.sum(r.status_mismatch)::bigint
+	  FROM payidem._reconcile_all(channel_no, bill_date) r;
+END;
+COMMENT ON FUNCTION payidem.reconcile(text, date) IS
+	'Router: reconcile the channel''s day on every partition and return the summed counts. recon_batch_no is the shards'' batch number (they agree when every run went through the router), else their distinct numbers joined with commas.';
+
+CREATE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
+RETURNS void
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.recon_partition(recon_id);
+$$;
+
+------------------------------------------------------------------------------
+-- Privileges: nothing for PUBLIC.  An application role needs EXECUTE on the
+-- API functions, USAGE on schema payidem and on FOREIGN SERVER payidem, and a
+-- user mapping (docs/scale-out.md).
+------------------------------------------------------------------------------
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
+REVOKE ALL ON SCHEMA payidem FROM PUBLIC;

@@ -1,0 +1,320 @@
+# Scale-out on PL/Proxy (DESIGN §9): one router + 2 shards, then 1 router + 4.
+#
+# The whole payment story goes through the router (payidem_router); each order,
+# payment and refund is then looked up directly on every shard: its rows live
+# only on the shard its number names.  Duplicate callbacks have one effect, a
+# merchant's out_trade_no stays idempotent, reference data and merchant
+# secrets are the same on all shards, a malformed number is refused by the
+# router, reconciliation through the router is the sum of the shards, and a
+# shard that is down fails the calls routed to it, not the others.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $key_byte = 0x10;
+
+sub new_node
+{
+	my ($name) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init;
+	# every shard has its own master key: secrets are sealed per shard
+	my $keyfile = $node->data_dir . '/../master.key';
+	open(my $fh, '>', $keyfile) or die "cannot write $keyfile: $!";
+	print $fh (sprintf('%02x', $key_byte++) x 32), "\n";
+	close($fh);
+	chmod(0600, $keyfile);
+	$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'payidem'
+payidem.master_key_file = '$keyfile'
+max_connections = 40
+lc_messages = 'C'
+});
+	$node->start;
+	return $node;
+}
+
+# psql returning (ok, stdout, stderr)
+sub try_sql
+{
+	my ($node, $sql) = @_;
+	my ($out, $err) = ('', '');
+	my $ret = $node->psql('postgres', $sql, stdout => \$out, stderr => \$err,
+		on_error_stop => 1);
+	return ($ret == 0, $out, $err);
+}
+
+# ISO 7064 MOD 97-10 over a string of [A-Z0-9], letters A=10 ... Z=35
+sub mod97
+{
+	my ($s) = @_;
+	my $r = 0;
+	for my $c (split //, $s)
+	{
+		my $v = $c =~ /[A-Z]/ ? ord($c) - 55 : $c;
+		$r = ($r * 10 + $_) % 97 for split //, $v;
+	}
+	return $r;
+}
+
+sub with_check
+{
+	my ($s24) = @_;
+	return $s24 . sprintf('%02d', 98 - mod97($s24 . '00'));
+}
+
+sub count_on
+{
+	my ($node, $table, $col, $value) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT count(*) FROM payidem.$table WHERE $col = '$value'");
+}
+
+sub run_cluster
+{
+	my ($n, $tag) = @_;
+	my @shards = map { new_node("${tag}_shard$_") } 0 .. $n - 1;
+	my $router = new_node("${tag}_router");
+	my $user = $router->safe_psql('postgres', 'SELECT current_user');
+
+	for my $i (0 .. $n - 1)
+	{
+		my $s = $shards[$i];
+		$s->safe_psql('postgres', 'CREATE EXTENSION payidem');
+		$s->safe_psql('postgres', "SELECT payidem.shard_prepare($i)");
+	}
+	my $opts = join(', ',
+		map { sprintf(q{p%d 'host=%s port=%d dbname=postgres connect_timeout=5'},
+				$_, $shards[$_]->host, $shards[$_]->port) } 0 .. $n - 1);
+	$router->safe_psql('postgres', qq{
+		CREATE EXTENSION plproxy;
+		CREATE EXTENSION payidem_router;
+		CREATE SERVER payidem FOREIGN DATA WRAPPER plproxy OPTIONS ($opts);
+		CREATE USER MAPPING FOR PUBLIC SERVER payidem OPTIONS (user '$user');
+	});
+
+	is($router->safe_psql('postgres',
+			'SELECT count(*) FILTER (WHERE ok AND shard_id = partition) FROM payidem.cluster_check()'),
+		$n, "$tag: cluster_check sees $n shards, each with shard_id = its partition");
+
+	# ---- reference data: merchants until every partition is some merchant's home
+	my (%home, @merchants);
+	for my $k (1 .. 40)
+	{
+		my $row = $router->safe_psql('postgres', qq{
+			SELECT m.merchant_no || '|' || m.api_key || '|' || (hashtext(m.merchant_no) & ($n - 1))
+			  FROM payidem.create_merchant('Shop $k', 'retail', 0.006) m});
+		my ($m, $key, $part) = split /\|/, $row;
+		push @merchants, { no => $m, key => $key, part => $part };
+		$home{$part} //= $merchants[-1];
+		last if keys(%home) == $n;
+	}
+	is(scalar(keys %home), $n, "$tag: merchants whose orders live on each of the $n partitions");
+
+	$router->safe_psql('postgres', q{
+		SELECT payidem.create_channel('WX_001', 'wechat', 0.002);
+		SELECT payidem.create_channel('AL_001', 'alipay', 0.0015);
+		SELECT payidem.set_channel_config('WX_001', '{"app_id": "wx1", "private_key": "k"}');
+	});
+	# a repeat after a partial failure is accepted where the channel is identical
+	my ($ok, $out, $err) = try_sql($router,
+		q{SELECT payidem.create_channel('WX_001', 'wechat', 0.002)});
+	ok(!$ok && $err =~ /channel WX_001 already exists/, "$tag: creating an existing channel is refused");
+	for my $m (values %home)
+	{
+		$router->safe_psql('postgres', "SELECT payidem.bind_channel('$m->{no}', 'WX_001')");
+	}
+
+	my $nm = scalar @merchants;
+	my $sig0 = $router->safe_psql('postgres', "SELECT payidem.sign('$home{0}{no}', 'payload')");
+	for my $i (0 .. $n - 1)
+	{
+		my $s = $shards[$i];
+		is($s->safe_psql('postgres', q{
+			SELECT count(*) || '/' || (SELECT count(*) FROM payidem.channel) || '/'
+				   || (SELECT count(*) FROM payidem.channel_config)
+			  FROM payidem.merchant}),
+			"$nm/2/1", "$tag: shard $i holds every merchant, channel and channel config");
+		is($s->safe_psql('postgres', "SELECT api_key FROM payidem.merchant WHERE merchant_no = '$home{0}{no}'"),
+			$home{0}{key}, "$tag: shard $i has the same api_key");
+		is($s->safe_psql('postgres', "SELECT payidem.sign('$home{0}{no}', 'payload')"),
+			$sig0, "$tag: shard $i signs with the same merchant secret (sealed with its own key)");
+		is($s->safe_psql('postgres', q{SELECT payidem.get_channel_config('WX_001') ->> 'app_id'}),
+			'wx1', "$tag: shard $i decrypts the channel config");
+	}
+	is($router->safe_psql('postgres',
+			"SELECT payidem.verify_signature('$home{0}{key}', 'payload', '$sig0')"),
+		't', "$tag: verify_signature through the router");
+
+	# ---- the payment story, once per partition
+	my @stories;
+	for my $part (0 .. $n - 1)
+	{
+		my $m = $home{$part}{no};
+		my $o = $router->safe_psql('postgres', qq{
+			SELECT payidem.create_order('$m', 'OUT-$part', 1000, 'Green tea', 'https://shop.example/notify')});
+		is(substr($o, 16, 2), sprintf('%02d', $part),
+			"$tag: order of a merchant hashed to partition $part carries shard digits $part");
+		is($router->safe_psql('postgres',
+				"SELECT payidem.create_order('$m', 'OUT-$part', 1000, 'Green tea', 'https://shop.example/notify')"),
+			$o, "$tag: same out_trade_no through the router returns the same order_no");
+		($ok, $out, $err) = try_sql($router,
+			"SELECT payidem.create_order('$m', 'OUT-$part', 999, 'Green tea')");
+		ok(!$ok && $err =~ /already used with another amount/,
+			"$tag: same out_trade_no with another amount is refused through the router");
+
+		my $p = $router->safe_psql('postgres', "SELECT payidem.begin_payment('$o', 'WX_001')");
+		is($router->safe_psql('postgres', "SELECT payidem.begin_payment('$o', 'WX_001')"),
+			$p, "$tag: a retried begin_payment returns the same attempt");
+		my @outcomes = map {
+			$router->safe_psql('postgres',
+				"SELECT payidem.apply_payment_result('$p', '$_', 'succeeded', 'TXN-$tag-$part', 1000, '2026-11-28 10:00:00+00')")
+		} qw(callback callback query);
+		is(join(',', @outcomes), 'applied,duplicate,duplicate',
+			"$tag: success callback, duplicate callback and query have one effect");
+
+		my $r = $router->safe_psql('postgres', "SELECT payidem.refund('$p', 300, 'RF-$part')");
+		is($router->safe_psql('postgres', "SELECT payidem.refund('$p', 300, 'RF-$part')"),
+			$r, "$tag: same out_refund_no returns the same refund_no");
+		is(join(',', map {
+					$router->safe_psql('postgres', "SELECT payidem.apply_refund_result('$r', 'succeeded', 'CR-$part')")
+				} 1 .. 2),
+			'applied,duplicate', "$tag: refund result applied once");
+		push @stories, { part => $part, o => $o, p => $p, r => $r };
+	}
+
+	# ---- rows live only on the shard their number names
+	for my $st (@stories)
+	{
+		my @where;
+		for my $i (0 .. $n - 1)
+		{
+			push @where, join('',
+				count_on($shards[$i], '"order"', 'order_no', $st->{o}),
+				count_on($shards[$i], 'payment', 'payment_no', $st->{p}),
+				count_on($shards[$i], 'refund', 'refund_no', $st->{r}));
+		}
+		is(join(' ', @where),
+			join(' ', map { $_ == $st->{part} ? '111' : '000' } 0 .. $n - 1),
+			"$tag: order, payment and refund of partition $st->{part} live only on shard $st->{part}");
+		my $home = $shards[ $st->{part} ];
+		is($home->safe_psql('postgres', qq{
+			SELECT o.status || ' ' || o.refunded_amount || ' ' || p.status || ' '
+				   || (SELECT count(*) FROM payidem.status_log l
+					    WHERE l.entity_no = p.payment_no AND l.to_status = 'succeeded')
+			  FROM payidem."order" o JOIN payidem.payment p USING (order_no)
+			 WHERE o.order_no = '$st->{o}'}),
+			'partially_refunded 300 partially_refunded 1',
+			"$tag: shard $st->{part}: paid once, refunded 300");
+		is($home->safe_psql('postgres', "SELECT count(*) FROM payidem.idempotency WHERE order_no = '$st->{o}'"),
+			2, "$tag: shard $st->{part}: one idempotency key for the payment result, one for the refund result");
+	}
+
+	# ---- malformed numbers: a clear error on the router, no partition tried
+	my $good = $stories[0]{o};
+	my $bad_check = substr($good, 0, 24) . sprintf('%02d', (substr($good, 24, 2) + 1) % 100);
+	my $far_shard = with_check(substr($good, 0, 16) . '99' . substr($good, 18, 6));
+	for my $case (
+		[ "begin_payment('PO123', 'WX_001')", qr/invalid order number/, 'too short' ],
+		[ "begin_payment('$bad_check', 'WX_001')", qr/check digits .* do not match/, 'bad check digits' ],
+		[ "apply_payment_result('$good', 'callback', 'succeeded')", qr/invalid payment number/, 'order number as payment number' ],
+		[ "close_order('$far_shard')", qr/names shard 99, which is not a partition/, 'shard outside the cluster' ],
+		[ "apply_refund_result(NULL, 'succeeded')", qr/invalid refund number/, 'NULL' ])
+	{
+		($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.$case->[0]");
+		ok(!$ok && $err =~ $case->[1] && $err =~ /22023/, "$tag: router refuses a malformed number ($case->[2]) with 22023")
+		  or diag($err);
+	}
+
+	# ---- reconciliation: the bill is split by payment number, counts summed
+	my @lines;
+	for my $st (@stories)
+	{
+		my $amount = $st->{part} == $n - 1 ? 1001 : 1000;	# one amount mismatch
+		push @lines, "WX_001,2026-11-28,TXN-$tag-$st->{part},$st->{p},$amount,2,succeeded,2026-11-28 10:00:00+00";
+	}
+	push @lines, 'WX_001,2026-11-28,TXN-UNKNOWN,,555,1,succeeded,2026-11-28 11:00:00+00';
+	my $csv = join("\n", 'channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at', @lines);
+	is($router->safe_psql('postgres', "SELECT payidem.load_bill('WX_001', '2026-11-28', \$csv\$$csv\$csv\$)"),
+		$n + 1, "$tag: load_bill through the router loads every line once");
+	is(join(',', map { $_->safe_psql('postgres', 'SELECT count(*) FROM payidem.channel_bill') } @shards),
+		join(',', map { $_ == 0 ? 2 : 1 } 0 .. $n - 1),
+		"$tag: each shard keeps the bill lines of its payments (line without payment_no: partition 0)");
+	($ok, $out, $err) = try_sql($router,
+		"SELECT payidem.load_bill('WX_001', '2026-11-28', \$csv\$$csv\nWX_001,2026-11-28,TXN-BAD,,-1,1,succeeded,\$csv\$)");
+	ok(!$ok && $err =~ /invalid amount on line/, "$tag: a bad bill line is refused");
+	is(join(',', map { $_->safe_psql('postgres', 'SELECT count(*) FROM payidem.channel_bill') } @shards),
+		join(',', map { $_ == 0 ? 2 : 1 } 0 .. $n - 1),
+		"$tag: ... and no shard lost or replaced its part of the bill");
+
+	my $routed = $router->safe_psql('postgres', q{
+		SELECT concat_ws(',', matched, platform_only, channel_only, amount_mismatch, status_mismatch)
+		  FROM payidem.reconcile('WX_001', '2026-11-28')});
+	my @sum = (0) x 5;
+	for my $s (@shards)
+	{
+		my @c = split /,/, $s->safe_psql('postgres', q{
+			SELECT concat_ws(',', matched, platform_only, channel_only, amount_mismatch, status_mismatch)
+			  FROM payidem.recon_batch WHERE channel_no = 'WX_001' AND bill_date = '2026-11-28'
+			 ORDER BY started_at DESC LIMIT 1});
+		$sum[$_] += $c[$_] for 0 .. 4;
+	}
+	is($routed, join(',', @sum), "$tag: reconcile through the router = sum of the shards' batches");
+	is($routed, join(',', $n - 1, 0, 1, 1, 0), "$tag: ... " . ($n - 1) . ' matched, 1 channel_only, 1 amount_mismatch');
+
+	my $last = $shards[ $n - 1 ];
+	my $diff = $last->safe_psql('postgres',
+		q{SELECT recon_id FROM payidem.reconciliation WHERE diff_type = 'amount_mismatch'});
+	cmp_ok($diff, '>=', ($n - 1) * 1e15, "$tag: difference ids of shard " . ($n - 1) . ' name their shard');
+	$router->safe_psql('postgres', "SELECT payidem.resolve_diff($diff, 'handled', 'refunded the cent')");
+	is($last->safe_psql('postgres', "SELECT handle_status FROM payidem.reconciliation WHERE recon_id = $diff"),
+		'handled', "$tag: resolve_diff through the router reaches the shard of the difference");
+
+	# ---- notifications from all shards, max_rows shared out
+	is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.notify_due(1)'),
+		1, "$tag: notify_due(1) hands out one notification");
+	my $due = $router->safe_psql('postgres', 'SELECT string_agg(order_no, \',\') FROM payidem.notify_due(100)');
+	my @due = split /,/, $due;
+	is(scalar(@due), $n - 1, "$tag: notify_due gathers the others from all shards");
+	$router->safe_psql('postgres', "SELECT payidem.notify_result('$_', true)") for @due;
+	my $sent = 0;
+	$sent += $_->safe_psql('postgres', q{SELECT count(*) FROM payidem."order" WHERE notify_status = 'sent'})
+	  for @shards;
+	is($sent, $n - 1, "$tag: notify_result through the router reaches each order's shard");
+
+	return ($router, \@shards, \%home, \@stories);
+}
+
+# ---------------------------------------------------------------- 2 shards
+my ($router, $shards, $home, $stories) = run_cluster(2, 'two');
+
+# a shard that is down: calls routed to it fail clearly, the others work
+$shards->[1]->stop('fast');
+my ($ok, $out, $err) = try_sql($router, "SELECT payidem.close_payment('$stories->[1]{p}')");
+ok(!$ok && $err =~ /payidem\.close_payment\(1\)/ && $err =~ /(connection to server|could not connect).*failed|Connection refused/s,
+	'down shard: a call routed to it fails, naming the function, partition and connection failure')
+  or diag($err);
+($ok, $out, $err) = try_sql($router, "SELECT payidem.create_order('$home->{1}{no}', 'OUT-DOWN', 500, 'Tea')");
+ok(!$ok && $err =~ /Connection refused|connection to server/, 'down shard: new orders of its merchants fail');
+my $o = $router->safe_psql('postgres', "SELECT payidem.create_order('$home->{0}{no}', 'OUT-UP', 500, 'Tea')");
+like($o, qr/^PO\d{14}00\d{8}$/, 'down shard: orders of the other shard are still taken');
+my $p = $router->safe_psql('postgres', "SELECT payidem.begin_payment('$o', 'WX_001')");
+is($router->safe_psql('postgres', "SELECT payidem.apply_payment_result('$p', 'callback', 'succeeded', 'TXN-UP', 500)"),
+	'applied', 'down shard: callbacks for the other shard are still applied');
+is($router->safe_psql('postgres', 'SELECT string_agg(ok::text, \',\' ORDER BY partition) FROM payidem.cluster_check()'),
+	'true,false', 'down shard: cluster_check reports it');
+($ok, $out, $err) = try_sql($router, "SELECT * FROM payidem.reconcile('WX_001', '2026-11-28')");
+ok(!$ok, 'down shard: reconcile (all shards) fails rather than report partial counts');
+$shards->[1]->start;
+is($router->safe_psql('postgres', "SELECT payidem.refund('$stories->[1]{p}', 300, 'RF-1')"),
+	$stories->[1]{r}, 'shard back: calls routed to it work again');
+
+$_->stop for ($router, @$shards);
+
+# ---------------------------------------------------------------- 4 shards
+my ($router4, $shards4) = run_cluster(4, 'four');
+$_->stop for ($router4, @$shards4);
+
+done_testing();
