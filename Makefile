@@ -31,7 +31,7 @@ REGRESS_IDEM     = idempotency
 REGRESS_STATE    = state_machine
 REGRESS_MERCHANT = merchant merchant_security
 REGRESS_FLOW     = payment_flow
-REGRESS_RECON    = reconciliation
+REGRESS_RECON    = reconciliation reconciliation_generated
 REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON)
 
 # isolation specs: test/specs/<name>.spec -> test/expected/<name>.out
