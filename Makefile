@@ -46,6 +46,7 @@ ISOLATION_OPTS = --inputdir=test
 # TAP tests (PostgreSQL::Test::Cluster): test/t/*.pl
 TAP_TESTS = 1
 PROVE_TESTS = $(wildcard test/t/*.pl)
+PROVE_FLAGS = -I $(srcdir)/test/perl
 
 PG_CPPFLAGS = -I$(srcdir)/src
 # -Wall comes with PGXS; -Wextra minus the warnings PostgreSQL's own headers trip.

@@ -10,24 +10,15 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use PayidemNode;
 
-my $node = PostgreSQL::Test::Cluster->new('secrets');
-$node->init;
-my $keyfile = $node->data_dir . '/../master.key';
-open(my $fh, '>', $keyfile) or die "cannot write $keyfile: $!";
-print $fh ('5a' x 32), "\n";
-close($fh);
-chmod(0600, $keyfile);
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'payidem'
-payidem.master_key_file = '$keyfile'
+my $node = payidem_node('secrets', conf => q{
 log_statement = 'all'
 log_parameter_max_length = 0
 log_parameter_max_length_on_error = 0
 log_min_messages = debug1
 log_min_error_statement = error
 });
-$node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION payidem');
 $node->safe_psql('postgres', q{SELECT payidem.create_channel('LOG_WX', 'wechat', 0.002)});
 

@@ -15,26 +15,16 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use PayidemNode;
 
 my $clients = 16;
 my $orders  = 2000;
 
-my $node = PostgreSQL::Test::Cluster->new('payment_storm');
-$node->init;
-my $keyfile = $node->data_dir . '/../master.key';
-open(my $fh, '>', $keyfile) or die "cannot write $keyfile: $!";
-print $fh ('3c' x 32), "\n";
-close($fh);
-chmod(0600, $keyfile);
-$node->append_conf(
-	'postgresql.conf', qq(
-shared_preload_libraries = 'payidem'
-payidem.master_key_file = '$keyfile'
+my $node = payidem_node('payment_storm', key_byte => '3c', conf => q(
 max_connections = 40
 fsync = off
 synchronous_commit = off
 ));
-$node->start;
 
 # Orders, by i % 10:
 #   0     two attempts: WeChat closed by us, then Alipay; both report success

@@ -12,28 +12,17 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use PayidemNode;
 
 my $key_byte = 0x10;
 
 sub new_node
 {
 	my ($name) = @_;
-	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init;
 	# every shard has its own master key: secrets are sealed per shard
-	my $keyfile = $node->data_dir . '/../master.key';
-	open(my $fh, '>', $keyfile) or die "cannot write $keyfile: $!";
-	print $fh (sprintf('%02x', $key_byte++) x 32), "\n";
-	close($fh);
-	chmod(0600, $keyfile);
-	$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'payidem'
-payidem.master_key_file = '$keyfile'
-max_connections = 40
-lc_messages = 'C'
-});
-	$node->start;
-	return $node;
+	return payidem_node($name,
+		key_byte => sprintf('%02x', $key_byte++),
+		conf => "max_connections = 40\nlc_messages = 'C'\n");
 }
 
 # psql returning (ok, stdout, stderr)
