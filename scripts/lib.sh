@@ -15,7 +15,7 @@ PACKAGES=(
 	"postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-client-$PG_MAJOR"
 	"postgresql-$PG_MAJOR-pgtap" libtap-parser-sourcehandler-pgtap-perl
 	libipc-run-perl libssl-dev faketime "postgresql-$PG_MAJOR-plproxy"
-	clang-14 libclang-rt-14-dev
+	clang-14 libclang-rt-14-dev sqlsmith
 )
 
 say() { printf '==> %s\n' "$*"; }

@@ -770,21 +770,21 @@ ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
 CREATE FUNCTION payidem.transit_order(order_no text, to_status text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'payidem_transit_order'
-LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem.transit_order(text, text) IS
 	'Move an order to to_status if payidem.transition allows it from its current status: true = moved, false = already there, PI009 = no such order, PI002 = not allowed, 22023 = unknown status.';
 
 CREATE FUNCTION payidem.transit_payment(payment_no text, to_status text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'payidem_transit_payment'
-LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem.transit_payment(text, text) IS
 	'Move a payment attempt to to_status if payidem.transition allows it: true = moved, false = already there, PI009 = no such payment, PI002 = not allowed, 22023 = unknown status.';
 
 CREATE FUNCTION payidem.transit_refund(refund_no text, to_status text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'payidem_transit_refund'
-LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem.transit_refund(text, text) IS
 	'Move a refund to to_status if payidem.transition allows it: true = moved, false = already there, PI009 = no such refund, PI002 = not allowed, 22023 = unknown status.';
 
@@ -2029,7 +2029,8 @@ BEGIN
 		END IF;
 		SELECT coalesce(sum(x.amount), 0) INTO v_committed FROM payidem.refund x
 		 WHERE x.payment_no = p.payment_no AND x.status IN ('pending', 'succeeded');
-		IF v_committed + v_amount > p.amount THEN
+		-- (compared as amount - committed: v_committed + v_amount could overflow)
+		IF v_amount > p.amount - v_committed THEN
 			RAISE EXCEPTION 'refund exceeds the paid amount' USING
 				ERRCODE = 'PI006',
 				DETAIL = format('Payment %s is for %s; %s is already refunded or being refunded, so at most %s more can be refunded, not %s.',

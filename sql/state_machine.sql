@@ -159,7 +159,8 @@ UPDATE payidem."order" SET status = 'paid' WHERE order_no = 'PO00000000000000000
 SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000099', 'paid')$$);
 SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000002', 'shipped')$$);
 SELECT pg_temp.try($$SELECT payidem.transit_payment('PY000000000000000000000003', 'paid')$$);
-SELECT payidem.transit_order(NULL, 'paid') IS NULL AS strict;
+SELECT pg_temp.try($$SELECT payidem.transit_order(NULL, 'paid')$$) AS null_key;
+SELECT pg_temp.try($$SELECT payidem.transit_payment('PY202611290000000000000163', NULL)$$) AS null_status;
 
 -- terminal statuses are final: nothing leaves closed/refunded, failed/refunded, succeeded/failed
 SELECT s.entity, s.status,

@@ -850,10 +850,10 @@ static Datum
 transit(FunctionCallInfo fcinfo, int which)
 {
 	TransitTarget *target = &transit_targets[which];
-	text	   *key = PG_GETARG_TEXT_PP(0);
-	text	   *to = PG_GETARG_TEXT_PP(1);
-	char	   *to_s = text_to_cstring(to);
-	int			to_len = VARSIZE_ANY_EXHDR(to);
+	text	   *key;
+	text	   *to;
+	char	   *to_s;
+	int			to_len;
 	WhitelistCache *cache;
 	WhitelistEntity *ent;
 	WhitelistState *st;
@@ -863,6 +863,17 @@ transit(FunctionCallInfo fcinfo, int which)
 	int			attempt;
 	Oid			save_userid;
 	int			save_sec_context;
+
+	/* not STRICT: a NULL argument is an error, never a silent NULL result */
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("arguments of %s() must not be NULL", target->funcname),
+				 errdetail("Pass the %s's number and the status to move it to.", target->entity)));
+	key = PG_GETARG_TEXT_PP(0);
+	to = PG_GETARG_TEXT_PP(1);
+	to_s = text_to_cstring(to);
+	to_len = VARSIZE_ANY_EXHDR(to);
 
 	cache = whitelist_get();
 	ent = find_entity_in(cache, target->entity);
