@@ -872,6 +872,28 @@ BEGIN
 END
 $$;
 
+-- An order, payment or refund number must look like one before it is looked
+-- up: PO/PY/RF and 24 digits (a well-formed number that names no row is PI009).
+CREATE FUNCTION payidem._check_number(kind text, value text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_prefix text := CASE kind WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' ELSE 'RF' END;
+BEGIN
+	IF value IS NULL OR value !~ ('^' || v_prefix || '[0-9]{24}$') THEN
+		RAISE EXCEPTION 'invalid % number', kind USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; %s %s number is %s followed by 24 digits.',
+							coalesce(quote_literal(left(value, 64)) ||
+									 CASE WHEN length(value) > 64 THEN format('... (%s characters)', length(value)) ELSE '' END,
+									 'NULL'),
+							CASE kind WHEN 'order' THEN 'an' ELSE 'a' END, kind, v_prefix),
+			HINT = 'Pass the number payidem returned when it created the ' || kind || '.';
+	END IF;
+	RETURN value;
+END
+$$;
+
 CREATE FUNCTION payidem._merchant_for_update(p_merchant_no text)
 RETURNS payidem.merchant
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -1632,6 +1654,7 @@ DECLARE
 	v_used bigint;
 	v_payment_no text;
 BEGIN
+	PERFORM payidem._check_number('order', begin_payment.order_no);
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
@@ -1756,6 +1779,7 @@ DECLARE
 	p payidem.payment;
 	o payidem."order";
 BEGIN
+	PERFORM payidem._check_number('payment', apply_payment_result.payment_no);
 	IF v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close') THEN
 		RAISE EXCEPTION 'invalid result source' USING
 			ERRCODE = 'invalid_parameter_value',
@@ -1908,6 +1932,7 @@ DECLARE
 	v_outcome text;
 	v_status text;
 BEGIN
+	PERFORM payidem._check_number('payment', close_payment.payment_no);
 	v_outcome := payidem.apply_payment_result(close_payment.payment_no, 'close', 'closed');
 	IF v_outcome = 'applied' THEN
 		RETURN true;
@@ -1934,6 +1959,7 @@ DECLARE
 	v_locked text;
 	o payidem."order";
 BEGIN
+	PERFORM payidem._check_number('order', close_order.order_no);
 	-- lock order is payment before order: lock the pending attempt first
 	SELECT x.payment_no INTO v_locked FROM payidem.payment x
 	 WHERE x.order_no = v_order_no AND x.status = 'pending';
@@ -1978,6 +2004,7 @@ DECLARE
 	p payidem.payment;
 	r payidem.refund;
 BEGIN
+	PERFORM payidem._check_number('payment', refund.payment_no);
 	IF v_amount IS NULL OR v_amount <= 0 THEN
 		RAISE EXCEPTION 'invalid refund amount' USING
 			ERRCODE = 'invalid_parameter_value',
@@ -2068,6 +2095,7 @@ DECLARE
 	r payidem.refund;
 	o payidem."order";
 BEGIN
+	PERFORM payidem._check_number('refund', apply_refund_result.refund_no);
 	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed') THEN
 		RAISE EXCEPTION 'invalid refund result status' USING
 			ERRCODE = 'invalid_parameter_value',
@@ -2204,6 +2232,7 @@ DECLARE
 	v_attempts integer;
 	o payidem."order";
 BEGIN
+	PERFORM payidem._check_number('order', notify_result.order_no);
 	IF ok IS NULL THEN
 		RAISE EXCEPTION 'notification result must not be NULL' USING ERRCODE = 'invalid_parameter_value';
 	END IF;

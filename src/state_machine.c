@@ -840,6 +840,32 @@ payidem_status_log_append_only(PG_FUNCTION_ARGS)
 }
 
 /*
+ * An order, payment or refund number must look like one (PO/PY/RF and 24
+ * digits) before it is looked up: anything else is malformed input (22023),
+ * not "not found".
+ */
+static void
+check_number_format(TransitTarget *target, text *key)
+{
+	const char *prefix = strcmp(target->entity, "order") == 0 ? "PO" :
+		strcmp(target->entity, "payment") == 0 ? "PY" : "RF";
+	const char *k = VARDATA_ANY(key);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	bool		ok = len == 26 && k[0] == prefix[0] && k[1] == prefix[1];
+	int			i;
+
+	for (i = 2; ok && i < len; i++)
+		ok = k[i] >= '0' && k[i] <= '9';
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid %s number %s", target->entity, payidem_quote_value(k, len)),
+				 errdetail("A%s %s number is %s followed by 24 digits.",
+						   target->entity[0] == 'o' ? "n" : "", target->entity, prefix),
+				 errhint("Pass the number payidem returned when it created the %s.", target->entity)));
+}
+
+/*
  * transit_<entity>(key, to_status): the one conditional UPDATE of the contract.
  *		true  — the row moved to to_status;
  *		false — it already was in to_status (an idempotent repeat);
@@ -874,6 +900,7 @@ transit(FunctionCallInfo fcinfo, int which)
 	to = PG_GETARG_TEXT_PP(1);
 	to_s = text_to_cstring(to);
 	to_len = VARSIZE_ANY_EXHDR(to);
+	check_number_format(target, key);
 
 	cache = whitelist_get();
 	ent = find_entity_in(cache, target->entity);
