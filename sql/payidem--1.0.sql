@@ -2643,7 +2643,10 @@ BEGIN
 				   (SELECT cb.transaction_id, cb.payment_no, cb.amount, cb.status
 					  FROM payidem.channel_bill cb
 					 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day) b
-				ON b.transaction_id = p.transaction_id) j;
+				ON b.transaction_id = p.transaction_id
+			-- OFFSET 0 keeps this a subquery, so kind is computed once per row
+			-- rather than once per aggregate that reads it (35 % of the run)
+			OFFSET 0) j;
 
 	-- 2. The leftovers: straddles, then the day's differences replace its
 	--    open ones; one statement, one snapshot.
