@@ -1804,13 +1804,13 @@ BEGIN
 							quote_literal(left(v_txn, 64)));
 	END IF;
 
-	-- lock order: the payment, then its order
+	-- lock order: the payment, then (only for a success that is not a
+	-- duplicate, below) its order
 	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009';
 	END IF;
-	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = p.order_no FOR UPDATE;
 
 	IF v_status = 'succeeded' THEN
 		-- refusals first, without claiming the key: they change nothing but
@@ -1867,6 +1867,7 @@ BEGIN
 	END IF;
 
 	IF v_status = 'succeeded' THEN
+		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = p.order_no FOR UPDATE;
 		IF p.status IN ('succeeded', 'partially_refunded', 'refunded') THEN
 			v_outcome := 'duplicate';			-- key purged since; the row says it all
 		ELSIF p.status = 'failed' THEN
