@@ -872,6 +872,20 @@ BEGIN
 END
 $$;
 
+-- A missing identifier is malformed input (22023), not "does not exist".
+CREATE FUNCTION payidem._require(what text, value text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF value IS NULL THEN
+		RAISE EXCEPTION '% must not be NULL', what USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = format('Pass the %s.', what);
+	END IF;
+	RETURN value;
+END
+$$;
+
 -- An order, payment or refund number must look like one before it is looked
 -- up: PO/PY/RF and 24 digits (a well-formed number that names no row is PI009).
 CREATE FUNCTION payidem._check_number(kind text, value text)
@@ -900,6 +914,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	m payidem.merchant;
 BEGIN
+	PERFORM payidem._require('merchant_no', p_merchant_no);
 	SELECT * INTO m FROM payidem.merchant WHERE merchant_no OPERATOR(pg_catalog.=) p_merchant_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(p_merchant_no, 64)), 'NULL') USING
@@ -915,6 +930,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	c payidem.channel;
 BEGIN
+	PERFORM payidem._require('channel_no', p_channel_no);
 	SELECT * INTO c FROM payidem.channel WHERE channel_no OPERATOR(pg_catalog.=) p_channel_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'channel % does not exist', coalesce(quote_literal(left(p_channel_no, 64)), 'NULL') USING
@@ -1026,6 +1042,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp A
 DECLARE
 	s payidem.merchant_secret;
 BEGIN
+	PERFORM payidem._require('merchant_no', sign.merchant_no);
 	SELECT * INTO s FROM payidem.merchant_secret ms
 	 WHERE ms.merchant_no OPERATOR(pg_catalog.=) sign.merchant_no AND ms.valid_until IS NULL;
 	IF NOT FOUND THEN
@@ -1192,6 +1209,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp A
 DECLARE
 	cc payidem.channel_config;
 BEGIN
+	PERFORM payidem._require('channel_no', get_channel_config.channel_no);
 	SELECT * INTO cc FROM payidem.channel_config x WHERE x.channel_no OPERATOR(pg_catalog.=) get_channel_config.channel_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'channel % has no configuration', coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL') USING
@@ -1246,6 +1264,8 @@ CREATE FUNCTION payidem.unbind_channel(merchant_no text, channel_no text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._require('merchant_no', unbind_channel.merchant_no);
+	PERFORM payidem._require('channel_no', unbind_channel.channel_no);
 	UPDATE payidem.merchant_channel b SET status = 'disabled', updated_at = now()
 	 WHERE b.merchant_no OPERATOR(pg_catalog.=) unbind_channel.merchant_no
 	   AND b.channel_no OPERATOR(pg_catalog.=) unbind_channel.channel_no;
@@ -1269,6 +1289,8 @@ DECLARE
 	v_pick  double precision;
 	r       record;
 BEGIN
+	PERFORM payidem._require('merchant_no', route_channel.merchant_no);
+	PERFORM payidem._require('channel_type', route_channel.channel_type);
 	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) route_channel.merchant_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(route_channel.merchant_no, 64)), 'NULL') USING
@@ -1542,6 +1564,7 @@ DECLARE
 	v_order_no text;
 	o payidem."order";
 BEGIN
+	PERFORM payidem._require('merchant_no', create_order.merchant_no);
 	IF v_amount IS NULL OR v_amount <= 0 THEN
 		RAISE EXCEPTION 'invalid order amount' USING
 			ERRCODE = 'invalid_parameter_value',
@@ -1654,6 +1677,7 @@ DECLARE
 	v_used bigint;
 	v_payment_no text;
 BEGIN
+	PERFORM payidem._require('channel_no', begin_payment.channel_no);
 	PERFORM payidem._check_number('order', begin_payment.order_no);
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
 	IF NOT FOUND THEN
@@ -2824,6 +2848,7 @@ DECLARE
 	v_note		text := resolve_diff.note;
 	d			payidem.reconciliation;
 BEGIN
+	PERFORM payidem._require('recon_id', resolve_diff.recon_id::text);
 	IF v_status IS NULL OR v_status NOT IN ('handled', 'ignored') THEN
 		RAISE EXCEPTION 'invalid handle status %', coalesce(quote_literal(left(v_status, 64)), 'NULL') USING
 			ERRCODE = 'invalid_parameter_value',
