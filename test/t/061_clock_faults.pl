@@ -39,7 +39,11 @@ my $clients = 8;
 srand($seed);
 diag("061_clock_faults: seed $seed (PAYIDEM_SEED=$seed replays it), soak=$soak");
 
-# libfaketime re-reads this file on every clock call (FAKETIME_NO_CACHE=1)
+# libfaketime re-reads this file at most once a second (FAKETIME_CACHE_DURATION=1).
+# Not on every call (FAKETIME_NO_CACHE=1): libfaketime is not async-signal-safe,
+# and a re-read (fopen, malloc) interrupted by the server's SIGALRM handler,
+# which reads the clock too, can abort the backend — a crash of the test
+# harness, not of payidem.  A long deadlock_timeout keeps that timer quiet.
 my $faketime_file = PostgreSQL::Test::Utils::tempdir() . '/faketime.rc';
 
 sub set_clock_offset
@@ -60,7 +64,7 @@ sub start_faked
 	my ($node) = @_;
 	local $ENV{LD_PRELOAD}                    = $faketime_lib;
 	local $ENV{FAKETIME_TIMESTAMP_FILE}       = $faketime_file;
-	local $ENV{FAKETIME_NO_CACHE}             = '1';
+	local $ENV{FAKETIME_CACHE_DURATION}       = '1';
 	local $ENV{FAKETIME_DONT_FAKE_MONOTONIC}  = '1';
 	local $ENV{TZ}                            = 'UTC';
 	$node->start;
@@ -70,6 +74,7 @@ sub start_faked
 my $t0   = Time::HiRes::time();
 my $node = payidem_node('clock_faults', key_byte => '6b', start => 0, conf => q(
 max_connections = 40
+deadlock_timeout = '10s'
 fsync = off
 synchronous_commit = on
 log_min_messages = warning
