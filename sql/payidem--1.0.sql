@@ -872,6 +872,25 @@ BEGIN
 END
 $$;
 
+-- The attributes of a new merchant (create_merchant, and its copies on shards).
+CREATE FUNCTION payidem._check_merchant_fields(name text, merchant_type text, fee_rate numeric,
+	settle_cycle text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
+		RAISE EXCEPTION 'invalid merchant name' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
+	END IF;
+	PERFORM payidem._check_code('merchant type', merchant_type, '^[a-z][a-z0-9_]{0,31}$',
+		'a merchant type is a lower-case code such as retail or catering.');
+	PERFORM payidem._check_rate('merchant fee', fee_rate);
+	PERFORM payidem._check_code('settlement cycle', settle_cycle, '^[TD][0-9]{1,2}$',
+		'a settlement cycle is T<n> or D<n>, e.g. T1 or D0.');
+END
+$$;
+
 -- A missing identifier is malformed input (22023), not "does not exist".
 CREATE FUNCTION payidem._require(what text, value text)
 RETURNS text
@@ -962,16 +981,8 @@ DECLARE
 	v_secret text;
 	v_sealed record;
 BEGIN
-	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
-		RAISE EXCEPTION 'invalid merchant name' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
-	END IF;
-	PERFORM payidem._check_code('merchant type', create_merchant.merchant_type, '^[a-z][a-z0-9_]{0,31}$',
-		'a merchant type is a lower-case code such as retail or catering.');
-	PERFORM payidem._check_rate('merchant fee', create_merchant.fee_rate);
-	PERFORM payidem._check_code('settlement cycle', create_merchant.settle_cycle, '^[TD][0-9]{1,2}$',
-		'a settlement cycle is T<n> or D<n>, e.g. T1 or D0.');
+	PERFORM payidem._check_merchant_fields(name, create_merchant.merchant_type,
+										   create_merchant.fee_rate, create_merchant.settle_cycle);
 
 	-- 75 random bits each: a collision is astronomically rare, but retry anyway
 	LOOP
@@ -3045,16 +3056,8 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = 'An API secret has 16 to 256 characters.';	-- never the value
 	END IF;
-	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
-		RAISE EXCEPTION 'invalid merchant name' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
-	END IF;
-	PERFORM payidem._check_code('merchant type', import_merchant.merchant_type, '^[a-z][a-z0-9_]{0,31}$',
-		'a merchant type is a lower-case code such as retail or catering.');
-	PERFORM payidem._check_rate('merchant fee', import_merchant.fee_rate);
-	PERFORM payidem._check_code('settlement cycle', import_merchant.settle_cycle, '^[TD][0-9]{1,2}$',
-		'a settlement cycle is T<n> or D<n>, e.g. T1 or D0.');
+	PERFORM payidem._check_merchant_fields(name, import_merchant.merchant_type,
+										   import_merchant.fee_rate, import_merchant.settle_cycle);
 
 	INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rate, settle_cycle, api_key)
 	VALUES (import_merchant.merchant_no, btrim(name), import_merchant.merchant_type, import_merchant.fee_rate,
