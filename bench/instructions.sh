@@ -39,7 +39,7 @@ INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rat
 VALUES ('M0000000000BENCH', 'Bench', 'retail', 0.006, 'ak_bench_0000000000000');
 INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES ('BENCH_WX', 'wechat', 0.002);
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
-SELECT 'PO2026010100000000' || lpad(i::text, 6, '0') || '00', 'M0000000000BENCH', 'B' || i, 'bench', 100,
+SELECT payidem.order_no_make('PO', '2026-01-01 00:00:00+00', 0, i), 'M0000000000BENCH', 'B' || i, 'bench', 100,
        now() + interval '1 day'
   FROM generate_series(1, 20000) AS i;
 -- duplicate idempotency keys, completed
@@ -54,13 +54,13 @@ declare -A CALL=(
 	[gen_order_no]="SELECT count(payidem.gen_order_no()) FROM generate_series(1, :n) AS i;"
 	[idem_claim_new]="SELECT count(c.outcome) FROM generate_series(1, :n) AS i, LATERAL payidem.idem_claim('new:' || i, 'pay', 'PO1', 'BENCH_WX', 100) AS c;"
 	[idem_claim_dup]="SELECT count(c.outcome) FROM generate_series(1, :n) AS i, LATERAL payidem.idem_claim('dup:' || i, 'pay', 'PO1', 'BENCH_WX', 100) AS c;"
-	[transit_order]="SELECT count(payidem.transit_order('PO2026010100000000' || lpad(i::text, 6, '0') || '00', 'paid')) FROM generate_series(1, :n) AS i;"
+	[transit_order]="SELECT count(payidem.transit_order(payidem.order_no_make('PO', '2026-01-01 00:00:00+00', 0, i), 'paid')) FROM generate_series(1, :n) AS i;"
 )
 declare -A BASE=(
 	[gen_order_no]="SELECT count(1) FROM generate_series(1, :n) AS i;"
 	[idem_claim_new]="SELECT count(c) FROM generate_series(1, :n) AS i, LATERAL (SELECT 'new:' || i) AS c;"
 	[idem_claim_dup]="SELECT count(c) FROM generate_series(1, :n) AS i, LATERAL (SELECT 'dup:' || i) AS c;"
-	[transit_order]="SELECT count('PO2026010100000000' || lpad(i::text, 6, '0') || '00') FROM generate_series(1, :n) AS i;"
+	[transit_order]="SELECT count(payidem.order_no_make('PO', '2026-01-01 00:00:00+00', 0, i)) FROM generate_series(1, :n) AS i;"
 )
 ORDER=(gen_order_no idem_claim_new idem_claim_dup transit_order)
 

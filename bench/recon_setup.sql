@@ -18,7 +18,8 @@ INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES ('BENCH_
 SET session_replication_role = replica;
 INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status,
 							 transaction_id, refunded_amount, paid_at, created_at, updated_at)
-SELECT 'PY20240501' || lpad(i::text, 16, '0'), 'PO20240501' || lpad(i::text, 16, '0'),
+SELECT payidem.order_no_make('PY', timestamptz '2024-05-01 00:00:00+00' + (i / 1000000) * interval '1 second', 0, i % 1000000),
+	       payidem.order_no_make('PO', timestamptz '2024-05-01 00:00:00+00' + (i / 1000000) * interval '1 second', 0, i % 1000000),
 	   'M7BENCHRECQN0001', 'BENCH_WX', 1000 + i % 5000,
 	   CASE WHEN i % 400 IN (5, 6) THEN 'refunded' ELSE 'succeeded' END,
 	   'T' || i,
@@ -30,7 +31,8 @@ RESET session_replication_role;
 VACUUM ANALYZE payidem.payment;
 
 COPY (
-	SELECT 'BENCH_WX', '2024-05-01', 'T' || i, 'PY20240501' || lpad(i::text, 16, '0'),
+	SELECT 'BENCH_WX', '2024-05-01', 'T' || i,
+		   payidem.order_no_make('PY', timestamptz '2024-05-01 00:00:00+00' + (i / 1000000) * interval '1 second', 0, i % 1000000),
 		   1000 + i % 5000 + CASE WHEN i % 400 = 2 THEN 1 ELSE 0 END, 3,
 		   CASE WHEN i % 400 IN (3, 6) THEN 'refunded' ELSE 'succeeded' END,
 		   to_char(timestamp '2024-05-01 00:00:00' + (i % 86400) * interval '1 second', 'YYYY-MM-DD HH24:MI:SS') || '+00'

@@ -57,7 +57,7 @@ DECLARE
 	k text;
 BEGIN
 	FOR i IN 1..n LOOP
-		k := 'PO' || lpad(i::text, 24, '0');
+		k := payidem.order_no_make('PO', '2024-01-01 00:00:00+00', 0, i);
 		IF workload = 'transit' THEN
 			PERFORM payidem.transit_order(k, 'paid');
 		ELSIF workload = 'plain_cte' THEN

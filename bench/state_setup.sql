@@ -13,7 +13,7 @@ INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rat
 VALUES ('M0123456789ABCDE', 'Bench Shop', 'retail', 0.006, 'ak_0123456789abcdef');
 SET session_replication_role = replica;
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
-SELECT 'PO' || lpad(i::text, 24, '0'), 'M0123456789ABCDE', 'B-' || i, 'bench', 1000, now() + interval '1 day'
+SELECT payidem.order_no_make('PO', '2024-01-01 00:00:00+00', 0, i), 'M0123456789ABCDE', 'B-' || i, 'bench', 1000, now() + interval '1 day'
   FROM generate_series(1, :rows) i;
 RESET session_replication_role;
 \i bench/state_plpgsql.sql

@@ -145,6 +145,14 @@ SELECT * FROM pg_temp.try($$SELECT * FROM payidem.order_no_parse('PO202611292100
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.order_no_parse('po202611292100000000000062')$$);
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.order_no_parse('PO202613292100000000000062')$$);
 SELECT * FROM pg_temp.try(format('SELECT * FROM payidem.order_no_parse(%s)', :'long'));
+SELECT * FROM pg_temp.try($$SELECT payidem.order_no_make(NULL, now(), 0, 1)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.order_no_make('P', now(), 0, 1)$$);
+SELECT * FROM pg_temp.try(format($$SELECT payidem.order_no_make(%s, now(), 0, 1)$$, :'inj'));
+SELECT * FROM pg_temp.try($$SELECT payidem.order_no_make('PO', '-infinity', 0, 1)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.order_no_make('PO', '1969-12-31 23:59:59+00', 0, 1)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.order_no_make('PO', '2026-11-29 00:00:00+00', 100, 1)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.order_no_make('PO', '2026-11-29 00:00:00+00', 0, -1)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.order_no_make('PO', '2026-11-29 00:00:00+00', 0, 1000000)$$);
 SELECT * FROM pg_temp.try(format('SELECT * FROM payidem.order_no_parse(%s)', :'inj2'));
 
 ------------------------------------------------------------- idempotency

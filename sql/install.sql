@@ -37,17 +37,17 @@ VALUES ('WXPAY_001', 'wechat', 0.0025);
 INSERT INTO payidem.merchant_channel (merchant_no, channel_no, single_limit)
 VALUES ('M0123456789ABCDE', 'WXPAY_001', 500000);
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
-VALUES ('PO202611290000000000000130', 'M0123456789ABCDE', 'SHOP-1', 'coffee', 1500, now() + interval '2 hours'),
-       ('PO202611290000000000000231', 'M0123456789ABCDE', 'SHOP-2', 'tea', 900, now() + interval '2 hours');
+VALUES ('PO202611290000000000013009', 'M0123456789ABCDE', 'SHOP-1', 'coffee', 1500, now() + interval '2 hours'),
+       ('PO202611290000000000023194', 'M0123456789ABCDE', 'SHOP-2', 'tea', 900, now() + interval '2 hours');
 UPDATE payidem."order" SET status = 'paid', paid_at = now() WHERE out_trade_no = 'SHOP-1';
 INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
-VALUES ('PY202611290000000000000163', 'PO202611290000000000000130', 'M0123456789ABCDE', 'WXPAY_001', 1500);
+VALUES ('PY202611290000000000016333', 'PO202611290000000000013009', 'M0123456789ABCDE', 'WXPAY_001', 1500);
 UPDATE payidem.payment SET status = 'succeeded', transaction_id = 'WX-42', paid_at = now();
 INSERT INTO payidem.idempotency (idem_key, biz_type, order_no, amount, status, result)
-VALUES ('pay:PO202611290000000000000130:callback', 'pay', 'PO202611290000000000000130', 1500,
+VALUES ('pay:PO202611290000000000013009:callback', 'pay', 'PO202611290000000000013009', 1500,
         'completed', '{"answer": "SUCCESS"}');
 INSERT INTO payidem.status_log (entity, entity_no, from_status, to_status)
-VALUES ('order', 'PO202611290000000000000130', NULL, 'pending');
+VALUES ('order', 'PO202611290000000000013009', NULL, 'pending');
 -- a DBA's own flow (seed 002) survives too; the built-in rows are not doubled
 INSERT INTO payidem.state (entity, status) VALUES ('order', 'shipping');
 INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'paid', 'shipping');

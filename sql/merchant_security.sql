@@ -16,8 +16,8 @@ SELECT payidem.set_channel_config('SEC_WX', '{"key": "SEC-CANARY"}');
 SELECT payidem.bind_channel(:'m1', 'SEC_WX');
 SELECT payidem.sign(:'m1', 'hello') AS m1_sig \gset
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
-VALUES ('PO202611290000000000000512', :'m1', 'SEC-1', 'one', 100, now() + interval '1 hour'),
-       ('PO202611290000000000000613', :'m2', 'SEC-2', 'two', 200, now() + interval '1 hour');
+VALUES ('PO202611290000000000051227', :'m1', 'SEC-1', 'one', 100, now() + interval '1 hour'),
+       ('PO202611290000000000061315', :'m2', 'SEC-2', 'two', 200, now() + interval '1 hour');
 
 CREATE ROLE regress_payidem_app;
 CREATE ROLE regress_payidem_auditor;

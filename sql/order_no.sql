@@ -41,7 +41,12 @@ SELECT * FROM payidem.order_no_parse('RF999912312359599999999966');
 SELECT payidem.order_no_valid('PO202611292100000000000062') AS known_valid,
        payidem.order_no_valid('PO202611292100000000005397') AS check_97_valid,
        payidem.order_no_valid('PO202611292100000000005300') AS noncanonical_00,
-       payidem.order_no_valid(NULL) IS NULL AS null_gives_null;
+       payidem.order_no_valid(NULL) IS FALSE AS null_is_not_valid;
+
+-- order_no_make builds a number from its parts: the inverse of order_no_parse
+SELECT payidem.order_no_make('PO', '2026-11-29 21:00:00.999+00', 0, 0) AS made,
+       payidem.order_no_make('RF', '9999-12-31 23:59:59+00', 99, 999999) AS made_max;
+SELECT p.* FROM payidem.order_no_parse(payidem.order_no_make('PY', '1970-01-01 00:00:00+00', 7, 42)) p;
 
 -- invalid numbers: order_no_valid says false, order_no_parse says why
 SELECT n, payidem.order_no_valid(n) AS valid

@@ -111,7 +111,7 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o1', 
 SELECT count(*) AS attempts FROM payidem.payment WHERE order_no = :'o1';
 -- refusals
 SELECT payidem.create_order(:'m1', 'T-0003', 2000, 'Oolong') AS o3 \gset
-SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', 'PO000000000000000000000000', 'FLOW_WX'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', 'PO202401010000000000000067', 'FLOW_WX'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o3', 'NOPE_X'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o3', 'FLOW_OFF'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o3', 'FLOW_FOOD'));
@@ -149,7 +149,7 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', :'p1', 'callback', 'paid'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, amount => 0)', :'p1', 'callback', 'succeeded'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L)', :'p1', 'callback', 'succeeded', 'has space'));
-SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', 'PY000000000000000000000000', 'callback', 'succeeded'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', 'PY202401010000000000000093', 'callback', 'succeeded'));
 
 -- amount mismatch: rejected + anomaly, nothing else changes; a repeat adds no second anomaly
 SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1200,
@@ -213,7 +213,7 @@ SELECT status, closed_at IS NOT NULL AS has_closed_at FROM payidem.payment WHERE
 SELECT status FROM payidem."order" WHERE order_no = :'o5';
 SELECT * FROM pg_temp.try(format('SELECT payidem.close_payment(%L)', :'p1'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.close_payment(%L)', :'p3'));
-SELECT * FROM pg_temp.try(format('SELECT payidem.close_payment(%L)', 'PY000000000000000000000000'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.close_payment(%L)', 'PY202401010000000000000093'));
 
 -------------------------------------------------------------------- close_order
 -- seed 3: close races payment: order closed, then the channel reports success
@@ -233,7 +233,7 @@ SELECT kind, amount, handle_status, detail ->> 'order_status' AS order_status, d
   FROM payidem.anomaly WHERE order_no = :'o6';
 SELECT * FROM pg_temp.history(:'o6');
 SELECT * FROM pg_temp.try(format('SELECT payidem.close_order(%L)', :'o1'));
-SELECT * FROM pg_temp.try(format('SELECT payidem.close_order(%L)', 'PO000000000000000000000000'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.close_order(%L)', 'PO202401010000000000000067'));
 -- closing an order without an attempt
 SELECT payidem.create_order(:'m1', 'T-0007', 100, 'Sample') AS o7 \gset
 SELECT payidem.close_order(:'o7') AS closed_without_attempt;
@@ -258,7 +258,7 @@ SELECT channel_no, status FROM payidem.payment WHERE order_no = :'o8' ORDER BY c
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 0, %L)', :'p1', 'R-0001'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', :'p1', 'R 0001'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L, repeat(%L, 257))', :'p1', 'R-0001', 'r'));
-SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', 'PY000000000000000000000000', 'R-0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', 'PY202401010000000000000093', 'R-0001'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', :'p5', 'R-0001'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 1251, %L)', :'p1', 'R-0001'));
 -- partial: 250 of 1250
@@ -273,7 +273,7 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 250, %L)', :'p3b', '
 -- pending refunds count: 250 pending + 1001 > 1250
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 1001, %L)', :'p1', 'R-0002'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_refund_result(%L, %L)', :'r1', 'done'));
-SELECT * FROM pg_temp.try(format('SELECT payidem.apply_refund_result(%L, %L)', 'RF000000000000000000000000', 'succeeded'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_refund_result(%L, %L)', 'RF202401010000000000000098', 'succeeded'));
 SELECT payidem.apply_refund_result(:'r1', 'succeeded', 'WXR-0001') AS r1_applied;
 SELECT payidem.apply_refund_result(:'r1', 'succeeded', 'WXR-0001') AS r1_duplicate;
 SELECT payidem.apply_refund_result(:'r1', 'failed') AS r1_failed_too_late;
@@ -342,7 +342,7 @@ END
 $$;
 SELECT * FROM schedule ORDER BY attempt;
 SELECT notify_attempts FROM payidem."order" WHERE order_no = :'o1';
-SELECT * FROM pg_temp.try('SELECT payidem.notify_result(''PO000000000000000000000000'', true)');
+SELECT * FROM pg_temp.try('SELECT payidem.notify_result(''PO202401010000000000000067'', true)');
 SELECT * FROM pg_temp.try(format('SELECT payidem.notify_result(%L, NULL)', :'o1'));
 SELECT * FROM pg_temp.try('SELECT payidem.notify_due(0)');
 -- a due row comes back after its retry wait

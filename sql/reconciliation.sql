@@ -39,8 +39,8 @@ CREATE FUNCTION pg_temp.paid(n int, p_channel text, p_txn text, p_amount bigint,
 							 p_paid_at timestamptz, p_final text DEFAULT 'succeeded')
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
-	v_order text := 'PO20240501' || lpad(n::text, 16, '0');
-	v_pay text := 'PY20240501' || lpad(n::text, 16, '0');
+	v_order text := payidem.order_no_make('PO', '2024-05-01 00:00:00+00', 0, n);
+	v_pay text := payidem.order_no_make('PY', '2024-05-01 00:00:00+00', 0, n);
 BEGIN
 	INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, created_at)
 	VALUES (v_order, 'M7RECQNC0000001X', 'RECON-' || n, 'reconciliation test', p_amount,
@@ -85,15 +85,15 @@ SELECT count(*) AS payments FROM (VALUES
 -- quoted field, empty channel_no/bill_date (taken from the arguments) and
 -- an empty fee (0)
 SELECT payidem.load_bill('RECON_WX', '2024-05-01', E'channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at\r\n'
-	'RECON_WX,2024-05-01,WX-T1,PY202405010000000000000001,1000,3,succeeded,2024-05-01 08:00:01\r\n'
-	',,WX-T2,PY202405010000000000000002,2000,5,succeeded,2024-05-01T00:00:00Z\r\n'
+	'RECON_WX,2024-05-01,WX-T1,PY202405010000000000000125,1000,3,succeeded,2024-05-01 08:00:01\r\n'
+	',,WX-T2,PY202405010000000000000222,2000,5,succeeded,2024-05-01T00:00:00Z\r\n'
 	'RECON_WX,2024-05-01,WX-T4,,3000,8,succeeded,2024-05-01 16:30:00+08:00\r\n'
-	'RECON_WX,2024-05-01,"WX-T5",PY202405010000000000000005,4900,12,succeeded,2024-05-01 10:00:02\r\n'
-	'RECON_WX,2024-05-01,WX-T6,PY202405010000000000000006,800,2,refunded,2024-05-01 11:00:01\r\n'
-	'RECON_WX,2024-05-01,WX-T7,PY202405010000000000000007,700,2,succeeded,2024-05-01 12:00:01\r\n'
-	'RECON_WX,2024-05-01,WX-T8,PY202405010000000000000008,600,,refunded,2024-05-01 13:00:01\r\n'
-	'RECON_WX,2024-05-01,WX-T9,PY202405010000000000000009,900,2,succeeded,2024-05-01 14:00:30\r\n'
-	'RECON_WX,2024-05-01,WX-T12,PY202405010000000000000012,1200,3,refunded,2024-05-01 15:00:01\r\n') AS lines_loaded;
+	'RECON_WX,2024-05-01,"WX-T5",PY202405010000000000000513,4900,12,succeeded,2024-05-01 10:00:02\r\n'
+	'RECON_WX,2024-05-01,WX-T6,PY202405010000000000000610,800,2,refunded,2024-05-01 11:00:01\r\n'
+	'RECON_WX,2024-05-01,WX-T7,PY202405010000000000000707,700,2,succeeded,2024-05-01 12:00:01\r\n'
+	'RECON_WX,2024-05-01,WX-T8,PY202405010000000000000804,600,,refunded,2024-05-01 13:00:01\r\n'
+	'RECON_WX,2024-05-01,WX-T9,PY202405010000000000000998,900,2,succeeded,2024-05-01 14:00:30\r\n'
+	'RECON_WX,2024-05-01,WX-T12,PY202405010000000000001289,1200,3,refunded,2024-05-01 15:00:01\r\n') AS lines_loaded;
 SELECT transaction_id, payment_no, amount, fee, status, paid_at
   FROM payidem.channel_bill WHERE channel_no = 'RECON_WX' AND bill_date = '2024-05-01'
  ORDER BY transaction_id;
@@ -181,7 +181,7 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_diff(%s, %L, %L)', :t4 
 -- a re-run keeps handled/ignored differences and does not open them again;
 -- an open difference that is gone (the channel re-sent a line) is dropped
 INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status)
-VALUES ('RECON_WX', '2024-05-01', 'WX-T3', 'PY202405010000000000000003', 1500, 4, 'succeeded');
+VALUES ('RECON_WX', '2024-05-01', 'WX-T3', 'PY202405010000000000000319', 1500, 4, 'succeeded');
 SELECT * FROM payidem.reconcile('RECON_WX', '2024-05-01');
 SELECT diff_type, transaction_id, handle_status, recon_batch_no
   FROM payidem.reconciliation WHERE channel_no = 'RECON_WX' AND bill_date = '2024-05-01'
@@ -194,8 +194,8 @@ SELECT count(*) AS anomalies FROM payidem.anomaly WHERE kind = 'channel_only';
 -- it is no channel_only of 05-02.
 SELECT diff_type, handle_status FROM payidem.reconciliation WHERE transaction_id = 'WX-T10';
 COPY payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at) FROM STDIN WITH (FORMAT csv);
-RECON_WX,2024-05-02,WX-T10,PY202405010000000000000010,300,1,succeeded,2024-05-02 00:00:01+00
-RECON_WX,2024-05-02,WX-T13,PY202405010000000000000013,250,1,succeeded,2024-05-02 10:00:01+00
+RECON_WX,2024-05-02,WX-T10,PY202405010000000000001095,300,1,succeeded,2024-05-02 00:00:01+00
+RECON_WX,2024-05-02,WX-T13,PY202405010000000000001386,250,1,succeeded,2024-05-02 10:00:01+00
 \.
 SELECT * FROM payidem.reconcile('RECON_WX', '2024-05-02');
 SELECT bill_date, diff_type, transaction_id, handle_status, handled_by, note

@@ -20,7 +20,8 @@ INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES ('GEN_WX
 SET session_replication_role = replica;
 INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status,
                              transaction_id, refunded_amount, paid_at)
-SELECT 'PY20240601' || lpad(i::text, 16, '0'), 'PO20240601' || lpad(i::text, 16, '0'),
+SELECT payidem.order_no_make('PY', '2024-06-01 00:00:00+00', 0, i),
+       payidem.order_no_make('PO', '2024-06-01 00:00:00+00', 0, i),
        'M7GENRECQN000001', 'GEN_WX', 1000 + i % 5000,
        CASE WHEN i % 400 IN (5, 6) THEN 'refunded' ELSE 'succeeded' END,
        'G' || i,
@@ -29,7 +30,7 @@ SELECT 'PY20240601' || lpad(i::text, 16, '0'), 'PO20240601' || lpad(i::text, 16,
   FROM generate_series(1, :n) AS i;
 RESET session_replication_role;
 INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at)
-SELECT 'GEN_WX', date '2024-06-01', 'G' || i, 'PY20240601' || lpad(i::text, 16, '0'),
+SELECT 'GEN_WX', date '2024-06-01', 'G' || i, payidem.order_no_make('PY', '2024-06-01 00:00:00+00', 0, i),
        1000 + i % 5000 + CASE WHEN i % 400 = 2 THEN 1 ELSE 0 END, 3,
        CASE WHEN i % 400 IN (3, 6) THEN 'refunded' ELSE 'succeeded' END,
        timestamptz '2024-06-01 00:00:00+00' + (i % 86400) * interval '1 second'

@@ -29,10 +29,10 @@ EXCEPTION WHEN OTHERS THEN
 	RETURN st || ': ' || msg || ' | ' || det || ' | ' || hnt;
 END $$;
 
--- key(entity, n): a well-formed number, PO/PY/RF + 24 digits
+-- key(entity, n): a valid number of the entity (PO/PY/RF), the n-th of 2024-01-01
 CREATE FUNCTION pg_temp.key(entity text, n int) RETURNS text LANGUAGE sql AS $$
-	SELECT CASE entity WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' ELSE 'RF' END
-	       || lpad(n::text, 24, '0')
+	SELECT payidem.order_no_make(CASE entity WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' ELSE 'RF' END,
+	                             '2024-01-01 00:00:00+00', 0, n)
 $$;
 
 -- make(entity, n): a new row of the entity in its initial status, with the
@@ -147,48 +147,48 @@ SELECT pg_temp.bring('order', 1, 'closed') AS closed_order,
        pg_temp.bring('order', 2, 'pending') AS pending_order,
        pg_temp.bring('payment', 3, 'failed') AS failed_payment,
        pg_temp.bring('refund', 4, 'succeeded') AS succeeded_refund;
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000001', 'paid')$$);
-SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'paid' WHERE order_no = 'PO000000000000000000000001'$$);
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000002', 'refunded')$$);
-SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'refunded' WHERE order_no = 'PO000000000000000000000002'$$);
-SELECT pg_temp.try($$SELECT payidem.transit_payment('PY000000000000000000000003', 'succeeded')$$);
-SELECT pg_temp.try($$SELECT payidem.transit_refund('RF000000000000000000000004', 'failed')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000164', 'paid')$$);
+SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'paid' WHERE order_no = 'PO202401010000000000000164'$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000261', 'refunded')$$);
+SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'refunded' WHERE order_no = 'PO202401010000000000000261'$$);
+SELECT pg_temp.try($$SELECT payidem.transit_payment('PY202401010000000000000384', 'succeeded')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_refund('RF202401010000000000000486', 'failed')$$);
 -- the same, as psql shows it
-UPDATE payidem."order" SET status = 'paid' WHERE order_no = 'PO000000000000000000000001';
+UPDATE payidem."order" SET status = 'paid' WHERE order_no = 'PO202401010000000000000164';
 -- unknown row, unknown status, NULL
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000099', 'paid')$$);
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000002', 'shipped')$$);
-SELECT pg_temp.try($$SELECT payidem.transit_payment('PY000000000000000000000003', 'paid')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000009961', 'paid')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000261', 'shipped')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_payment('PY202401010000000000000384', 'paid')$$);
 SELECT pg_temp.try($$SELECT payidem.transit_order(NULL, 'paid')$$) AS null_key;
-SELECT pg_temp.try($$SELECT payidem.transit_payment('PY202611290000000000000163', NULL)$$) AS null_status;
+SELECT pg_temp.try($$SELECT payidem.transit_payment('PY202611290000000000016333', NULL)$$) AS null_status;
 
 -- terminal statuses are final: nothing leaves closed/refunded, failed/refunded, succeeded/failed
 SELECT s.entity, s.status,
        (SELECT count(*) FROM payidem.transition t WHERE t.entity = s.entity AND t.from_status = s.status) AS exits,
        (SELECT count(*) FROM forbidden f WHERE f.entity = s.entity AND f.from_status = s.status) AS refused_targets
   FROM payidem.state s WHERE s.terminal ORDER BY 1, 2;
-SELECT pg_temp.try($$UPDATE payidem.refund SET status = 'pending' WHERE refund_no = 'RF000000000000000000000004'$$);
+SELECT pg_temp.try($$UPDATE payidem.refund SET status = 'pending' WHERE refund_no = 'RF202401010000000000000486'$$);
 
 -- an UPDATE of other columns, or SET status to the same value, is not a change
-UPDATE payidem."order" SET subject = 'green tea' WHERE order_no = 'PO000000000000000000000001';
-UPDATE payidem."order" SET status = 'closed' WHERE order_no = 'PO000000000000000000000001';
-SELECT count(*) AS log_rows FROM payidem.status_log WHERE entity_no = 'PO000000000000000000000001';
+UPDATE payidem."order" SET subject = 'green tea' WHERE order_no = 'PO202401010000000000000164';
+UPDATE payidem."order" SET status = 'closed' WHERE order_no = 'PO202401010000000000000164';
+SELECT count(*) AS log_rows FROM payidem.status_log WHERE entity_no = 'PO202401010000000000000164';
 
 -- a multi-row UPDATE is all or nothing: one illegal row refuses the statement
 -- (PO...02 pending -> paid is allowed, PO...01 closed -> paid is not)
 SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'paid'
-                      WHERE order_no IN ('PO000000000000000000000002', 'PO000000000000000000000001')$$);
+                      WHERE order_no IN ('PO202401010000000000000261', 'PO202401010000000000000164')$$);
 SELECT order_no, status FROM payidem."order"
- WHERE order_no IN ('PO000000000000000000000001', 'PO000000000000000000000002') ORDER BY 1;
+ WHERE order_no IN ('PO202401010000000000000164', 'PO202401010000000000000261') ORDER BY 1;
 
 --
 -- 3. Inserts must use the initial status
 --
 SELECT pg_temp.try($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, status, expire_at)
-	VALUES ('PO000000000000000000000005', 'M0123456789ABCDE', 'T-5', 'tea', 1000, 'paid', now() + interval '1 hour')$$);
+	VALUES ('PO202401010000000000000552', 'M0123456789ABCDE', 'T-5', 'tea', 1000, 'paid', now() + interval '1 hour')$$);
 SELECT pg_temp.try($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status)
-	VALUES ('PY000000000000000000000005', 'PO000000000000000000000002', 'M0123456789ABCDE', 'WXPAY_001', 1000, 'succeeded')$$);
-SELECT count(*) AS inserted FROM payidem."order" WHERE order_no = 'PO000000000000000000000005';
+	VALUES ('PY202401010000000000000578', 'PO202401010000000000000261', 'M0123456789ABCDE', 'WXPAY_001', 1000, 'succeeded')$$);
+SELECT count(*) AS inserted FROM payidem."order" WHERE order_no = 'PO202401010000000000000552';
 
 --
 -- 4. Timestamps set by transit_*()
@@ -196,27 +196,27 @@ SELECT count(*) AS inserted FROM payidem."order" WHERE order_no = 'PO00000000000
 SELECT pg_temp.make('payment', 6) AS k6 \gset
 SELECT payidem.transit_payment(:'k6', 'closed');
 SELECT payidem.transit_payment(:'k6', 'succeeded');	-- the channel's word wins
-SELECT payidem.transit_order('PO000000000000000000000006', 'paid');
+SELECT payidem.transit_order('PO202401010000000000000649', 'paid');
 SELECT o.status, o.paid_at IS NOT NULL AS order_paid_at, o.closed_at IS NULL AS order_not_closed,
        p.status AS payment_status, p.paid_at IS NOT NULL AS payment_paid_at, p.closed_at IS NOT NULL AS payment_closed_at,
        o.updated_at >= o.created_at AS updated
-  FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = 'PO000000000000000000000006';
+  FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = 'PO202401010000000000000649';
 SELECT status, closed_at IS NOT NULL AS closed_at, paid_at IS NULL AS no_paid_at
-  FROM payidem."order" WHERE order_no = 'PO000000000000000000000001';
-SELECT status, refunded_at IS NOT NULL AS refunded_at FROM payidem.refund WHERE refund_no = 'RF000000000000000000000004';
+  FROM payidem."order" WHERE order_no = 'PO202401010000000000000164';
+SELECT status, refunded_at IS NOT NULL AS refunded_at FROM payidem.refund WHERE refund_no = 'RF202401010000000000000486';
 
 --
 -- 5. A DBA's own flow (seed 002): paid -> shipping -> delivered -> completed
 --
 SELECT pg_temp.bring('order', 7, 'paid') AS k7 \gset
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000007', 'shipping')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000746', 'shipping')$$);
 -- inside a transaction that rolls back, the flow exists only until the rollback
 BEGIN;
 INSERT INTO payidem.state (entity, status) VALUES ('order', 'shipping');
 INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'paid', 'shipping');
 SELECT payidem.transit_order(:'k7', 'shipping');
 ROLLBACK;
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000007', 'shipping')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000746', 'shipping')$$);
 SELECT status FROM payidem."order" WHERE order_no = :'k7';
 -- committed: seen by the next statement
 INSERT INTO payidem.state (entity, status, terminal) VALUES
@@ -224,18 +224,18 @@ INSERT INTO payidem.state (entity, status, terminal) VALUES
 INSERT INTO payidem.transition (entity, from_status, to_status) VALUES
 	('order', 'paid', 'shipping'), ('order', 'shipping', 'delivered'), ('order', 'delivered', 'completed');
 SELECT payidem.transit_order(:'k7', 'shipping');
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000007', 'completed')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000746', 'completed')$$);
 UPDATE payidem."order" SET status = 'delivered' WHERE order_no = :'k7';
 SELECT payidem.transit_order(:'k7', 'completed');
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000007', 'refunded')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000746', 'refunded')$$);
 SELECT from_status, to_status, changed_by FROM payidem.status_log WHERE entity_no = :'k7' ORDER BY log_id;
 -- removed: the next statement refuses the flow again
 SELECT pg_temp.bring('order', 8, 'paid') AS k8 \gset
 DELETE FROM payidem.transition WHERE entity = 'order' AND NOT builtin;
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000008', 'shipping')$$);
-SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'shipping' WHERE order_no = 'PO000000000000000000000008'$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000843', 'shipping')$$);
+SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'shipping' WHERE order_no = 'PO202401010000000000000843'$$);
 DELETE FROM payidem.state WHERE entity = 'order' AND status IN ('shipping', 'delivered');
-SELECT pg_temp.try($$SELECT payidem.transit_order('PO000000000000000000000008', 'shipping')$$);
+SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000843', 'shipping')$$);
 -- 'completed' stays while an order is in it (foreign key), but is a dead end
 SELECT pg_temp.try($$DELETE FROM payidem.state WHERE entity = 'order' AND status = 'completed'$$);
 
@@ -277,16 +277,16 @@ UPDATE payidem.status_log SET to_status = 'paid';
 SELECT pg_temp.try('UPDATE payidem.status_log SET to_status = ''paid''');
 SELECT pg_temp.try('DELETE FROM payidem.status_log');
 SELECT pg_temp.try('TRUNCATE payidem.status_log');
-SELECT pg_temp.try('INSERT INTO payidem.status_log (entity, entity_no, to_status) VALUES (''order'', ''PO000000000000000000000001'', ''paid'') ON CONFLICT (log_id) DO UPDATE SET to_status = ''x''');
+SELECT pg_temp.try('INSERT INTO payidem.status_log (entity, entity_no, to_status) VALUES (''order'', ''PO202401010000000000000164'', ''paid'') ON CONFLICT (log_id) DO UPDATE SET to_status = ''x''');
 SET session_replication_role = replica;
 SELECT pg_temp.try('UPDATE payidem.status_log SET to_status = ''paid''');
 SELECT pg_temp.try('DELETE FROM payidem.status_log');
 SELECT pg_temp.try('TRUNCATE payidem.status_log');
 -- (replica is how a restore runs: the state guard is an ordinary trigger and
 --  does not fire then; only a superuser can set it)
-SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'pending' WHERE order_no = 'PO000000000000000000000001'$$);
+SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'pending' WHERE order_no = 'PO202401010000000000000164'$$);
 RESET session_replication_role;
-UPDATE payidem."order" SET status = 'closed' WHERE order_no = 'PO000000000000000000000001';
+UPDATE payidem."order" SET status = 'closed' WHERE order_no = 'PO202401010000000000000164';
 SELECT tgrelid::regclass AS "table", tgname, tgenabled, tgconstraint <> 0 AS is_constraint
   FROM pg_trigger WHERE tgrelid IN ('payidem."order"'::regclass, 'payidem.payment'::regclass, 'payidem.refund'::regclass,
                                     'payidem.status_log'::regclass, 'payidem.state'::regclass, 'payidem.transition'::regclass)
@@ -304,8 +304,8 @@ GRANT EXECUTE ON FUNCTION payidem.transit_order(text, text) TO regress_payidem_a
 SELECT pg_temp.make('order', 9) AS k9 \gset
 SET ROLE regress_payidem_app;
 SELECT payidem.transit_order(:'k9', 'paid');
-SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'closed' WHERE order_no = 'PO000000000000000000000009'$$);
-SELECT pg_temp.try($$INSERT INTO payidem.status_log (entity, entity_no, to_status) VALUES ('order', 'PO000000000000000000000009', 'closed')$$);
+SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'closed' WHERE order_no = 'PO202401010000000000000940'$$);
+SELECT pg_temp.try($$INSERT INTO payidem.status_log (entity, entity_no, to_status) VALUES ('order', 'PO202401010000000000000940', 'closed')$$);
 SELECT pg_temp.try('SET session_replication_role = replica');
 RESET ROLE;
 SELECT from_status, to_status, changed_by FROM payidem.status_log WHERE entity_no = :'k9' ORDER BY log_id;

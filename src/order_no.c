@@ -483,14 +483,19 @@ payidem_gen_order_no(PG_FUNCTION_ARGS)
 
 /*
  * payidem.order_no_valid(order_no text) RETURNS boolean
- *		Format and check digits; never raises an error.
+ *		Format and check digits; never raises an error, and NULL is not a
+ *		valid number (false), so WHERE NOT order_no_valid(x) finds NULLs too.
  */
 PG_FUNCTION_INFO_V1(payidem_order_no_valid);
 Datum
 payidem_order_no_valid(PG_FUNCTION_ARGS)
 {
-	text	   *s = PG_GETARG_TEXT_PP(0);
+	text	   *s;
 	OrderNoParts parts;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_BOOL(false);
+	s = PG_GETARG_TEXT_PP(0);
 
 	PG_RETURN_BOOL(order_no_parse(VARDATA_ANY(s), VARSIZE_ANY_EXHDR(s), &parts) == ORDER_NO_OK);
 }
@@ -498,19 +503,25 @@ payidem_order_no_valid(PG_FUNCTION_ARGS)
 /*
  * payidem.order_no_parse(order_no text)
  *		RETURNS TABLE(prefix text, issued_at timestamptz, shard int, seq int)
- *		One row; 22023 with the reason if the number is not valid.
+ *		One row; 22023 with the reason if the number is not valid or NULL.
  */
 PG_FUNCTION_INFO_V1(payidem_order_no_parse);
 Datum
 payidem_order_no_parse(PG_FUNCTION_ARGS)
 {
-	text	   *s = PG_GETARG_TEXT_PP(0);
+	text	   *s;
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	OrderNoParts parts;
 	OrderNoError err;
 	Datum		values[4];
 	bool		nulls[4] = {false, false, false, false};
 
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("order number must not be NULL"),
+				 errhint("Pass a number returned by payidem.gen_order_no().")));
+	s = PG_GETARG_TEXT_PP(0);
 	err = order_no_parse(VARDATA_ANY(s), VARSIZE_ANY_EXHDR(s), &parts);
 	if (err != ORDER_NO_OK)
 		ereport(ERROR,
@@ -526,6 +537,69 @@ payidem_order_no_parse(PG_FUNCTION_ARGS)
 	values[3] = Int32GetDatum(parts.seq);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;
+}
+
+/*
+ * payidem.order_no_make(prefix text, issued_at timestamptz, shard int, seq int)
+ *		RETURNS text
+ *		The inverse of order_no_parse(): the number with these parts and its
+ *		check digits (issued_at truncated to the second).  It reserves nothing,
+ *		so gen_order_no() may issue the same number: it is for fixtures,
+ *		benchmarks and migrating numbers kept elsewhere.  22023 on a NULL or
+ *		out-of-range part.
+ */
+PG_FUNCTION_INFO_V1(payidem_order_no_make);
+Datum
+payidem_order_no_make(PG_FUNCTION_ARGS)
+{
+	static const char *const names[] = {"prefix", "issued_at", "shard", "seq"};
+	text	   *prefix;
+	TimestampTz issued_at;
+	OrderNoParts parts;
+	char		buf[ORDER_NO_LEN];
+	int64		usecs;
+	int			i;
+
+	for (i = 0; i < 4; i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("order_no_make(): %s must not be NULL", names[i])));
+	prefix = check_prefix(fcinfo);
+	issued_at = PG_GETARG_TIMESTAMPTZ(1);
+	memcpy(parts.prefix, VARDATA_ANY(prefix), 2);
+	parts.prefix[2] = '\0';
+	parts.shard = PG_GETARG_INT32(2);
+	parts.seq = PG_GETARG_INT32(3);
+	parts.epoch = 0;
+	if (!TIMESTAMP_NOT_FINITE(issued_at))
+	{
+		/* floor to the second, also before 2000-01-01 */
+		usecs = issued_at + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY;
+		parts.epoch = usecs / USECS_PER_SEC - (usecs % USECS_PER_SEC < 0 ? 1 : 0);
+	}
+	if (TIMESTAMP_NOT_FINITE(issued_at) ||
+		parts.epoch < ORDER_NO_MIN_EPOCH || parts.epoch > ORDER_NO_MAX_EPOCH)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("order_no_make(): issued_at is out of range"),
+				 errdetail("The value was %s; an order number holds a UTC time from 1970-01-01 to 9999-12-31.",
+						   DatumGetCString(DirectFunctionCall1(timestamptz_out, TimestampTzGetDatum(issued_at))))));
+	if (parts.shard < 0 || parts.shard > ORDER_NO_SHARD_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("order_no_make(): shard is out of range"),
+				 errdetail("The value was %d; a shard is 0 to %d.", parts.shard, ORDER_NO_SHARD_MAX)));
+	if (parts.seq < 0 || parts.seq > ORDER_NO_SEQ_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("order_no_make(): seq is out of range"),
+				 errdetail("The value was %d; a per-second sequence is 0 to %d.", parts.seq, ORDER_NO_SEQ_MAX),
+				 parts.seq > ORDER_NO_SEQ_MAX ?
+				 errhint("Move to the next second for more than %d numbers.", ORDER_NO_SEQ_MAX + 1) : 0));
+	if (!order_no_format(buf, &parts))
+		elog(ERROR, "order_no_make(): parts out of range");
+	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf, ORDER_NO_LEN));
 }
 
 /*

@@ -78,6 +78,7 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
+#include "order_no_codec.h"
 #include "payidem.h"
 
 /* one status of an entity */
@@ -840,9 +841,9 @@ payidem_status_log_append_only(PG_FUNCTION_ARGS)
 }
 
 /*
- * An order, payment or refund number must look like one (PO/PY/RF and 24
- * digits) before it is looked up: anything else is malformed input (22023),
- * not "not found".
+ * An order, payment or refund number must be one (PO/PY/RF, 24 digits, a real
+ * date and matching check digits) before it is looked up: anything else is
+ * malformed input (22023), not "not found".
  */
 static void
 check_number_format(TransitTarget *target, text *key)
@@ -852,6 +853,8 @@ check_number_format(TransitTarget *target, text *key)
 	const char *k = VARDATA_ANY(key);
 	int			len = VARSIZE_ANY_EXHDR(key);
 	bool		ok = len == 26 && k[0] == prefix[0] && k[1] == prefix[1];
+	OrderNoParts parts;
+	OrderNoError err;
 	int			i;
 
 	for (i = 2; ok && i < len; i++)
@@ -862,6 +865,13 @@ check_number_format(TransitTarget *target, text *key)
 				 errmsg("invalid %s number %s", target->entity, payidem_quote_value(k, len)),
 				 errdetail("A%s %s number is %s followed by 24 digits.",
 						   target->entity[0] == 'o' ? "n" : "", target->entity, prefix),
+				 errhint("Pass the number payidem returned when it created the %s.", target->entity)));
+	err = order_no_parse(k, len, &parts);
+	if (err != ORDER_NO_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid %s number %s", target->entity, payidem_quote_value(k, len)),
+				 errdetail_internal("%s", order_no_error_text(err)),
 				 errhint("Pass the number payidem returned when it created the %s.", target->entity)));
 }
 

@@ -27,7 +27,7 @@ SET client_min_messages = warning;
 --   bill day   2024-06-01 of WXPAY_001, batch WXPAY_001-20240601
 
 BEGIN;
-SELECT plan(355);
+SELECT plan(356);
 
 ------------------------------------------------------------------------------
 -- 1. Structure
@@ -303,7 +303,7 @@ SELECT lives_ok($$INSERT INTO payidem.transition (entity, from_status, to_status
 	('invoice', 'draft', 'issued')$$,
 	'transition: a valid transition of a new entity is accepted');
 SELECT lives_ok($$INSERT INTO payidem.status_log (entity, entity_no, from_status, to_status) VALUES
-	('order', 'PO000000000000000000000001', NULL, 'pending')$$,
+	('order', 'PO202401010000000000000164', NULL, 'pending')$$,
 	'status_log: a valid history row is accepted');
 SELECT lives_ok($$INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rate, settle_cycle, status, api_key) VALUES
 	('M0123456789ABCDE', 'Tea House', 'retail', 0.006000, 'T1', 'active', 'ak_live_0123456789abcdef'),
@@ -330,39 +330,39 @@ SELECT lives_ok($$INSERT INTO payidem.merchant_channel (merchant_no, channel_no,
 SET LOCAL session_replication_role = replica;
 SELECT lives_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, body, amount, currency, status,
 	                                        refunded_amount, notify_url, return_url, notify_status, expire_at, paid_at) VALUES
-	('PO000000000000000000000001', 'M0123456789ABCDE', 'T-0001', 'Green tea', 'Two cups', 1250, 'CNY', 'paid',
+	('PO202401010000000000000164', 'M0123456789ABCDE', 'T-0001', 'Green tea', 'Two cups', 1250, 'CNY', 'paid',
 	 0, NULL, NULL, 'none', now() + interval '30 minutes', now()),
-	('PO000000000000000000000002', 'M0123456789ABCDE', 'T-0002', 'Black tea', NULL, 990, 'CNY', 'pending',
+	('PO202401010000000000000261', 'M0123456789ABCDE', 'T-0002', 'Black tea', NULL, 990, 'CNY', 'pending',
 	 0, NULL, NULL, 'none', now() + interval '30 minutes', NULL)$$,
 	'order: valid orders are accepted');
 SELECT lives_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status, transaction_id,
 	                                       fee_amount, cost_amount, paid_at) VALUES
-	('PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'succeeded',
+	('PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'succeeded',
 	 '4200000000000000000001', 8, 3, now()),
-	('PY000000000000000000000002', 'PO000000000000000000000002', 'M0123456789ABCDE', 'WXPAY_001', 990, 'pending',
+	('PY202401010000000000000287', 'PO202401010000000000000261', 'M0123456789ABCDE', 'WXPAY_001', 990, 'pending',
 	 NULL, NULL, NULL, NULL)$$,
 	'payment: valid payment attempts are accepted');
 RESET session_replication_role;
 SELECT lives_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, reason) VALUES
-	('RF000000000000000000000001', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE',
+	('RF202401010000000000000195', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE',
 	 'R-0001', 500, 'one cup was cold')$$,
 	'refund: a valid refund is accepted');
 SELECT lives_ok($$INSERT INTO payidem.idempotency (idem_key, biz_type, order_no, channel, channel_txn_id, amount, fingerprint,
 	                                           status, result, attempts, locked_until) VALUES
-	('pay:PO000000000000000000000001:notify', 'pay', 'PO000000000000000000000001', 'WXPAY_001',
+	('pay:PO202401010000000000000164:notify', 'pay', 'PO202401010000000000000164', 'WXPAY_001',
 	 '4200000000000000000001', 1250, 'sha256:00ff', 'completed', '{"ok": true}', 1, NULL)$$,
 	'idempotency: a valid completed key is accepted');
 SELECT lives_ok($$INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail) VALUES
-	('amount_mismatch', 'PO000000000000000000000001', 'PY000000000000000000000001', 'WXPAY_001', 10, '{"bill": 1260}')$$,
+	('amount_mismatch', 'PO202401010000000000000164', 'PY202401010000000000000190', 'WXPAY_001', 10, '{"bill": 1260}')$$,
 	'anomaly: a valid open anomaly is accepted');
 SELECT lives_ok($$INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at) VALUES
-	('WXPAY_001', '2024-06-01', '4200000000000000000001', 'PY000000000000000000000001', 1250, 3, 'succeeded', now())$$,
+	('WXPAY_001', '2024-06-01', '4200000000000000000001', 'PY202401010000000000000190', 1250, 3, 'succeeded', now())$$,
 	'channel_bill: a valid statement line is accepted');
 SELECT lives_ok($$INSERT INTO payidem.recon_batch (recon_batch_no, channel_no, bill_date, status, matched, started_at, finished_at) VALUES
 	('WXPAY_001-20240601', 'WXPAY_001', '2024-06-01', 'done', 1, now(), now() + interval '1 second')$$,
 	'recon_batch: a valid finished batch is accepted');
 SELECT lives_ok($$INSERT INTO payidem.reconciliation (recon_batch_no, channel_no, bill_date, diff_type, payment_no, platform_amount) VALUES
-	('WXPAY_001-20240601', 'WXPAY_001', '2024-06-01', 'platform_only', 'PY000000000000000000000002', 990)$$,
+	('WXPAY_001-20240601', 'WXPAY_001', '2024-06-01', 'platform_only', 'PY202401010000000000000287', 990)$$,
 	'reconciliation: a valid difference is accepted');
 
 ------------------------------------------------------------------------------
@@ -408,7 +408,7 @@ SELECT throws_ok($$INSERT INTO payidem.transition (entity, from_status, to_statu
 
 -- status_log ------------------------------------------------------------------
 SELECT throws_ok($$INSERT INTO payidem.status_log (entity, entity_no, from_status, to_status) VALUES
-	('order', 'PO000000000000000000000001', 'paid', 'paid')$$,
+	('order', 'PO202401010000000000000164', 'paid', 'paid')$$,
 	'23514', 'new row for relation "status_log" violates check constraint "status_log_changed"',
 	'status_log: from_status must differ from to_status');
 SELECT throws_ok($$INSERT INTO payidem.status_log (entity, entity_no, from_status, to_status) VALUES
@@ -644,60 +644,60 @@ SELECT throws_ok($$INSERT INTO payidem.merchant_channel (merchant_no, channel_no
 	'merchant_channel: weight must be between 0 and 10000');
 
 -- order -----------------------------------------------------------------------
--- valid template: ('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + 30 min)
+-- valid template: ('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + 30 min)
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000001', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000164', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
 	'23505', 'duplicate key value violates unique constraint "order_pkey"',
 	'order: order_no is unique');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0001', 'Green tea', 1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0001', 'Green tea', 1250, now() + interval '30 minutes')$$,
 	'23505', 'duplicate key value violates unique constraint "order_out_trade_no_key"',
 	'order: out_trade_no is unique per merchant');
 SELECT lives_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000003', 'M0123456789ABCDF', 'T-0001', 'A novel', 4200, now() + interval '30 minutes')$$,
+	('PO202401010000000000000358', 'M0123456789ABCDF', 'T-0001', 'A novel', 4200, now() + interval '30 minutes')$$,
 	'order: another merchant may reuse the same out_trade_no');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	(NULL, 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
 	'23502', 'null value in column "order_no" of relation "order" violates not-null constraint',
 	'order: order_no cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', NULL, 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', NULL, 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
 	'23502', 'null value in column "merchant_no" of relation "order" violates not-null constraint',
 	'order: merchant_no cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', NULL, 'Green tea', 1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', NULL, 'Green tea', 1250, now() + interval '30 minutes')$$,
 	'23502', 'null value in column "out_trade_no" of relation "order" violates not-null constraint',
 	'order: out_trade_no cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', NULL, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', NULL, now() + interval '30 minutes')$$,
 	'23502', 'null value in column "amount" of relation "order" violates not-null constraint',
 	'order: amount cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, status, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, NULL, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, NULL, now() + interval '30 minutes')$$,
 	'23502', 'null value in column "status" of relation "order" violates not-null constraint',
 	'order: status cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, NULL)$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, NULL)$$,
 	'23502', 'null value in column "expire_at" of relation "order" violates not-null constraint',
 	'order: expire_at cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', '12.50', now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', '12.50', now() + interval '30 minutes')$$,
 	'22P02', 'invalid input syntax for type bigint: "12.50"',
 	'order: a decimal amount as text (12.50) is refused, amounts are minor units');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, status_entity, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'payment', now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'payment', now() + interval '30 minutes')$$,
 	'428C9', 'cannot insert a non-DEFAULT value into column "status_entity"',
 	'order: status_entity is generated and cannot be set');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'MZZZZZZZZZZZZZZZ', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'MZZZZZZZZZZZZZZZ', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
 	'23503', 'insert or update on table "order" violates foreign key constraint "order_merchant_fkey"',
 	'order: merchant must exist');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, status, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'shipped', now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'shipped', now() + interval '30 minutes')$$,
 	'23503', 'insert or update on table "order" violates foreign key constraint "order_status_known"',
 	'order: an unknown status is refused');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, status, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'succeeded', now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'succeeded', now() + interval '30 minutes')$$,
 	'23503', 'insert or update on table "order" violates foreign key constraint "order_status_known"',
 	'order: a status of another entity (payment succeeded) is refused');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
@@ -705,232 +705,236 @@ SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade
 	'23514', 'new row for relation "order" violates check constraint "order_no_format"',
 	'order: order_no must be PO + 24 digits');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T 0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000941', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
+	'23514', 'new row for relation "order" violates check constraint "order_no_format"',
+	'order: order_no must carry its check digits');
+SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T 0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_out_trade_no_format"',
 	'order: out_trade_no must not contain spaces');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', '  ', 1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', '  ', 1250, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_subject_length"',
 	'order: subject must not be blank');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, body, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', repeat('x', 1025), 1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', repeat('x', 1025), 1250, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_body_length"',
 	'order: body is at most 1024 characters');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 0, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 0, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_amount_positive"',
 	'order: amount must be positive (0 refused)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', -1250, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', -1250, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_amount_positive"',
 	'order: amount must be positive (negative refused)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, currency, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'cny', now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'cny', now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_currency_format"',
 	'order: currency must be three upper-case letters');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, refunded_amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 1251, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 1251, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_refunded_range"',
 	'order: refunded_amount cannot exceed amount');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, refunded_amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, -1, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, -1, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_refunded_range"',
 	'order: refunded_amount cannot be negative');
-SELECT throws_ok($$UPDATE payidem."order" SET refunded_amount = amount + 1 WHERE order_no = 'PO000000000000000000000001'$$,
+SELECT throws_ok($$UPDATE payidem."order" SET refunded_amount = amount + 1 WHERE order_no = 'PO202401010000000000000164'$$,
 	'23514', 'new row for relation "order" violates check constraint "order_refunded_range"',
 	'order: an UPDATE cannot refund more than the amount either');
 -- URLs: http(s), no white space, at most 1024 characters
 SELECT lives_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_url, return_url, expire_at) VALUES
-	('PO000000000000000000000004', 'M0123456789ABCDE', 'T-0004', 'Green tea', 1250,
+	('PO202401010000000000000455', 'M0123456789ABCDE', 'T-0004', 'Green tea', 1250,
 	 'https://shop.example/notify', 'https://shop.example/return', now() + interval '30 minutes')$$,
 	'order: https notify_url and return_url are accepted');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_url, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'ftp://shop.example/notify', now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'ftp://shop.example/notify', now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_notify_url_format"',
 	'order: notify_url must be http(s)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, return_url, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'javascript:alert(1)', now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'javascript:alert(1)', now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_return_url_format"',
 	'order: return_url must be http(s)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_status, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'queued', now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'queued', now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_notify_status_known"',
 	'order: notify_status must be none, pending, sent or failed');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_attempts, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, -1, now() + interval '30 minutes')$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, -1, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_notify_attempts_nonnegative"',
 	'order: notify_attempts cannot be negative');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
-	('PO000000000000000000000009', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now())$$,
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now())$$,
 	'23514', 'new row for relation "order" violates check constraint "order_expire_after_create"',
 	'order: expire_at must be after created_at');
 
 -- payment ---------------------------------------------------------------------
--- valid template: ('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250)
+-- valid template: ('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250)
 -- (PO...01 has no pending attempt, so the template's default pending status is valid)
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
+	('PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
 	'23505', 'duplicate key value violates unique constraint "payment_pkey"',
 	'payment: payment_no is unique');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status, transaction_id) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'failed', '4200000000000000000001')$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'failed', '4200000000000000000001')$$,
 	'23505', 'duplicate key value violates unique constraint "payment_transaction_key"',
 	'payment: transaction_id is unique per channel');
 -- (inserted as failed: loaded with the state-machine triggers off, as in section 3)
 SET LOCAL session_replication_role = replica;
 SELECT lives_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status, transaction_id) VALUES
-	('PY000000000000000000000003', 'PO000000000000000000000001', 'M0123456789ABCDE', 'ALIPAY_001', 1250, 'failed', '4200000000000000000001')$$,
+	('PY202401010000000000000384', 'PO202401010000000000000164', 'M0123456789ABCDE', 'ALIPAY_001', 1250, 'failed', '4200000000000000000001')$$,
 	'payment: the same transaction_id on another channel is allowed');
 RESET session_replication_role;
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000002', 'M0123456789ABCDE', 'ALIPAY_001', 990)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000261', 'M0123456789ABCDE', 'ALIPAY_001', 990)$$,
 	'23505', 'duplicate key value violates unique constraint "payment_one_pending_per_order"',
 	'payment: a second pending attempt for one order is refused');
 -- (inserted as failed: loaded with the state-machine triggers off, as in section 3)
 SET LOCAL session_replication_role = replica;
 SELECT lives_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status) VALUES
-	('PY000000000000000000000004', 'PO000000000000000000000002', 'M0123456789ABCDE', 'ALIPAY_001', 990, 'failed')$$,
+	('PY202401010000000000000481', 'PO202401010000000000000261', 'M0123456789ABCDE', 'ALIPAY_001', 990, 'failed')$$,
 	'payment: a failed second attempt next to the pending one is allowed');
 RESET session_replication_role;
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	(NULL, 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
+	(NULL, 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
 	'23502', 'null value in column "payment_no" of relation "payment" violates not-null constraint',
 	'payment: payment_no cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000009', NULL, 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
+	('PY202401010000000000000966', NULL, 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
 	'23502', 'null value in column "order_no" of relation "payment" violates not-null constraint',
 	'payment: order_no cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', NULL, 1250)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', NULL, 1250)$$,
 	'23502', 'null value in column "channel_no" of relation "payment" violates not-null constraint',
 	'payment: channel_no cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', NULL)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', NULL)$$,
 	'23502', 'null value in column "amount" of relation "payment" violates not-null constraint',
 	'payment: amount cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status_entity) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'order')$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'order')$$,
 	'428C9', 'cannot insert a non-DEFAULT value into column "status_entity"',
 	'payment: status_entity is generated and cannot be set');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000009', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000940', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
 	'23503', 'insert or update on table "payment" violates foreign key constraint "payment_order_fkey"',
 	'payment: order must exist');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDF', 'WXPAY_001', 1250)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDF', 'WXPAY_001', 1250)$$,
 	'23503', 'insert or update on table "payment" violates foreign key constraint "payment_order_fkey"',
 	'payment: merchant must be the order''s merchant');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'NOPE_001', 1250)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'NOPE_001', 1250)$$,
 	'23503', 'insert or update on table "payment" violates foreign key constraint "payment_channel_fkey"',
 	'payment: channel must exist');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'authorised')$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'authorised')$$,
 	'23503', 'insert or update on table "payment" violates foreign key constraint "payment_status_known"',
 	'payment: an unknown status is refused');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'paid')$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, 'paid')$$,
 	'23503', 'insert or update on table "payment" violates foreign key constraint "payment_status_known"',
 	'payment: a status of another entity (order paid) is refused');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY9', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
+	('PY9', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
 	'23514', 'new row for relation "payment" violates check constraint "payment_no_format"',
 	'payment: payment_no must be PY + 24 digits');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', -1)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', -1)$$,
 	'23514', 'new row for relation "payment" violates check constraint "payment_amount_positive"',
 	'payment: amount must be positive');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, transaction_id) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, '4200 0001')$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, '4200 0001')$$,
 	'23514', 'new row for relation "payment" violates check constraint "payment_transaction_id_format"',
 	'payment: transaction_id must be printable without spaces');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, fee_amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, -1)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, -1)$$,
 	'23514', 'new row for relation "payment" violates check constraint "payment_fee_range"',
 	'payment: fee_amount cannot be negative');
-SELECT throws_ok($$UPDATE payidem.payment SET fee_amount = amount + 1 WHERE payment_no = 'PY000000000000000000000001'$$,
+SELECT throws_ok($$UPDATE payidem.payment SET fee_amount = amount + 1 WHERE payment_no = 'PY202401010000000000000190'$$,
 	'23514', 'new row for relation "payment" violates check constraint "payment_fee_range"',
 	'payment: fee_amount cannot exceed the amount');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, cost_amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, -1)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, -1)$$,
 	'23514', 'new row for relation "payment" violates check constraint "payment_cost_range"',
 	'payment: cost_amount cannot be negative');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, refunded_amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, 1251)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, 1251)$$,
 	'23514', 'new row for relation "payment" violates check constraint "payment_refunded_range"',
 	'payment: refunded_amount cannot exceed amount');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, refunded_amount) VALUES
-	('PY000000000000000000000009', 'PO000000000000000000000001', 'M0123456789ABCDE', 'WXPAY_001', 1250, -1)$$,
+	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, -1)$$,
 	'23514', 'new row for relation "payment" violates check constraint "payment_refunded_range"',
 	'payment: refunded_amount cannot be negative');
 
 -- refund ----------------------------------------------------------------------
--- valid template: ('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100)
+-- valid template: ('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100)
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF000000000000000000000001', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100)$$,
+	('RF202401010000000000000195', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100)$$,
 	'23505', 'duplicate key value violates unique constraint "refund_pkey"',
 	'refund: refund_no is unique');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0001', 100)$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0001', 100)$$,
 	'23505', 'duplicate key value violates unique constraint "refund_out_refund_no_key"',
 	'refund: out_refund_no is unique per merchant');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	(NULL, 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100)$$,
+	(NULL, 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100)$$,
 	'23502', 'null value in column "refund_no" of relation "refund" violates not-null constraint',
 	'refund: refund_no cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF000000000000000000000009', NULL, 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100)$$,
+	('RF202401010000000000000971', NULL, 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100)$$,
 	'23502', 'null value in column "payment_no" of relation "refund" violates not-null constraint',
 	'refund: payment_no cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', NULL)$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', NULL)$$,
 	'23502', 'null value in column "amount" of relation "refund" violates not-null constraint',
 	'refund: amount cannot be NULL');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, status_entity) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100, 'payment')$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, 'payment')$$,
 	'428C9', 'cannot insert a non-DEFAULT value into column "status_entity"',
 	'refund: status_entity is generated and cannot be set');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000002', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100)$$,
+	('RF202401010000000000000971', 'PY202401010000000000000287', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100)$$,
 	'23503', 'insert or update on table "refund" violates foreign key constraint "refund_payment_fkey"',
 	'refund: the payment must belong to the refunded order');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDF', 'R-0009', 100)$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDF', 'R-0009', 100)$$,
 	'23503', 'insert or update on table "refund" violates foreign key constraint "refund_order_fkey"',
 	'refund: merchant must be the order''s merchant');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, status) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100, 'cancelled')$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, 'cancelled')$$,
 	'23503', 'insert or update on table "refund" violates foreign key constraint "refund_status_known"',
 	'refund: an unknown status is refused');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, status) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100, 'refunded')$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, 'refunded')$$,
 	'23503', 'insert or update on table "refund" violates foreign key constraint "refund_status_known"',
 	'refund: a status of another entity (payment refunded) is refused');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF0009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100)$$,
+	('RF0009', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100)$$,
 	'23514', 'new row for relation "refund" violates check constraint "refund_no_format"',
 	'refund: refund_no must be RF + 24 digits');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', '', 100)$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', '', 100)$$,
 	'23514', 'new row for relation "refund" violates check constraint "refund_out_refund_no_format"',
 	'refund: out_refund_no must not be empty');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', -100)$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', -100)$$,
 	'23514', 'new row for relation "refund" violates check constraint "refund_amount_positive"',
 	'refund: amount must be positive');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, channel_refund_id) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100, '')$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, '')$$,
 	'23514', 'new row for relation "refund" violates check constraint "refund_channel_refund_id_format"',
 	'refund: channel_refund_id must not be empty');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, reason) VALUES
-	('RF000000000000000000000009', 'PY000000000000000000000001', 'PO000000000000000000000001', 'M0123456789ABCDE', 'R-0009', 100, repeat('x', 257))$$,
+	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, repeat('x', 257))$$,
 	'23514', 'new row for relation "refund" violates check constraint "refund_reason_length"',
 	'refund: reason is at most 256 characters');
 
 -- idempotency -----------------------------------------------------------------
 -- valid template: ('k-0009', 'pay', 'processing', now() + 30 s)
 SELECT throws_ok($$INSERT INTO payidem.idempotency (idem_key, biz_type, status, locked_until) VALUES
-	('pay:PO000000000000000000000001:notify', 'pay', 'processing', now() + interval '30 seconds')$$,
+	('pay:PO202401010000000000000164:notify', 'pay', 'processing', now() + interval '30 seconds')$$,
 	'23505', 'duplicate key value violates unique constraint "idempotency_pkey"',
 	'idempotency: idem_key is unique (the second caller loses)');
 SELECT throws_ok($$INSERT INTO payidem.idempotency (idem_key, biz_type, status, locked_until) VALUES
@@ -974,13 +978,13 @@ SELECT throws_ok($$INSERT INTO payidem.anomaly (anomaly_id, kind) SELECT anomaly
 SELECT throws_ok($$INSERT INTO payidem.anomaly (kind) VALUES (NULL)$$,
 	'23502', 'null value in column "kind" of relation "anomaly" violates not-null constraint',
 	'anomaly: kind cannot be NULL');
-SELECT throws_ok($$INSERT INTO payidem.anomaly (kind, order_no) VALUES ('amount_mismatch', 'PO000000000000000000000009')$$,
+SELECT throws_ok($$INSERT INTO payidem.anomaly (kind, order_no) VALUES ('amount_mismatch', 'PO202401010000000000000940')$$,
 	'23503', 'insert or update on table "anomaly" violates foreign key constraint "anomaly_order_fkey"',
 	'anomaly: order, when given, must exist');
-SELECT throws_ok($$INSERT INTO payidem.anomaly (kind, payment_no) VALUES ('amount_mismatch', 'PY000000000000000000000009')$$,
+SELECT throws_ok($$INSERT INTO payidem.anomaly (kind, payment_no) VALUES ('amount_mismatch', 'PY202401010000000000000966')$$,
 	'23503', 'insert or update on table "anomaly" violates foreign key constraint "anomaly_payment_fkey"',
 	'anomaly: payment, when given, must exist');
-SELECT throws_ok($$INSERT INTO payidem.anomaly (kind, order_no, payment_no) VALUES ('amount_mismatch', 'PO000000000000000000000002', 'PY000000000000000000000001')$$,
+SELECT throws_ok($$INSERT INTO payidem.anomaly (kind, order_no, payment_no) VALUES ('amount_mismatch', 'PO202401010000000000000261', 'PY202401010000000000000190')$$,
 	'23503', 'insert or update on table "anomaly" violates foreign key constraint "anomaly_payment_order_fkey"',
 	'anomaly: payment and order, when both given, belong together');
 SELECT throws_ok($$INSERT INTO payidem.anomaly (kind, channel_no) VALUES ('amount_mismatch', 'NOPE_001')$$,
