@@ -5,9 +5,12 @@
  *
  * Money is bigint in the currency's minor unit; rates are numeric(7,6)
  * fractions.  Status columns of "order", payment and refund reference the
- * state-machine whitelist (payidem.state), so an unknown status is refused by a
- * foreign key; which changes between statuses are allowed is enforced by the
- * state-machine triggers.  Nothing is granted to PUBLIC.
+ * state-machine whitelist (payidem.state).  Which statuses a row may take is
+ * enforced by the state-machine triggers at the end of each statement (PI002,
+ * also for a status the whitelist does not know); the foreign keys are
+ * deferred to commit, a second line that also keeps a state in use from being
+ * deleted, and do not pre-empt the triggers' answer.  Nothing is granted to
+ * PUBLIC.
  *
  * Order, payment and refund numbers carry ISO 7064 MOD 97-10 check digits
  * (see order_no_valid()).  The tables check them with built-in operators only,
@@ -310,7 +313,7 @@ CREATE TABLE payidem."order" (
 	CONSTRAINT order_merchant_fkey FOREIGN KEY (merchant_no)
 		REFERENCES payidem.merchant (merchant_no),
 	CONSTRAINT order_status_known FOREIGN KEY (status_entity, status)
-		REFERENCES payidem.state (entity, status),
+		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
 	CONSTRAINT order_no_format CHECK (CASE WHEN order_no !~ '^PO[0-9]{24}$' THEN false
 		ELSE ('2524' || substr(order_no, 3))::numeric % 97 = 1 END),
 	CONSTRAINT order_out_trade_no_format CHECK (out_trade_no ~ '^[0-9A-Za-z_.|*@-]{1,64}$'),
@@ -377,7 +380,7 @@ CREATE TABLE payidem.payment (
 	CONSTRAINT payment_channel_fkey FOREIGN KEY (channel_no)
 		REFERENCES payidem.channel (channel_no),
 	CONSTRAINT payment_status_known FOREIGN KEY (status_entity, status)
-		REFERENCES payidem.state (entity, status),
+		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
 	CONSTRAINT payment_no_format CHECK (CASE WHEN payment_no !~ '^PY[0-9]{24}$' THEN false
 		ELSE ('2534' || substr(payment_no, 3))::numeric % 97 = 1 END),
 	CONSTRAINT payment_amount_positive CHECK (amount > 0),
@@ -430,7 +433,7 @@ CREATE TABLE payidem.refund (
 	CONSTRAINT refund_order_fkey FOREIGN KEY (order_no, merchant_no)
 		REFERENCES payidem."order" (order_no, merchant_no),
 	CONSTRAINT refund_status_known FOREIGN KEY (status_entity, status)
-		REFERENCES payidem.state (entity, status),
+		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
 	CONSTRAINT refund_no_format CHECK (CASE WHEN refund_no !~ '^RF[0-9]{24}$' THEN false
 		ELSE ('2715' || substr(refund_no, 3))::numeric % 97 = 1 END),
 	CONSTRAINT refund_out_refund_no_format CHECK (out_refund_no ~ '^[0-9A-Za-z_.|*@-]{1,64}$'),

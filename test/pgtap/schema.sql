@@ -27,7 +27,12 @@ SET client_min_messages = warning;
 --   bill day   2024-06-01 of WXPAY_001, batch WXPAY_001-20240601
 
 BEGIN;
-SELECT plan(356);
+SELECT plan(358);
+
+-- The status foreign keys are deferred to commit, so that the state-machine
+-- guard answers PI002 first; this test checks them per statement instead.
+SET CONSTRAINTS payidem.order_status_known, payidem.payment_status_known,
+	payidem.refund_status_known IMMEDIATE;
 
 ------------------------------------------------------------------------------
 -- 1. Structure
@@ -700,6 +705,15 @@ SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'succeeded', now() + interval '30 minutes')$$,
 	'23503', 'insert or update on table "order" violates foreign key constraint "order_status_known"',
 	'order: a status of another entity (payment succeeded) is refused');
+SELECT is((SELECT array_agg(conname::text ORDER BY conname) FROM pg_constraint
+			WHERE conname LIKE '%\_status\_known' AND contype = 'f' AND condeferrable AND condeferred),
+	ARRAY['order_status_known', 'payment_status_known', 'refund_status_known'],
+	'the status foreign keys are deferred to commit');
+SELECT throws_ok($$SET CONSTRAINTS payidem.order_status_known DEFERRED;
+	INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, status, expire_at) VALUES
+	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'shipped', now() + interval '30 minutes')$$,
+	'PI002', NULL, 'order: with the foreign key deferred, the guard refuses an unknown status (PI002)');
+SET CONSTRAINTS payidem.order_status_known IMMEDIATE;
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO12345', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
 	'23514', 'new row for relation "order" violates check constraint "order_no_format"',
