@@ -1077,7 +1077,7 @@ SELECT throws_ok($$INSERT INTO payidem.recon_batch (recon_batch_no, channel_no, 
 	'23514', 'new row for relation "recon_batch" violates check constraint "recon_batch_no_format"',
 	'recon_batch: recon_batch_no must be upper case without spaces');
 SELECT throws_ok($$INSERT INTO payidem.recon_batch (recon_batch_no, channel_no, bill_date, status, finished_at) VALUES
-	('WXPAY_001-20240602', 'WXPAY_001', '2024-06-02', 'stopped', now() + interval '1 second')$$,
+	('WXPAY_001-20240602', 'WXPAY_001', '2024-06-02', 'stopped', clock_timestamp() + interval '1 hour')$$,
 	'23514', 'new row for relation "recon_batch" violates check constraint "recon_batch_status_known"',
 	'recon_batch: status must be running, done or failed');
 SELECT throws_ok($$INSERT INTO payidem.recon_batch (recon_batch_no, channel_no, bill_date, status) VALUES
