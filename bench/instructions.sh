@@ -12,6 +12,10 @@
 #   bench/instructions.sh --check     also fail if a call costs > 20 % more than
 #                                     bench/instructions.baseline
 #   bench/instructions.sh --update    measure and rewrite the baseline
+#
+# Also writes bench/out/instructions.md (the table with the baseline next to
+# each count) and bench/out/instructions.targets.  N (2000) calls per
+# statement, on fixtures of N rows; compare counts only at the same N.
 source "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
@@ -25,14 +29,14 @@ command -v valgrind >/dev/null || {
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 }
 set_pg_paths
-build_and_install
+[ "${SKIP_BUILD:-}" = 1 ] || build_and_install
 
 RUN=$(make_run_dir bench-instructions)
 trap cluster_stop EXIT
 cluster_start "$RUN"
 DB=bench_instr
 psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE $DB"
-psql -X -q -v ON_ERROR_STOP=1 -d "$DB" <<'SQL'
+psql -X -q -v ON_ERROR_STOP=1 -v rows="$N" -d "$DB" <<'SQL'
 CREATE EXTENSION payidem;
 -- fixtures for the calls that need rows
 INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rate, api_key)
@@ -41,10 +45,22 @@ INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES ('BENCH_
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
 SELECT payidem.order_no_make('PO', '2026-01-01 00:00:00+00', 0, i), 'M0000000000BENCH', 'B' || i, 'bench', 100,
        now() + interval '1 day'
-  FROM generate_series(1, 20000) AS i;
+  FROM generate_series(1, :rows) AS i;
+-- pending payments of a bound merchant and channel, for apply_payment_result()
+CREATE TABLE bench_merchant AS SELECT merchant_no FROM payidem.create_merchant('Bench Pay', 'retail', 0.006);
+SELECT payidem.create_channel('BENCH_PAY', 'wechat', 0.002);
+SELECT payidem.bind_channel(merchant_no, 'BENCH_PAY') FROM bench_merchant;
+WITH o AS (
+	INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, notify_url)
+	SELECT payidem.gen_order_no('PO'), m.merchant_no, 'P' || i, 'bench', 1000, now() + interval '1 day',
+	       'https://shop.example/notify'
+	  FROM bench_merchant m, generate_series(1, :rows) AS i
+	RETURNING order_no, merchant_no, amount)
+INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_PAY', amount FROM o;
 -- duplicate idempotency keys, completed
 INSERT INTO payidem.idempotency (idem_key, biz_type, order_no, amount, status, result)
-SELECT 'dup:' || i, 'pay', 'PO1', 100, 'completed', '{"ok": true}' FROM generate_series(1, 20000) AS i;
+SELECT 'dup:' || i, 'pay', 'PO1', 100, 'completed', '{"ok": true}' FROM generate_series(1, :rows) AS i;
 SQL
 cluster_stop
 
@@ -55,14 +71,16 @@ declare -A CALL=(
 	[idem_claim_new]="SELECT count(c.outcome) FROM generate_series(1, :n) AS i, LATERAL payidem.idem_claim('new:' || i, 'pay', 'PO1', 'BENCH_WX', 100) AS c;"
 	[idem_claim_dup]="SELECT count(c.outcome) FROM generate_series(1, :n) AS i, LATERAL payidem.idem_claim('dup:' || i, 'pay', 'PO1', 'BENCH_WX', 100) AS c;"
 	[transit_order]="SELECT count(payidem.transit_order(payidem.order_no_make('PO', '2026-01-01 00:00:00+00', 0, i), 'paid')) FROM generate_series(1, :n) AS i;"
+	[apply_payment_result]="SELECT count(payidem.apply_payment_result(p.payment_no, 'callback', 'succeeded', 'TX' || p.payment_no, p.amount)) FROM (SELECT payment_no, amount FROM payidem.payment WHERE channel_no = 'BENCH_PAY' ORDER BY payment_no LIMIT :n) AS p;"
 )
 declare -A BASE=(
 	[gen_order_no]="SELECT count(1) FROM generate_series(1, :n) AS i;"
 	[idem_claim_new]="SELECT count(c) FROM generate_series(1, :n) AS i, LATERAL (SELECT 'new:' || i) AS c;"
 	[idem_claim_dup]="SELECT count(c) FROM generate_series(1, :n) AS i, LATERAL (SELECT 'dup:' || i) AS c;"
 	[transit_order]="SELECT count(payidem.order_no_make('PO', '2026-01-01 00:00:00+00', 0, i)) FROM generate_series(1, :n) AS i;"
+	[apply_payment_result]="SELECT count('TX' || p.payment_no) FROM (SELECT payment_no, amount FROM payidem.payment WHERE channel_no = 'BENCH_PAY' ORDER BY payment_no LIMIT :n) AS p;"
 )
-ORDER=(gen_order_no idem_claim_new idem_claim_dup transit_order)
+ORDER=(gen_order_no idem_claim_new idem_claim_dup transit_order apply_payment_result)
 
 # postgres --single runs one statement per line
 instructions() {
@@ -92,6 +110,26 @@ for name in "${ORDER[@]}"; do
 	per=$(( (full - base) / N ))
 	printf '%-16s %10d\n' "$name" "$per" | tee -a "$OUT"
 done
+
+# the report's section and target line, against the committed baseline
+{
+	echo "Callgrind, one statement of N = $N calls in a single-user backend, minus the same"
+	echo "statement without the call; $(date -u +%Y-%m-%d), PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}')."
+	echo
+	echo "| call | instructions per call | baseline | ratio |"
+	echo "|---|---:|---:|---:|"
+	while read -r name per; do
+		base=$(awk -v n="$name" '$1 == n {print $2}' "$BASELINE" 2>/dev/null)
+		printf '| `%s` | %s | %s | %s |\n' "$name" "$per" "${base:-—}" \
+			"$(awk -v a="$per" -v b="${base:-0}" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "—"}')"
+	done <"$OUT"
+} >bench/out/instructions.md
+worst=$(while read -r name per; do
+	awk -v n="$name" -v a="$per" '$1 == n {printf "%.2f %s\n", a / $2, n}' "$BASELINE" 2>/dev/null
+done <"$OUT" | sort -gr | head -1)
+printf 'every call within %s× of bench/instructions.baseline (make bench-check)\t%s\t%s\n' "$TOLERANCE" \
+	"${worst:+highest: ${worst#* } at ${worst%% *}×}" "$(awk -v w="${worst%% *}" -v t="$TOLERANCE" 'BEGIN {print (w != "" && w <= t) ? "yes" : "no"}')" \
+	>bench/out/instructions.targets
 
 case "$MODE" in
 --update)

@@ -1,23 +1,40 @@
 #!/usr/bin/env bash
-# make bench — run every benchmark runner in bench/ (each starts and stops its
-# own throwaway cluster and writes a Markdown section to bench/out/<name>.md),
-# then the instruction counts.  QUICK=1 is passed on to the runners that take it.
-# The sections are what docs/benchmarks.md is written from.
+# make bench — build and install payidem once, run every benchmark runner in
+# bench/ (each starts and stops its own throwaway cluster and leaves its
+# results in bench/out/), then write docs/benchmarks.md and the charts in
+# docs/img/ (bench/report.sh).  See bench/README.md.
+#
+#   QUICK=1     a rough run of under two minutes (passed on to every runner;
+#               the instruction counts are left to make bench-check)
+#   RUNNERS="idem flow"   run only these (the report still lists the others)
 source "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
-RUNNERS=(order_no idem state flow recon router)
+ALL=(ceiling order_no idem state flow recon router instructions)
+# the instruction counts do not depend on the run's length, and valgrind is
+# slow: a QUICK run leaves them to make bench-check
+[ "${QUICK:-}" = 1 ] && ALL=("${ALL[@]/instructions/}")
+read -r -a RUNNERS <<<"${RUNNERS:-${ALL[*]}}"
+export QUICK=${QUICK:-} SKIP_BUILD=1
+start=$(date +%s)
+
+set_pg_paths
+build_and_install
+mkdir -p bench/out
+# results of runners that are not run this time would be stale
+for r in "${RUNNERS[@]}"; do rm -f "bench/out/$r".{md,tsv,targets}; done
+
 failed=()
+i=0
 for r in "${RUNNERS[@]}"; do
-	[ -f "bench/$r.sh" ] || continue
-	say "benchmark: $r"
+	i=$((i + 1))
+	[ -f "bench/$r.sh" ] || { failed+=("$r (no bench/$r.sh)"); continue; }
+	say "benchmark $i/${#RUNNERS[@]}: $r ($(( $(date +%s) - start )) s so far)"
 	if ! bash "bench/$r.sh"; then
 		failed+=("$r")
 	fi
 done
-say "benchmark: instruction counts"
-bash bench/instructions.sh || failed+=(instructions)
 
-say "sections written to bench/out/:"
-ls -1 bench/out/
+bash bench/report.sh "$(( $(date +%s) - start ))"
+say "done in $(( $(date +%s) - start )) s"
 [ ${#failed[@]} -eq 0 ] || die "failed: ${failed[*]}"
