@@ -2618,7 +2618,7 @@ COMMENT ON FUNCTION payidem._refunded_by(text, text, timestamptz) IS
 -- join to the difference rules (internal).
 CREATE TYPE payidem._recon_leftover AS (
 	p_no text, p_txn text, p_amount bigint, p_status text,
-	b_txn text, b_no text, b_amount bigint, b_status text, kind text);
+	b_txn text, b_amount bigint, b_status text, kind text);
 COMMENT ON TYPE payidem._recon_leftover IS
 	'Internal to reconcile(): a payment and/or bill line the day''s join did not match, and why.';
 
@@ -2689,11 +2689,11 @@ BEGIN
 	SELECT count(*), count(j.b_txn), coalesce(sum(j.b_amount), 0),
 		   count(j.p_no), coalesce(sum(j.p_amount), 0),
 		   array_agg(ROW(j.p_no, j.p_txn, j.p_amount, j.p_status,
-						 j.b_txn, j.b_no, j.b_amount, j.b_status, j.kind)::payidem._recon_leftover)
+						 j.b_txn, j.b_amount, j.b_status, j.kind)::payidem._recon_leftover)
 			 FILTER (WHERE j.kind <> 'matched')
 	  INTO v_rows, v_bill_lines, v_bill_amount, v_payments, v_pay_amount, l_rows
 	  FROM (SELECT p.payment_no AS p_no, p.transaction_id AS p_txn, p.amount AS p_amount, p.status AS p_status,
-				   b.transaction_id AS b_txn, b.payment_no AS b_no, b.amount AS b_amount, b.status AS b_status,
+				   b.transaction_id AS b_txn, b.amount AS b_amount, b.status AS b_status,
 				   CASE
 					WHEN p.payment_no IS NULL THEN 'bill_only'
 					WHEN b.transaction_id IS NULL THEN 'platform_only'
@@ -2709,7 +2709,10 @@ BEGIN
 					   AND pay.paid_at >= v_from AND pay.paid_at < v_to
 					   AND pay.status IN ('succeeded', 'partially_refunded', 'refunded')) p
 			  FULL JOIN
-				   (SELECT cb.transaction_id, cb.payment_no, cb.amount, cb.status
+				   -- only what the join needs: the hash of the bill is its
+				   -- biggest cost; the payment number the channel echoes is
+				   -- read for the bill-only lines alone (bo below)
+				   (SELECT cb.transaction_id, cb.amount, cb.status
 					  FROM payidem.channel_bill cb
 					 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day) b
 				ON b.transaction_id = p.transaction_id
@@ -2726,11 +2729,15 @@ BEGIN
 	-- a bill line without a payment of the day: ours from another day (a
 	-- midnight straddle), ours but not paid, or unknown
 	bo AS (
-		SELECT r.b_txn, r.b_no, r.b_amount, r.b_status,
+		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status,
 			   x.payment_no AS x_no, x.order_no AS x_order, x.amount AS x_amount, x.status AS x_status,
 			   coalesce(x.by_txn AND x.status IN ('succeeded', 'partially_refunded', 'refunded'), false) AS x_paid,
 			   coalesce(x.by_txn AND payidem._refunded_by(x.payment_no, x.status, v_to), false) AS x_refunded
 		  FROM r
+		 CROSS JOIN LATERAL (
+				SELECT cb.payment_no AS b_no
+				  FROM payidem.channel_bill cb
+				 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day AND cb.transaction_id = r.b_txn) bn
 		  LEFT JOIN LATERAL (
 				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn
 				  FROM payidem.payment pay
@@ -2739,7 +2746,7 @@ BEGIN
 				-- else the payment number the channel echoes (for the record only)
 				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, false
 				  FROM payidem.payment pay
-				 WHERE pay.payment_no = r.b_no AND pay.channel_no = v_channel
+				 WHERE pay.payment_no = bn.b_no AND pay.channel_no = v_channel
 				LIMIT 1) x ON true
 		 WHERE r.kind = 'bill_only'
 	),
