@@ -1,6 +1,9 @@
--- bench/flow.sh set-up: a merchant and channel, a pool of pending payments for
--- payidem and an identical pool for the reference handler, 1,000 already-paid
--- payments of each for the duplicate deliveries.  :pool sets the pool size.
+-- bench/flow.sh set-up: a merchant and channel, the reference handler's
+-- tables, and functions that add pending payments to the pools the
+-- benchmark uses up (bench.refill_payidem(n), bench.refill_ref(n)).  flow.sh
+-- makes :pool pending payments for payidem and :ref_pool for the reference
+-- here, pays the first 1,000 of each for the duplicate deliveries, and tops
+-- the pools up between runs.
 CREATE EXTENSION payidem;
 CREATE SCHEMA bench;
 CREATE TABLE bench.merchant AS SELECT merchant_no FROM payidem.create_merchant('Bench Shop', 'retail', 0.006);
@@ -8,17 +11,27 @@ SELECT payidem.create_channel('BENCH_WX', 'wechat', 0.002);
 SELECT payidem.bind_channel(merchant_no, 'BENCH_WX') FROM bench.merchant;
 
 -- payidem: orders and attempts inserted in their initial status (the
--- state-machine triggers check and log them as usual)
-WITH o AS (
-	INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, notify_url)
-	SELECT payidem.gen_order_no('PO'), m.merchant_no, 'B-' || i, 'bench', 1000 + i % 1000,
-		   now() + interval '1 day', 'https://shop.example/notify'
-	  FROM bench.merchant m, generate_series(1, :pool) i
-	RETURNING order_no, merchant_no, amount)
-INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
-SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_WX', amount FROM o;
+-- state-machine triggers check and log them as usual); bench.pool numbers
+-- them 1, 2, ...
 CREATE TABLE bench.pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);
-INSERT INTO bench.pool SELECT row_number() OVER (ORDER BY payment_no), payment_no, amount FROM payidem.payment;
+CREATE FUNCTION bench.refill_payidem(n int) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	k0 bigint := (SELECT coalesce(max(k), 0) FROM bench.pool);
+BEGIN
+	WITH o AS (
+		INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, notify_url)
+		SELECT payidem.gen_order_no('PO'), m.merchant_no, 'B-' || (k0 + i), 'bench', 1000 + (k0 + i) % 1000,
+			   now() + interval '1 day', 'https://shop.example/notify'
+		  FROM bench.merchant m, generate_series(1, n) i
+		RETURNING order_no, merchant_no, amount),
+	p AS (
+		INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+		SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_WX', amount FROM o
+		RETURNING payment_no, amount)
+	INSERT INTO bench.pool SELECT k0 + row_number() OVER (ORDER BY payment_no), payment_no, amount FROM p;
+END
+$$;
+SELECT bench.refill_payidem(1000 + :pool);
 SELECT count(*) AS paid_for_duplicates
   FROM (SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || k, amount)
 		  FROM bench.pool WHERE k <= 1000) x;
@@ -41,10 +54,20 @@ CREATE TABLE bench.ref_history (
 	changed_at timestamptz DEFAULT now());
 CREATE TABLE bench.ref_rate (merchant_rate numeric, channel_rate numeric);
 INSERT INTO bench.ref_rate VALUES (0.006, 0.002);
-INSERT INTO bench.ref_order (order_no, merchant_no, amount, status)
-SELECT 'RO' || k, 'M', amount, 'pending' FROM bench.pool;
-INSERT INTO bench.ref_payment (payment_no, order_no, channel_no, amount, status)
-SELECT 'RP' || k, 'RO' || k, 'BENCH_WX', amount, 'pending' FROM bench.pool;
+-- its pool: payment RP<k> of order RO<k>, numbered in bench.ref_pool as above
+CREATE TABLE bench.ref_pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);
+CREATE FUNCTION bench.refill_ref(n int) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	k0 bigint := (SELECT coalesce(max(k), 0) FROM bench.ref_pool);
+BEGIN
+	INSERT INTO bench.ref_order (order_no, merchant_no, amount, status)
+	SELECT 'RO' || (k0 + i), 'M', 1000 + (k0 + i) % 1000, 'pending' FROM generate_series(1, n) i;
+	INSERT INTO bench.ref_payment (payment_no, order_no, channel_no, amount, status)
+	SELECT 'RP' || (k0 + i), 'RO' || (k0 + i), 'BENCH_WX', 1000 + (k0 + i) % 1000, 'pending' FROM generate_series(1, n) i;
+	INSERT INTO bench.ref_pool SELECT k0 + i, 'RP' || (k0 + i), 1000 + (k0 + i) % 1000 FROM generate_series(1, n) i;
+END
+$$;
+SELECT bench.refill_ref(1000 + :ref_pool);
 
 CREATE FUNCTION bench.ref_apply(p_payment_no text, p_status text, p_txn text, p_amount bigint)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -90,7 +113,7 @@ BEGIN
 END
 $$;
 SELECT count(*) AS ref_paid_for_duplicates
-  FROM (SELECT bench.ref_apply('RP' || k, 'succeeded', 'TX' || k, amount) FROM bench.pool WHERE k <= 1000) x;
+  FROM (SELECT bench.ref_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_pool WHERE k <= 1000) x;
 CREATE SEQUENCE bench.next_ref START 1001;
 
 -- one delivery: a duplicate of one of the 1,000 paid payments, or the first
@@ -110,13 +133,13 @@ $$;
 CREATE FUNCTION bench.deliver_ref(dup boolean) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
 	v_k bigint := CASE WHEN dup THEN 1 + (random() * 999)::bigint ELSE nextval('bench.next_ref') END;
-	b bench.pool;
+	b bench.ref_pool;
 BEGIN
-	SELECT * INTO b FROM bench.pool WHERE k = v_k;
+	SELECT * INTO b FROM bench.ref_pool WHERE k = v_k;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'bench pool exhausted (k = %): raise POOL', v_k;
+		RAISE EXCEPTION 'bench pool exhausted (k = %): raise REF_POOL', v_k;
 	END IF;
-	RETURN bench.ref_apply('RP' || b.k, 'succeeded', 'TX' || b.k, b.amount);
+	RETURN bench.ref_apply(b.payment_no, 'succeeded', 'TX' || b.k, b.amount);
 END
 $$;
 

@@ -5,42 +5,63 @@
 #   day (N lines) with about 1 % differences of every kind (bench/recon_setup.sql):
 #   1. import: COPY of the N-line bill file into payidem.channel_bill;
 #   2. payidem.reconcile(): the first run (stores the differences, raises the
-#      channel_only anomalies) and re-runs (keep/replace rule), RUNS runs;
+#      channel_only anomalies), then RUNS re-runs (keep/replace rule), median;
 #   3. the obvious FULL JOIN written by hand, differences into a table
-#      (bench/recon_baseline.sql), RUNS runs;
+#      (bench/recon_baseline.sql): the floor, median of RUNS runs;
 #   4. payidem.load_bill() of LOAD_N lines given as one CSV text;
 #   5. the plan reconcile() used (auto_explain): the day must go through one
 #      hash full join.
+# The counts reconcile() returns, the differences it stores, its anomalies and
+# the floor's rows are checked against what the data set holds; a mismatch
+# fails the run.
 #
-# Starts its own throwaway cluster (fsync on) on port 55850; needs payidem
-# installed (make install).  Prints a Markdown report and writes it to
-# bench/out/recon.md.
+# Starts its own throwaway cluster (fsync on, port PAYIDEM_PORT or 55850) and
+# stops it on exit.  Writes bench/out/recon.md (tables), recon.tsv (the bar
+# chart: series<TAB>1<TAB>milliseconds) and recon.targets.
+#
+#   N (1000000)  LOAD_N (200000)  RUNS (3)  WORK_MEM (64MB)  SKIP_BUILD=1
+#   QUICK=1: N 100000, LOAD_N 20000, RUNS 1
 source "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
+if [ "${QUICK:-}" = 1 ]; then
+	N=${N:-100000} LOAD_N=${LOAD_N:-20000} RUNS=${RUNS:-1}
+fi
 N=${N:-1000000}
 LOAD_N=${LOAD_N:-200000}
 RUNS=${RUNS:-3}
 WORK_MEM=${WORK_MEM:-64MB}
 
 set_pg_paths
+[ "${SKIP_BUILD:-}" = 1 ] || build_and_install
 RUN=$(make_run_dir bench-recon)
-PAYIDEM_PORT=55850 cluster_start "$RUN" "fsync = on" "shared_buffers = 256MB" "max_wal_size = 4GB"
 trap cluster_stop EXIT
+PAYIDEM_PORT=${PAYIDEM_PORT:-55850} cluster_start "$RUN" "fsync = on" "shared_buffers = 256MB" "max_wal_size = 4GB"
 mkdir -p bench/out
-OUT=bench/out/recon.md
+OUT=bench/out/recon
+rm -f "$OUT.md" "$OUT.tsv" "$OUT.targets"
 DB=bench_recon
 psql -X -q -d postgres -c "CREATE DATABASE $DB"
 
 ms_of() { sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | tail -1; }
-median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 sqlrun() { psql -X -q -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+thousands() { sed ':a; s/\B[0-9]\{3\}\>/,&/; ta' <<<"$1"; }
 
-say "setup: $N payments and a $N-line bill file"
+# what the data set holds (bench/recon_setup.sql): payments i = 1 .. N with
+# i % 400 = 1 missing from the bill, 2 amount off, 3 and 5 status off; N / 400
+# bill lines without a payment
+of_400() { [ "$N" -ge "$1" ] && echo $(((N - $1) / 400 + 1)) || echo 0; }
+X_PLATFORM=$(of_400 1) X_AMOUNT=$(of_400 2) X_STATUS=$(($(of_400 3) + $(of_400 5))) X_CHANNEL=$((N / 400))
+X_MATCHED=$((N - X_PLATFORM - X_AMOUNT - X_STATUS))
+X_DIFFS=$((X_PLATFORM + X_AMOUNT + X_STATUS + X_CHANNEL))
+EXPECT="$X_MATCHED|$X_PLATFORM|$X_CHANNEL|$X_AMOUNT|$X_STATUS"
+
+say "set-up: $N payments and a $N-line bill file"
 t0=$(date +%s)
-as_pg true
 sqlrun -v n="$N" -v billfile="$RUN/bill.csv" -f bench/recon_setup.sql >/dev/null
-say "setup took $(( $(date +%s) - t0 )) s"
+say "set-up took $(($(date +%s) - t0)) s"
 
 # ---------------------------------------------------------------- 1. COPY
 COPY_MS=$(printf '%s\n' '\timing on' \
@@ -51,28 +72,41 @@ sqlrun -c "VACUUM ANALYZE payidem.channel_bill" >/dev/null
 say "COPY of $BILL_LINES lines: $COPY_MS ms"
 
 # ---------------------------------------------------------------- 2. reconcile
+# the first run, then RUNS re-runs
 : >"$RUN/rerun"
-for r in $(seq 1 "$RUNS"); do
+for ((r = 0; r <= RUNS; r++)); do
 	out=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" '\timing on' '\pset format unaligned' '\pset tuples_only on' \
 		"SELECT * FROM payidem.reconcile('BENCH_WX', '2024-05-01');" | sqlrun)
 	ms=$(echo "$out" | ms_of)
 	counts=$(echo "$out" | grep '^RC-' | head -1)
-	if [ "$r" -eq 1 ]; then FIRST_MS=$ms; COUNTS=$counts; else echo "$ms" >>"$RUN/rerun"; fi
-	say "reconcile run $r: $ms ms ($counts)"
+	[ "${counts#*|}" = "$EXPECT" ] \
+		|| die "reconcile() returned '$counts', expected '<batch>|$EXPECT' (matched|platform_only|channel_only|amount_mismatch|status_mismatch)"
+	if [ "$r" -eq 0 ]; then
+		FIRST_MS=$ms COUNTS=$counts
+		say "reconcile(), first run: $ms ms ($counts)"
+	else
+		echo "$ms" >>"$RUN/rerun"
+		say "reconcile(), re-run $r/$RUNS: $ms ms"
+	fi
 done
 RERUN_MS=$(median <"$RUN/rerun")
 DIFFS=$(sqlrun -At -c "SELECT count(*) FROM payidem.reconciliation")
 ANOMALIES=$(sqlrun -At -c "SELECT count(*) FROM payidem.anomaly WHERE kind = 'channel_only'")
+[ "$DIFFS" = "$X_DIFFS" ] || die "reconcile() stored $DIFFS differences, expected $X_DIFFS"
+[ "$ANOMALIES" = "$X_CHANNEL" ] || die "reconcile() raised $ANOMALIES channel_only anomalies, expected $X_CHANNEL"
 
-# ---------------------------------------------------------------- 3. baseline
+# ---------------------------------------------------------------- 3. the floor
 : >"$RUN/base"
-for r in $(seq 1 "$RUNS"); do
-	ms=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" '\timing on' '\i bench/recon_baseline.sql' | sqlrun | ms_of)
+for ((r = 1; r <= RUNS; r++)); do
+	out=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" '\timing on' '\i bench/recon_baseline.sql' '\timing off' \
+		'SELECT count(*) FROM baseline_diffs;' | sqlrun -At)
+	ms=$(echo "$out" | ms_of)
+	BASE_ROWS=$(echo "$out" | tail -1)
+	[ "$BASE_ROWS" = "$X_DIFFS" ] || die "the FULL JOIN found $BASE_ROWS differences, expected $X_DIFFS"
 	echo "$ms" >>"$RUN/base"
-	say "baseline run $r: $ms ms"
+	say "FULL JOIN run $r/$RUNS: $ms ms"
 done
 BASE_MS=$(median <"$RUN/base")
-BASE_ROWS=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" '\i bench/recon_baseline.sql' 'SELECT count(*) FROM baseline_diffs;' | sqlrun -At | tail -1)
 
 # ---------------------------------------------------------------- 4. load_bill
 LOAD_MS=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" \
@@ -84,35 +118,49 @@ say "load_bill of $LOAD_N lines: $LOAD_MS ms"
 printf '%s\n' "SET work_mem = '$WORK_MEM';" "LOAD 'auto_explain';" \
 	"SET auto_explain.log_min_duration = 0;" "SET auto_explain.log_nested_statements = on;" \
 	"SET auto_explain.log_level = 'warning';" \
-	"SELECT * FROM payidem.reconcile('BENCH_WX', '2024-05-01');" | sqlrun >/dev/null  2>&1
-PLAN=$(awk '/Query Text: SELECT count\(\*\) FILTER/ {on=1; next}
+	"SELECT * FROM payidem.reconcile('BENCH_WX', '2024-05-01');" | sqlrun >/dev/null 2>&1
+PLAN=$(awk '/Query Text: SELECT count\(\*\)/ {on=1; next}
 	on && /^[0-9][0-9][0-9][0-9]-/ {exit}
 	on && /^\t *(Aggregate|->|Hash Cond|Index Cond)/' "$RUN/server.log" \
 	| sed -E 's/^\t//; s/  \(cost=[^)]*\)//' | head -12 || true)
-PGVER=$(psql -X -At -d "$DB" -c "SHOW server_version")
+grep -q 'Hash Full Join' <<<"$PLAN" || die "reconcile() did not join the day with a hash full join: ${PLAN:-no plan in the server log}"
+
+FIRST_X=$(ratio "$FIRST_MS" "$BASE_MS") RERUN_X=$(ratio "$RERUN_MS" "$BASE_MS")
+PGVER=$("$PGBIN/postgres" --version | awk '{print $3}')
 {
-	echo "## Reconciliation: reconcile() at $N payments / bill lines"
-	echo
-	echo "PostgreSQL $PGVER, $(nproc) CPUs, fsync on, shared_buffers 256MB, work_mem $WORK_MEM;"
-	echo "one channel, one day: $N paid payments, a bill of $BILL_LINES lines; differences:"
+	echo "$(date -u +%Y-%m-%d), $(nproc) CPUs, PostgreSQL $PGVER, fsync on, shared_buffers 256MB, work_mem $WORK_MEM;"
+	echo "one channel, one day: $(thousands "$N") paid payments, a bill of $(thousands "$BILL_LINES") lines; differences:"
 	echo "0.25 % platform_only, 0.25 % amount_mismatch, 0.5 % status_mismatch (both directions), 0.25 % channel_only."
-	echo "Median of $((RUNS - 1)) re-runs; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+	echo "Re-runs and the FULL JOIN: median of $RUNS run(s); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 	echo
 	echo "| step | time (ms) |"
 	echo "|---|---:|"
-	echo "| COPY of the $BILL_LINES-line bill file | $COPY_MS |"
+	echo "| COPY of the $(thousands "$BILL_LINES")-line bill file | $COPY_MS |"
 	echo "| reconcile(), first run (stores $DIFFS differences, $ANOMALIES anomalies) | $FIRST_MS |"
 	echo "| reconcile(), re-run (keeps the same rows) | $RERUN_MS |"
-	echo "| obvious FULL JOIN into a table ($BASE_ROWS rows), median of $RUNS | $BASE_MS |"
-	echo "| load_bill() of $LOAD_N lines as one CSV text | $LOAD_MS |"
+	echo "| the FULL JOIN floor, into a table ($BASE_ROWS rows) | $BASE_MS |"
+	echo "| load_bill() of $(thousands "$LOAD_N") lines as one CSV text | $LOAD_MS |"
 	echo
-	echo "reconcile() returned: \`$COUNTS\` (batch|matched|platform_only|channel_only|amount_mismatch|status_mismatch)."
+	echo "reconcile() returned: \`$COUNTS\` (batch|matched|platform_only|channel_only|amount_mismatch|status_mismatch), as the data set says."
 	echo
-	echo "reconcile() / baseline: first run **$(awk -v a="$FIRST_MS" -v b="$BASE_MS" 'BEGIN {printf "%.2f", a / b}')**, re-run **$(awk -v a="$RERUN_MS" -v b="$BASE_MS" 'BEGIN {printf "%.2f", a / b}')**."
+	echo "reconcile() / FULL JOIN floor: first run ${FIRST_X}×, re-run ${RERUN_X}× (target ≤ 1.2×)."
 	echo
 	echo "Plan of the day's join inside reconcile() (auto_explain):"
 	echo
 	echo '```'
 	echo "$PLAN"
 	echo '```'
-} | tee "$OUT"
+} | tee "$OUT.md"
+
+# the bar chart: milliseconds
+{
+	printf 'reconcile() first run\t1\t%.0f\n' "$FIRST_MS"
+	printf 'reconcile() re-run\t1\t%.0f\n' "$RERUN_MS"
+	printf 'FULL JOIN floor\t1\t%.0f\n' "$BASE_MS"
+} >"$OUT.tsv"
+
+MEASURED="first run ${FIRST_X}×, re-run ${RERUN_X}×"
+[ "$N" -eq 1000000 ] || MEASURED+=" (at $(thousands "$N") rows)"
+MET=$(awk -v a="$FIRST_X" -v b="$RERUN_X" 'BEGIN {print (a <= 1.2 && b <= 1.2) ? "yes" : "no"}')
+printf '%s\t%s\t%s\n' "reconcile() ≤ 1.2× the FULL JOIN floor (1,000,000 rows)" "$MEASURED" "$MET" >"$OUT.targets"
+say "written: $OUT.md, $OUT.tsv, $OUT.targets"
