@@ -1,9 +1,7 @@
 -- bench/state_bulk.sql — one UPDATE of every order pending -> paid; prints
--- its wall time (\timing) and records the backend's CPU ticks around it.
-SELECT pg_backend_pid() AS pid \gset
-\setenv BPID :pid
-\! awk '{print $14+$15}' /proc/$BPID/stat > "$CPU_FILE.before"
+-- its wall time (\timing) and the backend CPU time it took ("cpu_ns N").
+SELECT bench_cpu_ns() AS cpu0 \gset
 \timing on
 UPDATE payidem."order" SET status = 'paid', paid_at = now(), updated_at = now();
 \timing off
-\! awk '{print $14+$15}' /proc/$BPID/stat > "$CPU_FILE.after"
+SELECT 'cpu_ns ' || (bench_cpu_ns() - :cpu0);
