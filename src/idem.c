@@ -34,8 +34,11 @@
  * race it loses is a serialization failure (40001) to retry, as for any
  * write conflict there.
  *
- * Statements run through SPI with plans prepared once per backend and kept
- * (SPI_keepplan), always generic, every name schema-qualified.  They run as
+ * The lookup probes the primary key index directly (lookup_key(), as a
+ * systable scan does: no executor start and stop for the common duplicate).
+ * The writing statements run through SPI with plans prepared once per
+ * backend and kept (SPI_keepplan), always generic, every name
+ * schema-qualified.  Both run as
  * the owner of payidem.idempotency (the extension's owner), like a SECURITY
  * DEFINER function but without a SET clause: a caller needs only EXECUTE on
  * the function, never a privilege on the table.  Nothing here needs shared
@@ -46,17 +49,27 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/relscan.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -85,7 +98,20 @@ static Oid	idem_relid = InvalidOid;
 static Oid	idem_owner = InvalidOid;
 static bool idem_callback_registered = false;
 
-/* columns of select_plan */
+/*
+ * The lookup of a key reads the primary key index directly (lookup_key()):
+ * its row, cut to these columns in this order, described by lookup_desc.
+ * Built from the table's descriptor, again when the table's OID changes.
+ */
+static const char *const lookup_columns[] = {
+	"biz_type", "order_no", "amount", "fingerprint",
+	"status", "result", "attempts", "locked_until"
+};
+static AttrNumber lookup_attnums[lengthof(lookup_columns)];
+static TupleDesc lookup_desc = NULL;
+static Oid	lookup_desc_relid = InvalidOid;
+
+/* columns of select_plan and of lookup_key()'s row */
 enum
 {
 	SEL_BIZ_TYPE = 1,
@@ -209,6 +235,98 @@ idem_table_owner(void)
 	ReleaseSysCache(tup);
 	idem_relid = relid;
 	return idem_owner;
+}
+
+/*
+ * The row of key in payidem.idempotency, as select_sql would return it (the
+ * lookup_columns, in a tuple of lookup_desc), or NULL if no row is visible.
+ *
+ * A claim of an existing key costs this one probe of the primary key index
+ * and writes nothing, so it is done without the executor: no plan to start
+ * and stop, as systable scans do.  Visibility is what an SPI statement of a
+ * volatile function gets: the command counter is advanced and the snapshot
+ * is the transaction's (a new one per call under READ COMMITTED).  Runs as
+ * the table's owner, inside begin_as_owner(); the row is allocated in the
+ * current (SPI) memory context.
+ */
+static HeapTuple
+lookup_key(text *key, TupleDesc *desc)
+{
+	Relation	rel;
+	Relation	idx;
+	Oid			pkey;
+	Snapshot	snapshot;
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	HeapTuple	row = NULL;
+	int			i;
+
+	rel = table_open(idem_relid, AccessShareLock);
+	pkey = RelationGetPrimaryKeyIndex(rel);
+	if (!OidIsValid(pkey))
+		elog(ERROR, "payidem.idempotency has no primary key");
+	idx = index_open(pkey, AccessShareLock);
+
+	if (lookup_desc == NULL || lookup_desc_relid != idem_relid)
+	{
+		TupleDesc	tabledesc = RelationGetDescr(rel);
+		TupleDesc	newdesc;
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		newdesc = CreateTemplateTupleDesc(lengthof(lookup_columns));
+		for (i = 0; i < lengthof(lookup_columns); i++)
+		{
+			AttrNumber	attnum = InvalidAttrNumber;
+			int			j;
+
+			for (j = 0; j < tabledesc->natts; j++)
+			{
+				Form_pg_attribute att = TupleDescAttr(tabledesc, j);
+
+				if (!att->attisdropped && strcmp(NameStr(att->attname), lookup_columns[i]) == 0)
+					attnum = att->attnum;
+			}
+			if (attnum == InvalidAttrNumber)
+				elog(ERROR, "payidem.idempotency has no column \"%s\"", lookup_columns[i]);
+			lookup_attnums[i] = attnum;
+			TupleDescCopyEntry(newdesc, i + 1, tabledesc, attnum);
+		}
+		MemoryContextSwitchTo(old);
+		if (lookup_desc != NULL)
+			FreeTupleDesc(lookup_desc);
+		lookup_desc = newdesc;
+		lookup_desc_relid = idem_relid;
+	}
+
+	CommandCounterIncrement();
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   idx->rd_indcollation[0], F_TEXTEQ, PointerGetDatum(key));
+	scan = index_beginscan(rel, idx, snapshot, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	slot = table_slot_create(rel, NULL);
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		Datum		values[lengthof(lookup_columns)];
+		bool		nulls[lengthof(lookup_columns)];
+
+		slot_getallattrs(slot);
+		for (i = 0; i < lengthof(lookup_columns); i++)
+		{
+			values[i] = slot->tts_values[lookup_attnums[i] - 1];
+			nulls[i] = slot->tts_isnull[lookup_attnums[i] - 1];
+		}
+		row = heap_form_tuple(lookup_desc, values, nulls);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	index_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	index_close(idx, NoLock);
+	table_close(rel, NoLock);
+
+	*desc = lookup_desc;
+	return row;
 }
 
 /*
@@ -451,7 +569,6 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 	char		paramnulls[8];
 	Oid			insert_types[8] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TEXTOID,
 	TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Oid			select_types[1] = {TEXTOID};
 	Oid			reclaim_types[3] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Oid			save_userid;
 	int			save_sec_context;
@@ -543,12 +660,8 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 					 errhint("Retry the transaction.")));
 
 		/* 1. an existing key is answered from its row: no lock, no write */
-		rc = SPI_execute_plan(saved_plan(&select_plan, select_sql, 1, select_types),
-							  params, NULL, false, 1);
-		if (rc != SPI_OK_SELECT)
-			elog(ERROR, "idempotency lookup failed: %s", SPI_result_code_string(rc));
-
-		if (SPI_processed == 0)
+		row = lookup_key(key, &desc);
+		if (row == NULL)
 		{
 			/*
 			 * 2. not visible: the unique index decides.  ON CONFLICT waits
@@ -574,8 +687,6 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 			continue;
 		}
 
-		row = SPI_tuptable->vals[0];
-		desc = SPI_tuptable->tupdesc;
 		check_same_request(key, args, argnulls, row, desc);
 
 		status = SPI_getbinval(row, desc, SEL_STATUS, &isnull);
