@@ -19,7 +19,7 @@
 #                          and FSYNC_OPS= (integers) for the other runners.
 #
 #   RUNS (3)  SECONDS_PER_RUN (3)  FSYNC_SECONDS (2)  CLIENTS ("1 8 32")
-#   QUICK=1 (1 run of 2 s, pg_test_fsync 1 s per test)  SKIP_BUILD=1
+#   QUICK=1 (1 run of 1 s, pg_test_fsync 1 s per test)  SKIP_BUILD=1
 source "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
@@ -27,7 +27,7 @@ RUNS=${RUNS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-3}
 FSYNC_SECONDS=${FSYNC_SECONDS:-2}
 CLIENTS=${CLIENTS:-"1 8 32"}
-if [ "${QUICK:-}" = 1 ]; then RUNS=1; SECONDS_PER_RUN=2; FSYNC_SECONDS=1; fi
+if [ "${QUICK:-}" = 1 ]; then RUNS=1; SECONDS_PER_RUN=1; FSYNC_SECONDS=1; fi
 
 set_pg_paths
 [ "${SKIP_BUILD:-}" = 1 ] || build_and_install

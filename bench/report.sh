@@ -29,7 +29,7 @@ mkdir -p "$IMG"
 
 # chart NAME -> writes $IMG/bench-NAME.png, prints its path (nothing if no data)
 chart() {
-	local name=$1 tsv=$OUT/$1.tsv png=$IMG/bench-$1.png dir series plot="" i=0 ylabel="transactions per second"
+	local name=$1 tsv=$OUT/$1.tsv png=$IMG/bench-$1.png dir series plot="" i=0 ylabel="transactions per second" yscale
 	[ -s "$tsv" ] || return 0
 	dir=$(mktemp -d)
 	# one data file per series, in the order the series first appear
@@ -41,7 +41,7 @@ chart() {
 		ylabel="milliseconds (lower is better)"
 		awk -F'\t' '{ printf "%d\t\"%s\"\t%s\n", NR - 1, $1, $3 }' "$tsv" >"$dir/bars.dat"
 		gnuplot <<-GP
-			set terminal pngcairo size 900,420 font "sans,10"
+			set terminal pngcairo noenhanced size 900,420 font "sans,10"
 			set output "$png"
 			set style fill solid 0.7 border -1
 			set boxwidth 0.6
@@ -57,14 +57,21 @@ chart() {
 			i=$((i + 1))
 			plot+="${plot:+, }\"$dir/$i.dat\" using 1:2 with linespoints lw 2 pt 7 title \"${series//\"/}\""
 		done <"$dir/names"
+		# series an order of magnitude apart share the chart on a log scale
+		if awk -F'\t' 'NR == 1 || $3 < lo { lo = $3 } $3 > hi { hi = $3 } END { exit !(lo > 0 && hi / lo > 8) }' "$tsv"; then
+			yscale="set logscale y; set yrange [*:*]"
+			ylabel="$ylabel (log scale)"
+		else
+			yscale="set yrange [0:*]"
+		fi
 		gnuplot <<-GP
-			set terminal pngcairo size 900,480 font "sans,10"
+			set terminal pngcairo noenhanced size 900,480 font "sans,10"
 			set output "$png"
 			set logscale x 2
 			set xtics (1, 2, 4, 8, 16, 32, 64)
 			set xlabel "clients (pgbench -M prepared)"
 			set ylabel "$ylabel"
-			set yrange [0:*]
+			$yscale
 			set grid
 			set key outside right top
 			plot $plot
