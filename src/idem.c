@@ -35,10 +35,11 @@
  * write conflict there.
  *
  * The lookup probes the primary key index directly (lookup_key(), as a
- * systable scan does: no executor start and stop for the common duplicate).
- * The writing statements run through SPI with plans prepared once per
- * backend and kept (SPI_keepplan), always generic, every name
- * schema-qualified.  Both run as
+ * systable scan does: no executor start and stop for the common duplicate),
+ * and a new key is inserted through the executor's speculative-insertion
+ * steps with the CHECK constraints compiled once (direct_insert()).  The
+ * other writes run through SPI with plans prepared once per backend and kept
+ * (SPI_keepplan), always generic, every name schema-qualified.  All run as
  * the owner of payidem.idempotency (the extension's owner), like a SECURITY
  * DEFINER function but without a SET clause: a caller needs only EXECUTE on
  * the function, never a privilege on the table.  Nothing here needs shared
@@ -53,14 +54,19 @@
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
+#include "nodes/makefuncs.h"
+#include "optimizer/optimizer.h"
+#include "storage/lmgr.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -97,6 +103,9 @@ static TupleDesc claim_desc = NULL;
 static Oid	idem_relid = InvalidOid;
 static Oid	idem_owner = InvalidOid;
 static bool idem_callback_registered = false;
+/* bumped by the relcache callback: what is derived from the table's shape
+ * (lookup_desc, the direct insert's state) is rebuilt when it moves */
+static uint64 idem_generation = 1;
 
 /*
  * The lookup of a key reads the primary key index directly (lookup_key()):
@@ -109,7 +118,27 @@ static const char *const lookup_columns[] = {
 };
 static AttrNumber lookup_attnums[lengthof(lookup_columns)];
 static TupleDesc lookup_desc = NULL;
-static Oid	lookup_desc_relid = InvalidOid;
+static uint64 lookup_desc_generation = 0;
+
+/*
+ * A new key is inserted without the executor's statement machinery
+ * (direct_insert()): the columns it sets, the table's CHECK constraints
+ * planned and compiled once, and whether the table still has the shape this
+ * was written for (otherwise the claim falls back to insert_sql).
+ */
+static const char *const insert_columns[] = {
+	"idem_key", "biz_type", "order_no", "channel", "amount", "fingerprint",
+	"locked_until", "created_at", "status", "attempts", "updated_at"
+};
+/* columns the insert leaves NULL: no default, nullable */
+static const char *const insert_unset_columns[] = {"channel_txn_id", "result"};
+static AttrNumber insert_attnums[lengthof(insert_columns)];
+static MemoryContext insert_cxt = NULL;
+static uint64 insert_generation = 0;
+static bool insert_direct = false;
+static int	insert_ncheck = 0;
+static ExprState **insert_check_states = NULL;
+static char **insert_check_names = NULL;
 
 /* columns of select_plan and of lookup_key()'s row */
 enum
@@ -196,7 +225,10 @@ static void
 idem_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == idem_relid)
+	{
 		idem_relid = InvalidOid;
+		idem_generation++;
+	}
 }
 
 /*
@@ -268,7 +300,7 @@ lookup_key(text *key, TupleDesc *desc)
 		elog(ERROR, "payidem.idempotency has no primary key");
 	idx = index_open(pkey, AccessShareLock);
 
-	if (lookup_desc == NULL || lookup_desc_relid != idem_relid)
+	if (lookup_desc == NULL || lookup_desc_generation != idem_generation)
 	{
 		TupleDesc	tabledesc = RelationGetDescr(rel);
 		TupleDesc	newdesc;
@@ -296,7 +328,7 @@ lookup_key(text *key, TupleDesc *desc)
 		if (lookup_desc != NULL)
 			FreeTupleDesc(lookup_desc);
 		lookup_desc = newdesc;
-		lookup_desc_relid = idem_relid;
+		lookup_desc_generation = idem_generation;
 	}
 
 	CommandCounterIncrement();
@@ -327,6 +359,225 @@ lookup_key(text *key, TupleDesc *desc)
 
 	*desc = lookup_desc;
 	return row;
+}
+
+/* Position (0-based) of a column among the table's attributes, or -1. */
+static int
+column_index(TupleDesc desc, const char *name)
+{
+	int			j;
+
+	for (j = 0; j < desc->natts; j++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, j);
+
+		if (!att->attisdropped && strcmp(NameStr(att->attname), name) == 0)
+			return j;
+	}
+	return -1;
+}
+
+/*
+ * (Re)build what direct_insert() needs from the table's relcache entry.  The
+ * fast path is taken only for the shape the extension creates: exactly the
+ * known columns, the ones left unset without default and nullable, the
+ * nullable arguments in nullable columns, no trigger, no row security, no
+ * generated column.  Anything else (a DBA's ALTER TABLE) makes claims use
+ * insert_sql, which the executor handles in full.
+ */
+static void
+prepare_direct_insert(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			live = 0;
+	int			i;
+	MemoryContext old;
+
+	if (insert_cxt == NULL)
+		insert_cxt = AllocSetContextCreate(TopMemoryContext, "payidem idempotency insert",
+										   ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(insert_cxt);
+	insert_direct = false;
+	insert_ncheck = 0;
+	insert_check_states = NULL;
+	insert_check_names = NULL;
+	insert_generation = idem_generation;
+
+	if (rel->rd_rel->relkind != RELKIND_RELATION || rel->trigdesc != NULL ||
+		rel->rd_rel->relrowsecurity || (desc->constr && desc->constr->has_generated_stored))
+		return;
+	for (i = 0; i < desc->natts; i++)
+		if (!TupleDescAttr(desc, i)->attisdropped)
+			live++;
+	if (live != lengthof(insert_columns) + lengthof(insert_unset_columns))
+		return;
+	for (i = 0; i < lengthof(insert_columns); i++)
+	{
+		int			j = column_index(desc, insert_columns[i]);
+
+		if (j < 0)
+			return;
+		insert_attnums[i] = j + 1;
+	}
+	for (i = 0; i < lengthof(insert_unset_columns); i++)
+	{
+		int			j = column_index(desc, insert_unset_columns[i]);
+
+		if (j < 0 || TupleDescAttr(desc, j)->atthasdef || TupleDescAttr(desc, j)->attnotnull)
+			return;
+	}
+	/* order_no, channel, amount, fingerprint may be NULL */
+	for (i = 2; i <= 5; i++)
+		if (TupleDescAttr(desc, insert_attnums[i] - 1)->attnotnull)
+			return;
+
+	old = MemoryContextSwitchTo(insert_cxt);
+	if (desc->constr && desc->constr->num_check > 0)
+	{
+		insert_ncheck = desc->constr->num_check;
+		insert_check_states = palloc(sizeof(ExprState *) * insert_ncheck);
+		insert_check_names = palloc(sizeof(char *) * insert_ncheck);
+		for (i = 0; i < insert_ncheck; i++)
+		{
+			ConstrCheck *check = &desc->constr->check[i];
+			Expr	   *expr = expression_planner((Expr *) stringToNode(check->ccbin));
+
+			insert_check_states[i] = ExecInitExpr(expr, NULL);
+			insert_check_names[i] = pstrdup(check->ccname);
+		}
+	}
+	MemoryContextSwitchTo(old);
+	insert_direct = true;
+}
+
+/*
+ * Under REPEATABLE READ or SERIALIZABLE, a conflicting row this transaction
+ * cannot see is a serialization failure, as for INSERT ... ON CONFLICT.
+ */
+static void
+check_conflict_visible(Relation rel, ItemPointer tid, Snapshot snapshot)
+{
+	TupleTableSlot *slot;
+	bool		isnull;
+
+	if (!IsolationUsesXactSnapshot())
+		return;
+	slot = table_slot_create(rel, NULL);
+	if (!table_tuple_fetch_row_version(rel, tid, SnapshotAny, slot))
+		elog(ERROR, "failed to fetch the conflicting idempotency row");
+	if (!table_tuple_satisfies_snapshot(rel, slot, snapshot))
+	{
+		TransactionId xmin = DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber,
+																   &isnull));
+
+		if (!TransactionIdIsCurrentTransactionId(xmin))
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
+	}
+	ExecDropSingleTupleTableSlot(slot);
+}
+
+/*
+ * Insert a new key as INSERT ... ON CONFLICT (idem_key) DO NOTHING would,
+ * through the same steps as the executor's speculative insertion: check the
+ * row's constraints, pre-check the unique index (waiting for a concurrent
+ * inserter of the key), insert the heap tuple speculatively, insert the
+ * index entries, and confirm or kill the tuple.  What it saves is the
+ * statement: no executor start and stop, and the CHECK constraints are not
+ * read back from the catalog text on every call (PostgreSQL 15 does that per
+ * statement).  values[] holds insert_columns in order (isnull likewise).
+ *
+ * Returns 1 if inserted, 0 if another row holds the key (a conflict), -1 if
+ * the table's shape asks for the SPI statement instead.
+ */
+static int
+direct_insert(Datum *values, bool *isnull)
+{
+	Relation	rel;
+	TupleDesc	desc;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	TupleTableSlot *slot;
+	ExprContext *econtext;
+	ItemPointerData conflict_tid;
+	List	   *arbiters;
+	bool		spec_conflict = false;
+	uint32		spec_token;
+	TransactionId xid;
+	Oid			pkey;
+	int			result;
+	int			i;
+
+	rel = table_open(idem_relid, RowExclusiveLock);
+	if (insert_generation != idem_generation)
+		prepare_direct_insert(rel);
+	pkey = RelationGetPrimaryKeyIndex(rel);
+	if (!insert_direct || !OidIsValid(pkey))
+	{
+		table_close(rel, NoLock);
+		return -1;
+	}
+	desc = RelationGetDescr(rel);
+
+	estate = CreateExecutorState();
+	estate->es_output_cid = GetCurrentCommandId(true);
+	estate->es_snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	ExecOpenIndices(rri, true);
+
+	slot = ExecInitExtraTupleSlot(estate, desc, table_slot_callbacks(rel));
+	ExecClearTuple(slot);
+	for (i = 0; i < desc->natts; i++)
+	{
+		slot->tts_values[i] = (Datum) 0;
+		slot->tts_isnull[i] = true;
+	}
+	for (i = 0; i < lengthof(insert_columns); i++)
+	{
+		slot->tts_values[insert_attnums[i] - 1] = values[i];
+		slot->tts_isnull[insert_attnums[i] - 1] = isnull[i];
+	}
+	ExecStoreVirtualTuple(slot);
+
+	/* the row's CHECK constraints, with PostgreSQL's message */
+	econtext = GetPerTupleExprContext(estate);
+	econtext->ecxt_scantuple = slot;
+	for (i = 0; i < insert_ncheck; i++)
+		if (!ExecCheck(insert_check_states[i], econtext))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
+							RelationGetRelationName(rel), insert_check_names[i]),
+					 errtableconstraint(rel, insert_check_names[i])));
+
+	arbiters = list_make1_oid(pkey);
+	if (!ExecCheckIndexConstraints(rri, slot, estate, &conflict_tid, arbiters))
+	{
+		check_conflict_visible(rel, &conflict_tid, estate->es_snapshot);
+		result = 0;
+	}
+	else
+	{
+		xid = GetCurrentTransactionId();
+		spec_token = SpeculativeInsertionLockAcquire(xid);
+		table_tuple_insert_speculative(rel, slot, estate->es_output_cid, 0, NULL, spec_token);
+		list_free(ExecInsertIndexTuples(rri, slot, estate, false, true, &spec_conflict, arbiters));
+		table_tuple_complete_speculative(rel, slot, spec_token, !spec_conflict);
+		SpeculativeInsertionLockRelease(xid);
+		/* lost a race after the pre-check: like a conflict, read the winner */
+		result = spec_conflict ? 0 : 1;
+	}
+
+	ExecCloseIndices(rri);
+	ExecResetTupleTable(estate->es_tupleTable, false);
+	UnregisterSnapshot(estate->es_snapshot);
+	estate->es_snapshot = InvalidSnapshot;
+	FreeExecutorState(estate);
+	table_close(rel, NoLock);
+	return result;
 }
 
 /*
@@ -668,15 +919,40 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 			 * for a concurrent inserter; if it committed, nothing is
 			 * inserted and the loop reads its row.
 			 */
+			int			inserted;
+
 			now = GetCurrentTimestamp();
 			params[6] = DirectFunctionCall2(timestamptz_pl_interval,
 											TimestampTzGetDatum(now), IntervalPGetDatum(lease));
 			params[7] = TimestampTzGetDatum(now);
-			rc = SPI_execute_plan(saved_plan(&insert_plan, insert_sql, 8, insert_types),
-								  params, paramnulls, false, 1);
-			if (rc != SPI_OK_INSERT_RETURNING)
-				elog(ERROR, "idempotency insert failed: %s", SPI_result_code_string(rc));
-			if (SPI_processed == 1)
+			{
+				/* insert_columns: the 8 parameters, then status, attempts, updated_at */
+				Datum		v[lengthof(insert_columns)];
+				bool		n[lengthof(insert_columns)];
+				int			j;
+
+				for (j = 0; j < 8; j++)
+				{
+					v[j] = params[j];
+					n[j] = paramnulls[j] == 'n';
+				}
+				v[8] = CStringGetTextDatum("processing");
+				n[8] = false;
+				v[9] = Int32GetDatum(1);
+				n[9] = false;
+				v[10] = params[7];
+				n[10] = false;
+				inserted = direct_insert(v, n);
+			}
+			if (inserted < 0)
+			{
+				rc = SPI_execute_plan(saved_plan(&insert_plan, insert_sql, 8, insert_types),
+									  params, paramnulls, false, 1);
+				if (rc != SPI_OK_INSERT_RETURNING)
+					elog(ERROR, "idempotency insert failed: %s", SPI_result_code_string(rc));
+				inserted = SPI_processed == 1;
+			}
+			if (inserted)
 			{
 				outcome = IDEM_CLAIMED;
 				values[1] = CStringGetTextDatum("processing");
