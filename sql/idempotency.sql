@@ -254,6 +254,31 @@ REVOKE USAGE ON SCHEMA payidem FROM regress_payidem_app;
 DROP ROLE regress_payidem_app;
 
 --
+-- a table altered by hand: a CHECK constraint added is enforced by the next
+-- claim (the compiled constraints are rebuilt); with a trigger on the table,
+-- claims insert through the executor, so the trigger fires
+--
+BEGIN;
+ALTER TABLE payidem.idempotency ADD CONSTRAINT idempotency_regress_no_x CHECK (order_no <> 'PO-X');
+SELECT * FROM payidem.idem_claim('rt:alter:1', 'pay', 'PO-X', NULL, 1);
+ROLLBACK;
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+BEGIN;
+CREATE TABLE rt_seen (idem_key text);
+CREATE FUNCTION rt_note() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO rt_seen VALUES (NEW.idem_key);
+	RETURN NEW;
+END $$;
+CREATE TRIGGER rt_note BEFORE INSERT ON payidem.idempotency FOR EACH ROW EXECUTE FUNCTION rt_note();
+SELECT outcome FROM payidem.idem_claim('rt:alter:2', 'pay', 'PO1', NULL, 1);
+SELECT outcome FROM payidem.idem_claim('rt:alter:2', 'pay', 'PO1', NULL, 1);
+SELECT * FROM rt_seen;
+ROLLBACK;
+-- and without them again, the direct path
+SELECT outcome FROM payidem.idem_claim('rt:alter:3', 'pay', 'PO-X', NULL, 1);
+
+--
 -- counters in payidem.stats(), as deltas over this test
 --
 SELECT s.name, s.value - b.value AS delta
