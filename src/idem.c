@@ -279,7 +279,7 @@ idem_table_owner(void)
  * volatile function gets: the command counter is advanced and the snapshot
  * is the transaction's (a new one per call under READ COMMITTED).  Runs as
  * the table's owner, inside begin_as_owner(); the row is allocated in the
- * current (SPI) memory context.
+ * current memory context (the caller's, or SPI's once connected).
  */
 static HeapTuple
 lookup_key(text *key, TupleDesc *desc)
@@ -603,10 +603,12 @@ saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
 }
 
 /*
- * Connect to SPI and become the table's owner; the previous identity is left
- * in *save_userid / *save_sec_context for end_as_owner().  An error in
- * between is cleaned up by transaction (or subtransaction) abort, which
- * restores the identity and closes SPI.
+ * Become the table's owner; the previous identity is left in *save_userid /
+ * *save_sec_context for end_as_owner().  SPI is connected only when a
+ * statement needs it (connect_spi()): a claim answered by the index probe or
+ * inserted directly runs none.  An error in between is cleaned up by
+ * transaction (or subtransaction) abort, which restores the identity and
+ * closes SPI.
  */
 static void
 begin_as_owner(Oid *save_userid, int *save_sec_context)
@@ -617,15 +619,24 @@ begin_as_owner(Oid *save_userid, int *save_sec_context)
 	SetUserIdAndSecContext(owner,
 						   *save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
 }
 
-/* Close SPI and become the caller again. */
+/* Connect to SPI once per call, before the first statement. */
 static void
-end_as_owner(Oid save_userid, int save_sec_context)
+connect_spi(bool *connected)
 {
-	if (SPI_finish() != SPI_OK_FINISH)
+	if (*connected)
+		return;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	*connected = true;
+}
+
+/* Close SPI if it was connected and become the caller again. */
+static void
+end_as_owner(Oid save_userid, int save_sec_context, bool spi_connected)
+{
+	if (spi_connected && SPI_finish() != SPI_OK_FINISH)
 		elog(ERROR, "SPI_finish failed");
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 }
@@ -824,6 +835,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 	Oid			save_userid;
 	int			save_sec_context;
 	IdemOutcome outcome = IDEM_CLAIMED;
+	bool		spi = false;
 	Datum		values[4];
 	bool		nulls[4] = {false, false, false, false};
 	int			tries;
@@ -946,6 +958,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 			}
 			if (inserted < 0)
 			{
+				connect_spi(&spi);
 				rc = SPI_execute_plan(saved_plan(&insert_plan, insert_sql, 8, insert_types),
 									  params, paramnulls, false, 1);
 				if (rc != SPI_OK_INSERT_RETURNING)
@@ -1000,6 +1013,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 		rparams[1] = DirectFunctionCall2(timestamptz_pl_interval,
 										 TimestampTzGetDatum(now), IntervalPGetDatum(lease));
 		rparams[2] = TimestampTzGetDatum(now);
+		connect_spi(&spi);
 		rc = SPI_execute_plan(saved_plan(&reclaim_plan, reclaim_sql, 3, reclaim_types),
 							  rparams, NULL, false, 1);
 		if (rc != SPI_OK_UPDATE_RETURNING)
@@ -1022,7 +1036,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 	values[0] = CStringGetTextDatum(outcome_names[outcome]);
 	/* copies the values out of SPI's memory */
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	end_as_owner(save_userid, save_sec_context);
+	end_as_owner(save_userid, save_sec_context, spi);
 
 	payidem_count(outcome_counters[outcome]);
 	return (Datum) 0;
@@ -1049,6 +1063,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 	Oid			select_types[1] = {TEXTOID};
 	Oid			save_userid;
 	int			save_sec_context;
+	bool		spi = false;
 	int			rc;
 
 	if (PG_ARGISNULL(1))
@@ -1080,6 +1095,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 	params[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 
 	begin_as_owner(&save_userid, &save_sec_context);
+	connect_spi(&spi);
 	rc = SPI_execute_plan(saved_plan(&finish_plan, finish_sql, 4, finish_types),
 						  params, paramnulls, false, 0);
 	if (rc != SPI_OK_UPDATE)
@@ -1111,7 +1127,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 															 SEL_STATUS, &isnull))),
 				 errhint("A finished key stays finished; to try a failed key again, claim it (the claim reclaims it).")));
 	}
-	end_as_owner(save_userid, save_sec_context);
+	end_as_owner(save_userid, save_sec_context, spi);
 	PG_RETURN_VOID();
 }
 
@@ -1133,6 +1149,7 @@ payidem_idem_purge(PG_FUNCTION_ARGS)
 	Oid			purge_types[1] = {TIMESTAMPTZOID};
 	Oid			save_userid;
 	int			save_sec_context;
+	bool		spi = false;
 	int			rc;
 	int64		deleted;
 
@@ -1157,11 +1174,12 @@ payidem_idem_purge(PG_FUNCTION_ARGS)
 									IntervalPGetDatum(older_than));
 
 	begin_as_owner(&save_userid, &save_sec_context);
+	connect_spi(&spi);
 	rc = SPI_execute_plan(saved_plan(&purge_plan, purge_sql, 1, purge_types),
 						  params, NULL, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "idempotency purge failed: %s", SPI_result_code_string(rc));
 	deleted = (int64) SPI_processed;
-	end_as_owner(save_userid, save_sec_context);
+	end_as_owner(save_userid, save_sec_context, spi);
 	PG_RETURN_INT64(deleted);
 }
