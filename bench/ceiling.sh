@@ -18,13 +18,13 @@
 #   bench/out/ceiling.env  CEILING_TPS_<clients>=, CEILING_OFF_TPS_<clients>=
 #                          and FSYNC_OPS= (integers) for the other runners.
 #
-#   RUNS (3)  SECONDS_PER_RUN (3)  FSYNC_SECONDS (2)  CLIENTS ("1 8 32")
+#   RUNS (3)  SECONDS_PER_RUN (2)  FSYNC_SECONDS (2)  CLIENTS ("1 8 32")
 #   QUICK=1 (1 run of 1 s, pg_test_fsync 1 s per test)  SKIP_BUILD=1
 source "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
 RUNS=${RUNS:-3}
-SECONDS_PER_RUN=${SECONDS_PER_RUN:-3}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-2}
 FSYNC_SECONDS=${FSYNC_SECONDS:-2}
 CLIENTS=${CLIENTS:-"1 8 32"}
 if [ "${QUICK:-}" = 1 ]; then RUNS=1; SECONDS_PER_RUN=1; FSYNC_SECONDS=1; fi

@@ -21,13 +21,13 @@
 # bench/out/order_no.tsv (series, clients, calls per second; tab-separated,
 # no header).
 #
-#   N (500000)  RUNS (3)  SECONDS_PER_RUN (2)  CLIENTS ("1 8 32")
+#   N (300000)  RUNS (3)  SECONDS_PER_RUN (2)  CLIENTS ("1 8 32")
 #   REDIS_N (requests per redis-benchmark run; unset: sized to SECONDS_PER_RUN)
 #   SKIP_BUILD=1  QUICK=1 (rough: 1 and 8 clients, about 15 s of measuring)
 source "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
-N=${N:-500000}
+N=${N:-300000}
 RUNS=${RUNS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-2}
 CLIENTS=${CLIENTS:-"1 8 32"}
