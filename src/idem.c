@@ -282,7 +282,7 @@ idem_table_owner(void)
  * current memory context (the caller's, or SPI's once connected).
  */
 static HeapTuple
-lookup_key(text *key, TupleDesc *desc)
+lookup_key(Oid relid, text *key, TupleDesc *desc)
 {
 	Relation	rel;
 	Relation	idx;
@@ -294,7 +294,7 @@ lookup_key(text *key, TupleDesc *desc)
 	HeapTuple	row = NULL;
 	int			i;
 
-	rel = table_open(idem_relid, AccessShareLock);
+	rel = table_open(relid, AccessShareLock);
 	pkey = RelationGetPrimaryKeyIndex(rel);
 	if (!OidIsValid(pkey))
 		elog(ERROR, "payidem.idempotency has no primary key");
@@ -493,7 +493,7 @@ check_conflict_visible(Relation rel, ItemPointer tid, Snapshot snapshot)
  * the table's shape asks for the SPI statement instead.
  */
 static int
-direct_insert(Datum *values, bool *isnull)
+direct_insert(Oid relid, Datum *values, bool *isnull)
 {
 	Relation	rel;
 	TupleDesc	desc;
@@ -510,7 +510,7 @@ direct_insert(Datum *values, bool *isnull)
 	int			result;
 	int			i;
 
-	rel = table_open(idem_relid, RowExclusiveLock);
+	rel = table_open(relid, RowExclusiveLock);
 	if (insert_generation != idem_generation)
 		prepare_direct_insert(rel);
 	pkey = RelationGetPrimaryKeyIndex(rel);
@@ -603,22 +603,26 @@ saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
 }
 
 /*
- * Become the table's owner; the previous identity is left in *save_userid /
- * *save_sec_context for end_as_owner().  SPI is connected only when a
+ * Become the table's owner and return the table's OID; the previous identity
+ * is left in *save_userid / *save_sec_context for end_as_owner().  The OID is
+ * the caller's to keep for the call: an invalidation processed on the way
+ * (any lock taken accepts them) may reset the cached one.  SPI is connected only when a
  * statement needs it (connect_spi()): a claim answered by the index probe or
  * inserted directly runs none.  An error in between is cleaned up by
  * transaction (or subtransaction) abort, which restores the identity and
  * closes SPI.
  */
-static void
+static Oid
 begin_as_owner(Oid *save_userid, int *save_sec_context)
 {
 	Oid			owner = idem_table_owner();
+	Oid			relid = idem_relid;
 
 	GetUserIdAndSecContext(save_userid, save_sec_context);
 	SetUserIdAndSecContext(owner,
 						   *save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
+	return relid;
 }
 
 /* Connect to SPI once per call, before the first statement. */
@@ -835,6 +839,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 	Oid			save_userid;
 	int			save_sec_context;
 	IdemOutcome outcome = IDEM_CLAIMED;
+	Oid			relid;
 	bool		spi = false;
 	Datum		values[4];
 	bool		nulls[4] = {false, false, false, false};
@@ -895,7 +900,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
 
 	begin_claim_result(fcinfo);
-	begin_as_owner(&save_userid, &save_sec_context);
+	relid = begin_as_owner(&save_userid, &save_sec_context);
 
 	for (i = 0; i < 6; i++)
 	{
@@ -923,7 +928,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 					 errhint("Retry the transaction.")));
 
 		/* 1. an existing key is answered from its row: no lock, no write */
-		row = lookup_key(key, &desc);
+		row = lookup_key(relid, key, &desc);
 		if (row == NULL)
 		{
 			/*
@@ -954,7 +959,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 				n[9] = false;
 				v[10] = params[7];
 				n[10] = false;
-				inserted = direct_insert(v, n);
+				inserted = direct_insert(relid, v, n);
 			}
 			if (inserted < 0)
 			{
@@ -1094,7 +1099,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 		params[2] = PG_GETARG_DATUM(2);
 	params[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 
-	begin_as_owner(&save_userid, &save_sec_context);
+	(void) begin_as_owner(&save_userid, &save_sec_context);
 	connect_spi(&spi);
 	rc = SPI_execute_plan(saved_plan(&finish_plan, finish_sql, 4, finish_types),
 						  params, paramnulls, false, 0);
@@ -1173,7 +1178,7 @@ payidem_idem_purge(PG_FUNCTION_ARGS)
 									TimestampTzGetDatum(GetCurrentTimestamp()),
 									IntervalPGetDatum(older_than));
 
-	begin_as_owner(&save_userid, &save_sec_context);
+	(void) begin_as_owner(&save_userid, &save_sec_context);
 	connect_spi(&spi);
 	rc = SPI_execute_plan(saved_plan(&purge_plan, purge_sql, 1, purge_types),
 						  params, NULL, false, 0);

@@ -118,6 +118,36 @@ is($ins - $del, $keys, 'one surviving insert per key');
 is($upd, $keys, 'one update (the finish) per key');
 cmp_ok($ins, '<', 2 * $keys, 'duplicate claims inserted nothing');
 
+# New keys while the table's cache entry keeps being invalidated: ANALYZE
+# sends a relcache invalidation, which a claim may process in the middle of
+# its work (any lock it takes accepts invalidations).  Each new key must still
+# be claimed exactly once, with no error.
+$node->safe_psql('postgres', 'CREATE TABLE new_claims (idem_key text PRIMARY KEY)');
+$node->pgbench(
+	"--no-vacuum --client=8 --jobs=4 --transactions=600",
+	0,
+	[ qr{number of failed transactions: 0 \(0\.000%\)} ],
+	[qr{^$}],
+	'new keys claimed while ANALYZE invalidates the table\'s cache entry',
+	{
+		'020_new_keys@20' => q(
+\set n random(1, 1000000000)
+INSERT INTO new_claims
+SELECT 'inval:' || :client_id || ':' || :n FROM payidem.idem_claim('inval:' || :client_id || ':' || :n, 'pay', 'PO1', 'WXPAY_001', 100)
+ WHERE outcome = 'claimed'
+ON CONFLICT DO NOTHING;
+),
+		'020_analyze@1' => q(ANALYZE payidem.idempotency;)
+	});
+is( $node->safe_psql(
+		'postgres',
+		q(SELECT count(*) FROM new_claims c JOIN payidem.idempotency i USING (idem_key)
+		   WHERE i.status = 'processing' AND i.attempts = 1)),
+	$node->safe_psql('postgres', q(SELECT count(*) FROM new_claims)),
+	'every new key claimed once, its row stored');
+cmp_ok($node->safe_psql('postgres', q(SELECT count(*) FROM new_claims)),
+	'>', 0, 'new keys were claimed');
+
 $node->stop;
 
 # idem_claim needs no shared memory: without shared_preload_libraries it
