@@ -277,6 +277,17 @@ SELECT * FROM rt_seen;
 ROLLBACK;
 -- and without them again, the direct path
 SELECT outcome FROM payidem.idem_claim('rt:alter:3', 'pay', 'PO-X', NULL, 1);
+-- a long IN list (evaluated through a hash table the expression keeps
+-- between claims) checked on claim after claim
+BEGIN;
+ALTER TABLE payidem.idempotency ADD CONSTRAINT idempotency_regress_channels
+	CHECK (channel IN ('C01', 'C02', 'C03', 'C04', 'C05', 'C06', 'C07', 'C08', 'C09', 'C10', 'WXPAY_001'));
+SELECT string_agg(c.outcome, ' ') AS outcomes
+  FROM generate_series(1, 5) AS i,
+       LATERAL payidem.idem_claim('rt:alter:in:' || i, 'pay', 'PO1', CASE WHEN i % 2 = 0 THEN 'C0' || i ELSE 'WXPAY_001' END, 1) AS c;
+SELECT * FROM payidem.idem_claim('rt:alter:in:9', 'pay', 'PO1', 'ALIPAY', 1);
+ROLLBACK;
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 
 --
 -- counters in payidem.stats(), as deltas over this test

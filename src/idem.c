@@ -139,6 +139,12 @@ static bool insert_direct = false;
 static int	insert_ncheck = 0;
 static ExprState **insert_check_states = NULL;
 static char **insert_check_names = NULL;
+/*
+ * The context the CHECK expressions are evaluated in: standalone and as long
+ * lived as they are, because some steps keep data in the "per-query" memory
+ * of the context they first ran in (a hashed IN list, for one).
+ */
+static ExprContext *insert_check_econtext = NULL;
 
 /* columns of select_plan and of lookup_key()'s row */
 enum
@@ -393,6 +399,9 @@ prepare_direct_insert(Relation rel)
 	int			i;
 	MemoryContext old;
 
+	if (insert_check_econtext != NULL)
+		FreeExprContext(insert_check_econtext, true);
+	insert_check_econtext = NULL;
 	if (insert_cxt == NULL)
 		insert_cxt = AllocSetContextCreate(TopMemoryContext, "payidem idempotency insert",
 										   ALLOCSET_SMALL_SIZES);
@@ -446,6 +455,7 @@ prepare_direct_insert(Relation rel)
 			insert_check_states[i] = ExecInitExpr(expr, NULL);
 			insert_check_names[i] = pstrdup(check->ccname);
 		}
+		insert_check_econtext = CreateStandaloneExprContext();
 	}
 	MemoryContextSwitchTo(old);
 	insert_direct = true;
@@ -543,15 +553,22 @@ direct_insert(Oid relid, Datum *values, bool *isnull)
 	ExecStoreVirtualTuple(slot);
 
 	/* the row's CHECK constraints, with PostgreSQL's message */
-	econtext = GetPerTupleExprContext(estate);
-	econtext->ecxt_scantuple = slot;
+	econtext = insert_check_econtext;
 	for (i = 0; i < insert_ncheck; i++)
-		if (!ExecCheck(insert_check_states[i], econtext))
+	{
+		bool		ok;
+
+		econtext->ecxt_scantuple = slot;
+		ok = ExecCheck(insert_check_states[i], econtext);
+		econtext->ecxt_scantuple = NULL;
+		ResetExprContext(econtext);
+		if (!ok)
 			ereport(ERROR,
 					(errcode(ERRCODE_CHECK_VIOLATION),
 					 errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
 							RelationGetRelationName(rel), insert_check_names[i]),
 					 errtableconstraint(rel, insert_check_names[i])));
+	}
 
 	arbiters = list_make1_oid(pkey);
 	if (!ExecCheckIndexConstraints(rri, slot, estate, &conflict_tid, arbiters))
