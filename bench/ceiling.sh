@@ -20,7 +20,7 @@
 #
 #   RUNS (3)  SECONDS_PER_RUN (2)  FSYNC_SECONDS (2)  CLIENTS ("1 8 32")
 #   QUICK=1 (1 run of 1 s, pg_test_fsync 1 s per test)  SKIP_BUILD=1
-source "$(dirname "$0")/../scripts/lib.sh"
+source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 RUNS=${RUNS:-3}
@@ -92,7 +92,6 @@ CREATE SCHEMA bench;
 CREATE TABLE bench.ceiling (id bigserial PRIMARY KEY, v int, created_at timestamptz DEFAULT now());
 SQL
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 # run_point CLIENTS SYNC RUN_NO -> tps of one run
 run_point() {
@@ -119,7 +118,6 @@ for sync in on off; do
 done
 
 # --- 3. the outputs -----------------------------------------------------------
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 {
 	echo "$(date -u +%Y-%m-%d), $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)," \
 		"PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}'), file system $(df --output=fstype "$RUN" | tail -1), load average $LOAD_BEFORE before the run;" \

@@ -32,7 +32,7 @@
 #   QUICK=1: RUNS 1, 1 s per point, CLIENTS "1 8", DUPS "0" (the points the
 #   targets and the chart need, within the time of a quick run), POOL 4000,
 #   REF_POOL 10000
-source "$(dirname "$0")/../scripts/lib.sh"
+source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 if [ "${QUICK:-}" = 1 ]; then
@@ -154,12 +154,7 @@ CHECK=$(sql -c "
 [ "$CHECK" = "0|0|0" ] \
 	|| die "check failed: succeeded payments minus first deliveries (payidem|reference) and anomalies are $CHECK, not 0|0|0"
 
-median() {	# "v1 v2 ..." -> the median, in one awk (a few values: insertion sort)
-	awk '{n = split($0, v, " "); for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {t = v[j]; v[j] = v[j - 1]; v[j - 1] = t}
-		print (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2}'
-}
 med() { median <<<"${TPS[$1]}"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 int() { awk -v a="$1" 'BEGIN { printf "%.0f", a }'; }
 # range LIST -> "min–max×" (or "x×" when they are equal); lowest LIST -> min
 range() { tr ' ' '\n' | grep . | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf (lo == hi) ? "%s×" : "%s–%s×", lo, hi}'; }

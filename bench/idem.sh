@@ -36,7 +36,7 @@
 #   RUNS (3)  SECONDS_PER_RUN (2)  N (10000)  CLIENTS ("1 8 32")  SYNC ("on off")
 #   QUICK=1 (1 run of 1 s, N 2000, CLIENTS "1 8", SYNC "on")
 #   SKIP_BUILD=1 to use the payidem already installed.
-source "$(dirname "$0")/../scripts/lib.sh"
+source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 RUNS=${RUNS:-3}
@@ -67,7 +67,6 @@ psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -f bench/idem_setup.sql
 
 reset() { psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -f bench/idem_reset.sql >/dev/null; }
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 # check_table NEW_ROWS_MIN NEW_ROWS_MAX WHAT: the table holds the 1,000
 # completed keys, unchanged, plus between MIN and MAX other rows
@@ -233,7 +232,6 @@ for sync in $SYNC; do
 done
 
 # ---------------------------------------------------------------- report
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'; }
 times() { case $1 in n/a) echo "n/a" ;; *) echo "$1×" ;; esac; }
 int() { awk -v a="$1" 'BEGIN { printf "%.0f", a }'; }
 net() { awk -v a="${CPU[$1,$2]}" -v e="${CPU[empty,$2]}" 'BEGIN { printf "%.2f", a - e }'; }

@@ -16,7 +16,7 @@
 # Also writes bench/out/instructions.md (the table with the baseline next to
 # each count) and bench/out/instructions.targets.  N (2000) calls per
 # statement, on fixtures of N rows; compare counts only at the same N.
-source "$(dirname "$0")/../scripts/lib.sh"
+source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 MODE=${1:-}

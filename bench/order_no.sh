@@ -24,7 +24,7 @@
 #   N (300000)  RUNS (3)  SECONDS_PER_RUN (2)  CLIENTS ("1 8 32")
 #   REDIS_N (requests per redis-benchmark run; unset: sized to SECONDS_PER_RUN)
 #   SKIP_BUILD=1  QUICK=1 (rough: 1 and 8 clients, about 15 s of measuring)
-source "$(dirname "$0")/../scripts/lib.sh"
+source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 N=${N:-300000}
@@ -163,7 +163,6 @@ declare -A SERIES=(
 	[redis]="redis INCR"
 )
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 threads() { echo $(( $1 < 4 ? $1 : 4 )); }
 
 T0=$SECONDS
@@ -237,7 +236,6 @@ for name in "${ORDER[@]}" redis; do
 	done
 done >"$TSV"
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 LAST=$(echo "$CLIENTS" | awk '{print $NF}')
 # the backquotes in the report are Markdown, not command substitutions
 # shellcheck disable=SC2016

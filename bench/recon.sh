@@ -21,7 +21,7 @@
 #
 #   N (1000000)  LOAD_N (200000)  RUNS (3)  WORK_MEM (64MB)  SKIP_BUILD=1
 #   QUICK=1: N 100000, LOAD_N 20000, RUNS 1
-source "$(dirname "$0")/../scripts/lib.sh"
+source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 if [ "${QUICK:-}" = 1 ]; then
@@ -44,9 +44,7 @@ DB=bench_recon
 psql -X -q -d postgres -c "CREATE DATABASE $DB"
 
 ms_of() { sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | tail -1; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 sqlrun() { psql -X -q -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 thousands() { sed ':a; s/\B[0-9]\{3\}\>/,&/; ta' <<<"$1"; }
 
 # what the data set holds (bench/recon_setup.sql): payments i = 1 .. N with

@@ -30,7 +30,7 @@
 #   SHARDS (2)  SECONDS_PER_RUN (2)  RUNS (3)  CLIENTS ("1 8")  POOL (6000)
 #   SKIP_BUILD=1 (or PAYIDEM_SKIP_BUILD=1)
 #   QUICK=1: RUNS 1, 1 s per point, POOL 3000
-source "$(dirname "$0")/../scripts/lib.sh"
+source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 if [ "${QUICK:-}" = 1 ]; then
@@ -204,10 +204,6 @@ for check in "direct $(paid D "$(shard_port 0)")" "router $(paid R $SHARD_PORTS)
 		|| die "check failed: $n payments of the $target pool paid, $((USED[$target] - LOST[$target])) first callbacks made"
 done
 
-median() {	# "v1 v2 ..." -> the median, in one awk (a few values: insertion sort)
-	awk '{n = split($0, v, " "); for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {t = v[j]; v[j] = v[j - 1]; v[j - 1] = t}
-		print (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2}'
-}
 tps() { median <<<"${TPS[$1,$2,$3]}"; }
 lat() { median <<<"${LAT[$1,$2,$3]}"; }
 added() { awk -v r="$(lat router "$1" "$2")" -v d="$(lat direct "$1" "$2")" 'BEGIN {printf "%.3f", r - d}'; }

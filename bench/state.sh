@@ -40,7 +40,7 @@
 #   SECONDS_PER_RUN (2)  CLIENTS ("8 32")
 #   QUICK=1 (1 run, 1 s per point, ROWS 10000, LOOP_N 2000, PGB_ROWS 8000)
 #   SKIP_BUILD=1 to use the payidem already installed.
-source "$(dirname "$0")/../scripts/lib.sh"
+source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 RUNS=${RUNS:-3}
@@ -70,7 +70,6 @@ setup() {	# setup ROWS VARIANT
 	psql -X -q -v ON_ERROR_STOP=1 -d "$DB" -v rows="$1" -v variant="$2" -f bench/state_setup.sql >/dev/null
 }
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 # check MOVED LOGGED WHAT: the orders now paid and the status_log rows
 check() {
@@ -207,7 +206,6 @@ for clients in $CLIENTS; do
 done
 
 # ---------------------------------------------------------------- report
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'; }
 times() { case $1 in n/a) echo "n/a" ;; *) echo "$1×" ;; esac; }
 int() { awk -v a="$1" 'BEGIN { printf "%.0f", a }'; }
 perrow() { awk -v o="$1" -v n="$ROWS" 'BEGIN { printf "%.2f", o * 1000 / n }'; }
