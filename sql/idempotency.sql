@@ -1,5 +1,5 @@
 --
--- idempotency: idem_claim / idem_finish / idem_purge (DESIGN section 4).
+-- idempotency: idem_claim / idem_record / idem_finish / idem_purge (DESIGN section 4).
 -- Every outcome, every error with its SQLSTATE, and the row after each step.
 -- Keys of this test start with 'rt:'.
 --
@@ -288,6 +288,66 @@ SELECT string_agg(c.outcome, ' ') AS outcomes
 SELECT * FROM payidem.idem_claim('rt:alter:in:9', 'pay', 'PO1', 'ALIPAY', 1);
 ROLLBACK;
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+--
+-- idem_record: idem_claim() and idem_finish(completed) in one write, for a
+-- business effect committed in the same transaction
+--
+SELECT * FROM payidem.idem_record('rt:rec:1', 'pay', 'PO1', 'WXPAY_001', 1500, '{"outcome": "applied"}');
+SELECT * FROM rt_rows WHERE idem_key LIKE 'rt:rec:%';
+-- a duplicate replays what the first stored, and writes nothing; a new key
+-- is one insert and no update
+BEGIN;
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del + n_tup_hot_upd), 0) AS writes_before
+  FROM pg_stat_xact_user_tables WHERE relid = 'payidem.idempotency'::regclass \gset
+SELECT * FROM payidem.idem_record('rt:rec:1', 'pay', 'PO1', 'WXPAY_001', 1500, '{"outcome": "other"}');
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del + n_tup_hot_upd), 0) - :writes_before AS writes
+  FROM pg_stat_xact_user_tables WHERE relid = 'payidem.idempotency'::regclass;
+SELECT outcome FROM payidem.idem_record('rt:rec:0', 'pay', 'PO0', NULL, 1, '{}');
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del + n_tup_hot_upd), 0) - :writes_before AS writes
+  FROM pg_stat_xact_user_tables WHERE relid = 'payidem.idempotency'::regclass;
+ROLLBACK;
+-- idem_claim() sees the same completed key
+SELECT * FROM payidem.idem_claim('rt:rec:1', 'pay', 'PO1', 'WXPAY_001', 1500);
+-- PI001: other parameters
+SELECT * FROM payidem.idem_record('rt:rec:1', 'pay', 'PO1', 'WXPAY_001', 1600, '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- in_progress: the key is held under a live lease by an idem_claim()
+SELECT outcome FROM payidem.idem_claim('rt:rec:2', 'pay', 'PO1', NULL, 1);
+SELECT * FROM payidem.idem_record('rt:rec:2', 'pay', 'PO1', NULL, 1, '{"outcome": "x"}');
+-- failed: reclaimed and completed at once (attempts 2)
+SELECT payidem.idem_finish('rt:rec:2', 'failed', '{"error": "timeout"}');
+SELECT * FROM payidem.idem_record('rt:rec:2', 'pay', 'PO1', NULL, 1, '{"outcome": "retried"}');
+-- an expired lease likewise
+SELECT outcome FROM payidem.idem_claim('rt:rec:3', 'pay', 'PO1', NULL, 1, NULL, '1 millisecond');
+SELECT pg_sleep(0.01);
+SELECT * FROM payidem.idem_record('rt:rec:3', 'pay', 'PO1', NULL, 1, NULL);
+SELECT * FROM rt_rows WHERE idem_key LIKE 'rt:rec:%';
+-- rolled back with the effect: the key is gone too
+BEGIN;
+SELECT outcome FROM payidem.idem_record('rt:rec:4', 'pay', 'PO1', NULL, 1, '{}');
+ROLLBACK;
+SELECT count(*) AS rolled_back_keys FROM payidem.idempotency WHERE idem_key = 'rt:rec:4';
+-- with a trigger on the table the row goes through the SQL insert, completed as well
+BEGIN;
+CREATE TABLE rt_seen (idem_key text, status text);
+CREATE FUNCTION rt_note() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO rt_seen VALUES (NEW.idem_key, NEW.status);
+	RETURN NEW;
+END $$;
+CREATE TRIGGER rt_note BEFORE INSERT ON payidem.idempotency FOR EACH ROW EXECUTE FUNCTION rt_note();
+SELECT * FROM payidem.idem_record('rt:rec:5', 'pay', 'PO1', NULL, 1, '{"outcome": "applied"}');
+SELECT * FROM rt_seen;
+ROLLBACK;
+-- 22023: the checks of idem_claim()
+SELECT * FROM payidem.idem_record(NULL, 'pay', 'PO1', NULL, 1, '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_record('rt:rec:6', NULL, 'PO1', NULL, 1, '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM payidem.idem_record('rt:rec:6', 'pay', 'PO1', NULL, 0, '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT count(*) AS bad_input_keys FROM payidem.idempotency WHERE idem_key = 'rt:rec:6';
 
 --
 -- counters in payidem.stats(), as deltas over this test

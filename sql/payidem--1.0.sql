@@ -285,25 +285,63 @@ COMMENT ON COLUMN payidem.merchant_channel.daily_limit IS
 -- Orders, payment attempts, refunds
 ------------------------------------------------------------------------------
 
+-- Formats of the values that are written once and never change, as domains
+-- rather than table CHECK constraints: a domain's check runs when a value is
+-- written to the column (INSERT, or an UPDATE that sets it) from an
+-- expression compiled once per backend, while PostgreSQL re-reads and
+-- evaluates every table CHECK on every UPDATE of the row, whatever it
+-- changes.  Each is text (or char(3)) underneath: clients see the base type.
+CREATE DOMAIN payidem.order_number AS text
+	CONSTRAINT order_number_format CHECK (CASE WHEN VALUE !~ '^PO[0-9]{24}$' THEN false
+		ELSE ('2524' || substr(VALUE, 3))::numeric % 97 = 1 END);
+COMMENT ON DOMAIN payidem.order_number IS
+	'An order number: PO + 24 digits, MOD 97-10 check digits valid (as payidem.order_no_valid()).';
+CREATE DOMAIN payidem.payment_number AS text
+	CONSTRAINT payment_number_format CHECK (CASE WHEN VALUE !~ '^PY[0-9]{24}$' THEN false
+		ELSE ('2534' || substr(VALUE, 3))::numeric % 97 = 1 END);
+COMMENT ON DOMAIN payidem.payment_number IS
+	'A payment number: PY + 24 digits, MOD 97-10 check digits valid.';
+CREATE DOMAIN payidem.refund_number AS text
+	CONSTRAINT refund_number_format CHECK (CASE WHEN VALUE !~ '^RF[0-9]{24}$' THEN false
+		ELSE ('2715' || substr(VALUE, 3))::numeric % 97 = 1 END);
+COMMENT ON DOMAIN payidem.refund_number IS
+	'A refund number: RF + 24 digits, MOD 97-10 check digits valid.';
+CREATE DOMAIN payidem.merchant_ref AS text
+	CONSTRAINT merchant_ref_format CHECK (VALUE ~ '^[0-9A-Za-z_.|*@-]{1,64}$');
+COMMENT ON DOMAIN payidem.merchant_ref IS
+	'A merchant''s own number (out_trade_no, out_refund_no): 1 to 64 of 0-9 A-Z a-z _ . | * @ -.';
+CREATE DOMAIN payidem.channel_ref AS text
+	CONSTRAINT channel_ref_format CHECK (VALUE ~ '^[[:graph:]]{1,64}$');
+COMMENT ON DOMAIN payidem.channel_ref IS
+	'A channel''s id (transaction_id, channel_refund_id): 1 to 64 printable characters, no spaces.';
+CREATE DOMAIN payidem.http_url AS text
+	CONSTRAINT http_url_format CHECK (VALUE ~ '^https?://[^[:space:]]+$' AND pg_catalog.length(VALUE) <= 1024);
+COMMENT ON DOMAIN payidem.http_url IS
+	'An http or https URL without spaces, at most 1024 characters.';
+CREATE DOMAIN payidem.currency_code AS char(3)
+	CONSTRAINT currency_code_format CHECK (VALUE ~ '^[A-Z]{3}$');
+COMMENT ON DOMAIN payidem.currency_code IS
+	'An ISO 4217 currency code: three upper-case letters.';
+
 CREATE TABLE payidem."order" (
-	order_no		text		NOT NULL,
+	order_no		payidem.order_number NOT NULL,
 	merchant_no		text		NOT NULL,
-	out_trade_no	text		NOT NULL,
+	out_trade_no	payidem.merchant_ref NOT NULL,
 	subject			text		NOT NULL,
 	body			text,
 	amount			bigint		NOT NULL,
-	currency		char(3)		NOT NULL DEFAULT 'CNY',
+	currency		payidem.currency_code NOT NULL DEFAULT 'CNY',
 	status			text		NOT NULL DEFAULT 'pending',
 	status_entity	text		NOT NULL GENERATED ALWAYS AS ('order'::text) STORED,
 	refunded_amount	bigint		NOT NULL DEFAULT 0,
-	notify_url		text,
-	return_url		text,
+	notify_url		payidem.http_url,
+	return_url		payidem.http_url,
 	notify_status	text		NOT NULL DEFAULT 'none',
 	notify_attempts	integer		NOT NULL DEFAULT 0,
 	next_notify_at	timestamptz,
 	expire_at		timestamptz	NOT NULL,
 	paid_at			timestamptz,
-	paid_payment_no	text,
+	paid_payment_no	payidem.payment_number,
 	closed_at		timestamptz,
 	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
@@ -314,23 +352,13 @@ CREATE TABLE payidem."order" (
 		REFERENCES payidem.merchant (merchant_no),
 	CONSTRAINT order_status_known FOREIGN KEY (status_entity, status)
 		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
-	CONSTRAINT order_no_format CHECK (CASE WHEN order_no !~ '^PO[0-9]{24}$' THEN false
-		ELSE ('2524' || substr(order_no, 3))::numeric % 97 = 1 END),
-	CONSTRAINT order_out_trade_no_format CHECK (out_trade_no ~ '^[0-9A-Za-z_.|*@-]{1,64}$'),
 	CONSTRAINT order_subject_length CHECK (pg_catalog.length(pg_catalog.btrim(subject)) BETWEEN 1 AND 256),
 	CONSTRAINT order_body_length CHECK (pg_catalog.length(body) <= 1024),
 	CONSTRAINT order_amount_positive CHECK (amount > 0),
-	CONSTRAINT order_currency_format CHECK (currency ~ '^[A-Z]{3}$'),
 	CONSTRAINT order_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount),
-	CONSTRAINT order_notify_url_format CHECK (
-		notify_url ~ '^https?://[^[:space:]]+$' AND pg_catalog.length(notify_url) <= 1024),
-	CONSTRAINT order_return_url_format CHECK (
-		return_url ~ '^https?://[^[:space:]]+$' AND pg_catalog.length(return_url) <= 1024),
 	CONSTRAINT order_notify_status_known CHECK (notify_status IN ('none', 'pending', 'sent', 'failed')),
 	CONSTRAINT order_notify_attempts_nonnegative CHECK (notify_attempts >= 0),
-	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at),
-	CONSTRAINT order_paid_payment_format CHECK (CASE WHEN paid_payment_no !~ '^PY[0-9]{24}$' THEN false
-		ELSE ('2534' || substr(paid_payment_no, 3))::numeric % 97 = 1 END)
+	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
 );
 CREATE INDEX order_notify_due ON payidem."order" (next_notify_at) WHERE notify_status = 'pending';
 CREATE INDEX order_pending_expiry ON payidem."order" (expire_at) WHERE status = 'pending';
@@ -357,14 +385,14 @@ COMMENT ON COLUMN payidem."order".expire_at IS
 	'No payment may start after this instant.';
 
 CREATE TABLE payidem.payment (
-	payment_no		text		NOT NULL,
+	payment_no		payidem.payment_number NOT NULL,
 	order_no		text		NOT NULL,
 	merchant_no		text		NOT NULL,
 	channel_no		text		NOT NULL,
 	amount			bigint		NOT NULL,
 	status			text		NOT NULL DEFAULT 'pending',
 	status_entity	text		NOT NULL GENERATED ALWAYS AS ('payment'::text) STORED,
-	transaction_id	text,
+	transaction_id	payidem.channel_ref,
 	fee_amount		bigint,
 	cost_amount		bigint,
 	refunded_amount	bigint		NOT NULL DEFAULT 0,
@@ -374,17 +402,16 @@ CREATE TABLE payidem.payment (
 	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT payment_pkey PRIMARY KEY (payment_no),
 	CONSTRAINT payment_transaction_key UNIQUE (channel_no, transaction_id),
-	CONSTRAINT payment_order_key UNIQUE (payment_no, order_no),
+	-- the target of the (payment_no, order_no) foreign keys; order_no first,
+	-- so that it also finds an order's attempts
+	CONSTRAINT payment_order_key UNIQUE (order_no, payment_no),
 	CONSTRAINT payment_order_fkey FOREIGN KEY (order_no, merchant_no)
 		REFERENCES payidem."order" (order_no, merchant_no),
 	CONSTRAINT payment_channel_fkey FOREIGN KEY (channel_no)
 		REFERENCES payidem.channel (channel_no),
 	CONSTRAINT payment_status_known FOREIGN KEY (status_entity, status)
 		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
-	CONSTRAINT payment_no_format CHECK (CASE WHEN payment_no !~ '^PY[0-9]{24}$' THEN false
-		ELSE ('2534' || substr(payment_no, 3))::numeric % 97 = 1 END),
 	CONSTRAINT payment_amount_positive CHECK (amount > 0),
-	CONSTRAINT payment_transaction_id_format CHECK (transaction_id ~ '^[[:graph:]]{1,64}$'),
 	CONSTRAINT payment_fee_range CHECK (fee_amount >= 0 AND fee_amount <= amount),
 	CONSTRAINT payment_cost_range CHECK (cost_amount >= 0 AND cost_amount <= amount),
 	CONSTRAINT payment_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount)
@@ -392,7 +419,6 @@ CREATE TABLE payidem.payment (
 -- At most one pending attempt per order: two concurrent begin_payment calls
 -- can never both leave one behind.
 CREATE UNIQUE INDEX payment_one_pending_per_order ON payidem.payment (order_no) WHERE status = 'pending';
-CREATE INDEX payment_order ON payidem.payment (order_no);
 CREATE INDEX payment_channel_paid ON payidem.payment (channel_no, paid_at);
 CREATE INDEX payment_merchant_channel_created ON payidem.payment (merchant_no, channel_no, created_at);
 COMMENT ON TABLE payidem.payment IS
@@ -413,15 +439,15 @@ COMMENT ON COLUMN payidem.payment.refunded_amount IS
 	'Sum of succeeded refunds of this payment, minor units; never above amount.';
 
 CREATE TABLE payidem.refund (
-	refund_no			text		NOT NULL,
+	refund_no			payidem.refund_number NOT NULL,
 	payment_no			text		NOT NULL,
 	order_no			text		NOT NULL,
 	merchant_no			text		NOT NULL,
-	out_refund_no		text		NOT NULL,
+	out_refund_no		payidem.merchant_ref NOT NULL,
 	amount				bigint		NOT NULL,
 	status				text		NOT NULL DEFAULT 'pending',
 	status_entity		text		NOT NULL GENERATED ALWAYS AS ('refund'::text) STORED,
-	channel_refund_id	text,
+	channel_refund_id	payidem.channel_ref,
 	reason				text,
 	refunded_at			timestamptz,
 	created_at			timestamptz	NOT NULL DEFAULT pg_catalog.now(),
@@ -434,11 +460,7 @@ CREATE TABLE payidem.refund (
 		REFERENCES payidem."order" (order_no, merchant_no),
 	CONSTRAINT refund_status_known FOREIGN KEY (status_entity, status)
 		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
-	CONSTRAINT refund_no_format CHECK (CASE WHEN refund_no !~ '^RF[0-9]{24}$' THEN false
-		ELSE ('2715' || substr(refund_no, 3))::numeric % 97 = 1 END),
-	CONSTRAINT refund_out_refund_no_format CHECK (out_refund_no ~ '^[0-9A-Za-z_.|*@-]{1,64}$'),
 	CONSTRAINT refund_amount_positive CHECK (amount > 0),
-	CONSTRAINT refund_channel_refund_id_format CHECK (channel_refund_id ~ '^[[:graph:]]{1,64}$'),
 	CONSTRAINT refund_reason_length CHECK (pg_catalog.length(reason) <= 256)
 );
 CREATE INDEX refund_payment ON payidem.refund (payment_no);
@@ -717,6 +739,15 @@ AS 'MODULE_PATHNAME', 'payidem_idem_finish'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem.idem_finish(text, text, jsonb) IS
 	'Finish a processing key as completed (later claims replay result) or failed (the next claim reclaims it). PI009 unknown key, PI002 not processing.';
+
+CREATE FUNCTION payidem.idem_record(idem_key text, biz_type text, order_no text,
+                                    channel text, amount bigint, result jsonb,
+                                    fingerprint text DEFAULT NULL)
+RETURNS TABLE (outcome text, status text, result jsonb, attempts integer)
+AS 'MODULE_PATHNAME', 'payidem_idem_record'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+COMMENT ON FUNCTION payidem.idem_record(text, text, text, text, bigint, jsonb, text) IS
+	'idem_claim() and idem_finish(key, ''completed'', result) in one write, when the business effect commits in the same transaction: claimed (the key is now completed with result: run the logic), replay, in_progress as for idem_claim(); a failed or expired key is reclaimed and completed at once (reclaimed). PI001 if reused with other parameters.';
 
 CREATE FUNCTION payidem.idem_purge(older_than interval DEFAULT '24 hours')
 RETURNS bigint
@@ -1495,7 +1526,7 @@ BEGIN ATOMIC
 	  FROM pg_catalog.pg_proc p
 	 WHERE p.pronamespace = 'payidem'::regnamespace
 	   AND p.proname IN ('gen_order_no', 'order_no_valid', 'order_no_parse', 'stats',
-						 'idem_claim', 'idem_finish',
+						 'idem_claim', 'idem_record', 'idem_finish',
 						 'transit_order', 'transit_payment', 'transit_refund',
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
@@ -1846,10 +1877,14 @@ DECLARE
 	v_kind text;
 	v_rate numeric;
 	v_cost_rate numeric;
+	v_order_status text;
+	v_order_paid_by text;
 	p payidem.payment;
-	o payidem."order";
 BEGIN
-	PERFORM payidem._check_number('payment', apply_payment_result.payment_no);
+	-- the common case is a plain expression; _check_number() words the error
+	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no) THEN
+		PERFORM payidem._check_number('payment', v_payment_no);
+	END IF;
 	IF v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close') THEN
 		RAISE EXCEPTION 'invalid result source' USING
 			ERRCODE = 'invalid_parameter_value',
@@ -1898,7 +1933,8 @@ BEGIN
 			END IF;
 			RETURN 'rejected';
 		END IF;
-		IF v_txn IS NOT NULL THEN
+		-- (a transaction id the payment already has is no other's: unique)
+		IF v_txn IS NOT NULL AND v_txn IS DISTINCT FROM p.transaction_id THEN
 			SELECT x.payment_no INTO v_other FROM payidem.payment x
 			 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
 			IF FOUND THEN
@@ -1923,10 +1959,41 @@ BEGIN
 		RETURN 'rejected';
 	END IF;
 
+	-- A repeat is answered from the payment's row, which we hold locked: the
+	-- first delivery's effect committed together with its key, so the row
+	-- says all the key would (and still does once the key is purged).
+	IF (v_status = 'succeeded' AND p.status IN ('succeeded', 'partially_refunded', 'refunded'))
+		OR p.status = v_status THEN
+		RETURN 'duplicate';
+	END IF;
+
+	-- What this delivery does is decided here, under the payment's row lock
+	-- (and, for a success, its order's), so that the idempotency key is
+	-- written once, completed with that outcome, and the effect follows in
+	-- the same transaction.
+	IF v_status = 'succeeded' THEN
+		-- the order, locked, and the rates of the fees
+		SELECT x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
+		  INTO v_order_status, v_order_paid_by, v_rate, v_cost_rate
+		  FROM payidem."order" x
+		  JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
+		  JOIN payidem.channel c ON c.channel_no = p.channel_no
+		  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
+		 WHERE x.order_no = p.order_no
+		   FOR UPDATE OF x;
+		-- failed is terminal: money arrived for an attempt recorded as
+		-- failed; a closed or paid order: money arrived where it should not
+		v_outcome := CASE WHEN p.status <> 'failed' AND v_order_status = 'pending' THEN 'applied' ELSE 'anomaly' END;
+	ELSE
+		-- failed or closed of a pending payment
+		v_outcome := 'applied';
+	END IF;
+
 	-- one key per payment and final status, whatever the source
 	v_key := 'payment:' || p.payment_no || ':' || v_status;
 	SELECT c.outcome INTO v_claim
-	  FROM payidem.idem_claim(v_key, 'payment_result', p.order_no, p.channel_no, p.amount, NULL) c;
+	  FROM payidem.idem_record(v_key, 'payment_result', p.order_no, p.channel_no, p.amount,
+							   jsonb_build_object('outcome', v_outcome)) c;
 	IF v_claim = 'replay' THEN
 		RETURN 'duplicate';
 	ELSIF v_claim = 'in_progress' THEN
@@ -1936,64 +2003,43 @@ BEGIN
 			HINT = 'Answer the channel with a retryable failure; it will deliver the result again.';
 	END IF;
 
-	IF v_status = 'succeeded' THEN
-		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = p.order_no FOR UPDATE;
-		IF p.status IN ('succeeded', 'partially_refunded', 'refunded') THEN
-			v_outcome := 'duplicate';			-- key purged since; the row says it all
-		ELSIF p.status = 'failed' THEN
-			-- failed is terminal: money arrived for an attempt we recorded as failed
-			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
-			VALUES ('success_after_failure', p.order_no, p.payment_no, p.channel_no, p.amount,
-					jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
-									   'order_status', o.status, 'raw', payidem._flow_raw(raw)));
-			v_outcome := 'anomaly';
-		ELSE
-			-- pending or closed -> succeeded: the channel's word wins
-			SELECT coalesce(b.fee_rate, m.fee_rate), c.fee_rate INTO v_rate, v_cost_rate
-			  FROM payidem.merchant m
-			  JOIN payidem.channel c ON c.channel_no = p.channel_no
-			  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
-			 WHERE m.merchant_no = p.merchant_no;
-			-- The status and the fields in one UPDATE of the row we hold locked:
-			-- the status_guard trigger checks the change against the whitelist
-			-- and logs it, exactly as for transit_payment(); one new row
-			-- version (and index entries) instead of two.
-			UPDATE payidem.payment x
-			   SET status = 'succeeded', updated_at = now(),
-				   transaction_id = coalesce(v_txn, x.transaction_id), paid_at = v_paid_at,
-				   fee_amount = round(p.amount * v_rate)::bigint,
-				   cost_amount = round(p.amount * v_cost_rate)::bigint
-			 WHERE x.payment_no = p.payment_no;
-
-			IF o.status = 'pending' THEN
-				UPDATE payidem."order" x
-				   SET status = 'paid', updated_at = now(),
-					   paid_payment_no = p.payment_no, paid_at = v_paid_at,
-					   notify_status = CASE WHEN x.notify_url IS NULL THEN x.notify_status ELSE 'pending' END,
-					   next_notify_at = CASE WHEN x.notify_url IS NULL THEN x.next_notify_at ELSE now() END,
-					   notify_attempts = CASE WHEN x.notify_url IS NULL THEN x.notify_attempts ELSE 0 END
-				 WHERE x.order_no = o.order_no;
-				v_outcome := 'applied';
-			ELSE
-				v_kind := CASE WHEN o.status = 'closed' THEN 'paid_after_close' ELSE 'duplicate_payment' END;
-				INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
-				VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
-						jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
-										   'order_status', o.status, 'paid_payment_no', o.paid_payment_no,
-										   'action', 'refund this payment', 'raw', payidem._flow_raw(raw)));
-				v_outcome := 'anomaly';
-			END IF;
-		END IF;
+	IF v_status <> 'succeeded' THEN
+		PERFORM payidem.transit_payment(p.payment_no, v_status);
+	ELSIF p.status = 'failed' THEN
+		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+		VALUES ('success_after_failure', p.order_no, p.payment_no, p.channel_no, p.amount,
+				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
+								   'order_status', v_order_status, 'raw', payidem._flow_raw(raw)));
 	ELSE
-		-- failed or closed; p.status is pending, or already v_status (key purged)
-		IF payidem.transit_payment(p.payment_no, v_status) THEN
-			v_outcome := 'applied';
+		-- pending or closed -> succeeded: the channel's word wins
+		-- The status and the fields in one UPDATE of the row we hold locked:
+		-- the status_guard trigger checks the change against the whitelist
+		-- and logs it, exactly as for transit_payment(); one new row version
+		-- (and index entries) instead of two.
+		UPDATE payidem.payment x
+		   SET status = 'succeeded', updated_at = now(),
+			   transaction_id = coalesce(v_txn, x.transaction_id), paid_at = v_paid_at,
+			   fee_amount = round(p.amount * v_rate)::bigint,
+			   cost_amount = round(p.amount * v_cost_rate)::bigint
+		 WHERE x.payment_no = p.payment_no;
+
+		IF v_order_status = 'pending' THEN
+			UPDATE payidem."order" x
+			   SET status = 'paid', updated_at = now(),
+				   paid_payment_no = p.payment_no, paid_at = v_paid_at,
+				   notify_status = CASE WHEN x.notify_url IS NULL THEN x.notify_status ELSE 'pending' END,
+				   next_notify_at = CASE WHEN x.notify_url IS NULL THEN x.next_notify_at ELSE now() END,
+				   notify_attempts = CASE WHEN x.notify_url IS NULL THEN x.notify_attempts ELSE 0 END
+			 WHERE x.order_no = p.order_no;
 		ELSE
-			v_outcome := 'duplicate';
+			v_kind := CASE WHEN v_order_status = 'closed' THEN 'paid_after_close' ELSE 'duplicate_payment' END;
+			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+			VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
+					jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
+									   'order_status', v_order_status, 'paid_payment_no', v_order_paid_by,
+									   'action', 'refund this payment', 'raw', payidem._flow_raw(raw)));
 		END IF;
 	END IF;
-
-	PERFORM payidem.idem_finish(v_key, 'completed', jsonb_build_object('outcome', v_outcome));
 	RETURN v_outcome;
 END
 $$;
@@ -2164,7 +2210,6 @@ DECLARE
 	v_payment_no text;
 	v_key text;
 	v_claim text;
-	v_outcome text;
 	v_refunded bigint;
 	p payidem.payment;
 	r payidem.refund;
@@ -2207,9 +2252,17 @@ BEGIN
 		RETURN 'rejected';
 	END IF;
 
+	-- a repeat is answered from the refund's row, which we hold locked (its
+	-- first delivery's effect committed with its key)
+	IF r.status = v_status THEN
+		RETURN 'duplicate';
+	END IF;
+
+	-- the key, written once, completed, in the transaction of the effect
 	v_key := 'refund:' || r.refund_no || ':' || v_status;
 	SELECT c.outcome INTO v_claim
-	  FROM payidem.idem_claim(v_key, 'refund_result', r.order_no, p.channel_no, r.amount, NULL) c;
+	  FROM payidem.idem_record(v_key, 'refund_result', r.order_no, p.channel_no, r.amount,
+							   '{"outcome": "applied"}') c;
 	IF v_claim = 'replay' THEN
 		RETURN 'duplicate';
 	ELSIF v_claim = 'in_progress' THEN
@@ -2219,11 +2272,8 @@ BEGIN
 			HINT = 'Answer the channel with a retryable failure; it will deliver the result again.';
 	END IF;
 
-	IF r.status = v_status THEN
-		v_outcome := 'duplicate';				-- key purged since
-	ELSIF v_status = 'failed' THEN
+	IF v_status = 'failed' THEN
 		PERFORM payidem.transit_refund(r.refund_no, 'failed');
-		v_outcome := 'applied';
 	ELSE
 		IF v_crid IS NOT NULL THEN
 			UPDATE payidem.refund x SET channel_refund_id = v_crid WHERE x.refund_no = r.refund_no;
@@ -2243,11 +2293,8 @@ BEGIN
 			PERFORM payidem.transit_order(o.order_no,
 				CASE WHEN v_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END);
 		END IF;
-		v_outcome := 'applied';
 	END IF;
-
-	PERFORM payidem.idem_finish(v_key, 'completed', jsonb_build_object('outcome', v_outcome));
-	RETURN v_outcome;
+	RETURN 'applied';
 END
 $$;
 COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS

@@ -128,10 +128,10 @@ static uint64 lookup_desc_generation = 0;
  */
 static const char *const insert_columns[] = {
 	"idem_key", "biz_type", "order_no", "channel", "amount", "fingerprint",
-	"locked_until", "created_at", "status", "attempts", "updated_at"
+	"locked_until", "created_at", "status", "attempts", "updated_at", "result"
 };
 /* columns the insert leaves NULL: no default, nullable */
-static const char *const insert_unset_columns[] = {"channel_txn_id", "result"};
+static const char *const insert_unset_columns[] = {"channel_txn_id"};
 static AttrNumber insert_attnums[lengthof(insert_columns)];
 static MemoryContext insert_cxt = NULL;
 static uint64 insert_generation = 0;
@@ -161,13 +161,13 @@ enum
 
 /*
  * $1 key, $2 biz_type, $3 order_no, $4 channel, $5 amount, $6 fingerprint,
- * $7 locked_until, $8 now
+ * $7 locked_until, $8 now, $9 status, $10 result
  */
 static const char *const insert_sql =
 "INSERT INTO payidem.idempotency AS i"
 " (idem_key, biz_type, order_no, channel, amount, fingerprint,"
-"  status, attempts, locked_until, created_at, updated_at)"
-" VALUES ($1, $2, $3, $4, $5, $6, 'processing', 1, $7, $8, $8)"
+"  status, attempts, locked_until, created_at, updated_at, result)"
+" VALUES ($1, $2, $3, $4, $5, $6, $9, 1, $7, $8, $8, $10)"
 " ON CONFLICT (idem_key) DO NOTHING"
 " RETURNING i.attempts";
 
@@ -436,10 +436,12 @@ prepare_direct_insert(Relation rel)
 		if (j < 0 || TupleDescAttr(desc, j)->atthasdef || TupleDescAttr(desc, j)->attnotnull)
 			return;
 	}
-	/* order_no, channel, amount, fingerprint may be NULL */
-	for (i = 2; i <= 5; i++)
+	/* order_no, channel, amount, fingerprint, locked_until, result may be NULL */
+	for (i = 2; i <= 6; i++)
 		if (TupleDescAttr(desc, insert_attnums[i] - 1)->attnotnull)
 			return;
+	if (TupleDescAttr(desc, insert_attnums[11] - 1)->attnotnull)
+		return;
 
 	old = MemoryContextSwitchTo(insert_cxt);
 	if (desc->constr && desc->constr->num_check > 0)
@@ -829,47 +831,14 @@ flat_jsonb(Datum d)
 }
 
 /*
- * payidem.idem_claim(idem_key text, biz_type text, order_no text,
- *                    channel text, amount bigint, fingerprint text DEFAULT NULL,
- *                    lease interval DEFAULT '30 seconds')
- *		RETURNS TABLE(outcome text, status text, result jsonb, attempts int)
- *
- * One row: claimed | in_progress | replay | reclaimed (see the file header),
- * the key's status after the call, the stored result and the attempt count.
- * PI001 when the key was claimed with other parameters; 22023 for bad input.
+ * The checks idem_claim() and idem_record() share: biz_type required and at
+ * most IDEM_BIZ_TYPE_MAX_CHARS characters, amount positive if given.
+ * args[] are the claim's key, biz_type, order_no, channel, amount and
+ * fingerprint, text arguments already detoasted.
  */
-PG_FUNCTION_INFO_V1(payidem_idem_claim);
-Datum
-payidem_idem_claim(PG_FUNCTION_ARGS)
+static void
+check_claim_args(Datum *args, bool *argnulls)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	text	   *key = get_key_arg(fcinfo, 0);
-	Interval   *lease;
-	Interval	zero;
-	Datum		args[7];
-	bool		argnulls[7];
-	Datum		params[8];
-	char		paramnulls[8];
-	Oid			insert_types[8] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TEXTOID,
-	TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Oid			reclaim_types[3] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Oid			save_userid;
-	int			save_sec_context;
-	IdemOutcome outcome = IDEM_CLAIMED;
-	Oid			relid;
-	bool		spi = false;
-	Datum		values[4];
-	bool		nulls[4] = {false, false, false, false};
-	int			tries;
-	int			i;
-
-	/* arguments: biz_type required, amount positive if given, lease positive */
-	for (i = 0; i < 7; i++)
-	{
-		argnulls[i] = PG_ARGISNULL(i);
-		args[i] = argnulls[i] ? (Datum) 0 : PG_GETARG_DATUM(i);
-	}
-	args[0] = PointerGetDatum(key);
 	if (argnulls[1])
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -877,7 +846,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 				 errhint("Pass the business type of the request, such as pay, refund or recharge.")));
 	else
 	{
-		text	   *biz = PG_GETARG_TEXT_PP(1);
+		text	   *biz = DatumGetTextPP(args[1]);
 		int			len = VARSIZE_ANY_EXHDR(biz);
 		int			chars = pg_mbstrlen_with_len(VARDATA_ANY(biz), len);
 
@@ -888,33 +857,52 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 					 errdetail("The biz_type was %s, %d characters.",
 							   payidem_quote_value(VARDATA_ANY(biz), len), chars),
 					 errhint("Pass the business type of the request, such as pay, refund or recharge.")));
-		args[1] = PointerGetDatum(biz);
 	}
-	if (!argnulls[2])
-		args[2] = PointerGetDatum(PG_GETARG_TEXT_PP(2));
-	if (!argnulls[5])
-		args[5] = PointerGetDatum(PG_GETARG_TEXT_PP(5));
-	if (!argnulls[4] && PG_GETARG_INT64(4) <= 0)
+	if (!argnulls[4] && DatumGetInt64(args[4]) <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("amount must be positive"),
-				 errdetail("The amount was " INT64_FORMAT ".", PG_GETARG_INT64(4)),
+				 errdetail("The amount was " INT64_FORMAT ".", DatumGetInt64(args[4])),
 				 errhint("Amounts are integers in the currency's minor unit (fen, cents), greater than zero.")));
-	if (argnulls[6])
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must not be NULL"),
-				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
-	lease = PG_GETARG_INTERVAL_P(6);
-	memset(&zero, 0, sizeof(zero));
-	if (!DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease),
-										  IntervalPGetDatum(&zero))))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errdetail("The lease was %s.",
-						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(lease)))),
-				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
+}
+
+/* A text argument, detoasted, or 0 if NULL. */
+static Datum
+text_arg(FunctionCallInfo fcinfo, int argno, bool *isnull)
+{
+	*isnull = PG_ARGISNULL(argno);
+	return *isnull ? (Datum) 0 : PointerGetDatum(PG_GETARG_TEXT_PP(argno));
+}
+
+/*
+ * The claim itself, for idem_claim() and idem_record(): args[] as for
+ * check_claim_args(), already checked.  A new key is inserted as processing
+ * with the lease, or — complete — as completed with result and no lease; a
+ * key taken over (failed, or its lease expired) is likewise left processing,
+ * or completed at once.  Returns the one result row in fcinfo's tuplestore.
+ */
+static void
+claim_key(FunctionCallInfo fcinfo, Datum *args, bool *argnulls, Interval *lease,
+		  bool complete, Datum result, bool result_isnull)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *key = DatumGetTextPP(args[0]);
+	Datum		params[10];
+	char		paramnulls[10];
+	Oid			insert_types[10] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TEXTOID,
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID, JSONBOID};
+	Oid			reclaim_types[3] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Oid			finish_types[4] = {TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID};
+	Datum		status_value = CStringGetTextDatum(complete ? "completed" : "processing");
+	Oid			save_userid;
+	int			save_sec_context;
+	IdemOutcome outcome = IDEM_CLAIMED;
+	Oid			relid;
+	bool		spi = false;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+	int			tries;
+	int			i;
 
 	begin_claim_result(fcinfo);
 	relid = begin_as_owner(&save_userid, &save_sec_context);
@@ -924,7 +912,12 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 		params[i] = args[i];
 		paramnulls[i] = argnulls[i] ? 'n' : ' ';
 	}
-	paramnulls[6] = paramnulls[7] = ' ';
+	paramnulls[6] = complete ? 'n' : ' ';
+	paramnulls[7] = ' ';
+	params[8] = status_value;
+	paramnulls[8] = ' ';
+	params[9] = result;
+	paramnulls[9] = complete && !result_isnull ? ' ' : 'n';
 
 	for (tries = 0;; tries++)
 	{
@@ -956,11 +949,15 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 			int			inserted;
 
 			now = GetCurrentTimestamp();
-			params[6] = DirectFunctionCall2(timestamptz_pl_interval,
-											TimestampTzGetDatum(now), IntervalPGetDatum(lease));
+			params[6] = complete ? (Datum) 0 :
+				DirectFunctionCall2(timestamptz_pl_interval,
+									TimestampTzGetDatum(now), IntervalPGetDatum(lease));
 			params[7] = TimestampTzGetDatum(now);
 			{
-				/* insert_columns: the 8 parameters, then status, attempts, updated_at */
+				/*
+				 * insert_columns: the first 8 parameters, then status,
+				 * attempts, updated_at, result
+				 */
 				Datum		v[lengthof(insert_columns)];
 				bool		n[lengthof(insert_columns)];
 				int			j;
@@ -970,18 +967,20 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 					v[j] = params[j];
 					n[j] = paramnulls[j] == 'n';
 				}
-				v[8] = CStringGetTextDatum("processing");
+				v[8] = status_value;
 				n[8] = false;
 				v[9] = Int32GetDatum(1);
 				n[9] = false;
 				v[10] = params[7];
 				n[10] = false;
+				v[11] = params[9];
+				n[11] = paramnulls[9] == 'n';
 				inserted = direct_insert(relid, v, n);
 			}
 			if (inserted < 0)
 			{
 				connect_spi(&spi);
-				rc = SPI_execute_plan(saved_plan(&insert_plan, insert_sql, 8, insert_types),
+				rc = SPI_execute_plan(saved_plan(&insert_plan, insert_sql, 10, insert_types),
 									  params, paramnulls, false, 1);
 				if (rc != SPI_OK_INSERT_RETURNING)
 					elog(ERROR, "idempotency insert failed: %s", SPI_result_code_string(rc));
@@ -990,8 +989,9 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 			if (inserted)
 			{
 				outcome = IDEM_CLAIMED;
-				values[1] = CStringGetTextDatum("processing");
-				nulls[2] = true;
+				values[1] = status_value;
+				values[2] = params[9];
+				nulls[2] = paramnulls[9] == 'n';
 				values[3] = Int32GetDatum(1);
 				break;
 			}
@@ -1032,8 +1032,9 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 		 * row again.
 		 */
 		rparams[0] = PointerGetDatum(key);
-		rparams[1] = DirectFunctionCall2(timestamptz_pl_interval,
-										 TimestampTzGetDatum(now), IntervalPGetDatum(lease));
+		rparams[1] = complete ? TimestampTzGetDatum(now) :
+			DirectFunctionCall2(timestamptz_pl_interval,
+								TimestampTzGetDatum(now), IntervalPGetDatum(lease));
 		rparams[2] = TimestampTzGetDatum(now);
 		connect_spi(&spi);
 		rc = SPI_execute_plan(saved_plan(&reclaim_plan, reclaim_sql, 3, reclaim_types),
@@ -1051,6 +1052,21 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 			if (!nulls[2])
 				values[2] = flat_jsonb(d);
 			values[3] = SPI_getbinval(row, desc, 2, &isnull);
+			if (complete)
+			{
+				/* ... and finish it in the same transaction */
+				Datum		fparams[4] = {PointerGetDatum(key), status_value, result, rparams[2]};
+				char		fnulls[4] = {' ', ' ', result_isnull ? 'n' : ' ', ' '};
+
+				rc = SPI_execute_plan(saved_plan(&finish_plan, finish_sql, 4, finish_types),
+									  fparams, fnulls, false, 0);
+				if (rc != SPI_OK_UPDATE || SPI_processed != 1)
+					elog(ERROR, "idempotency finish after reclaim failed: %s",
+						 SPI_result_code_string(rc));
+				values[1] = status_value;
+				values[2] = result;
+				nulls[2] = result_isnull;
+			}
 			break;
 		}
 	}
@@ -1061,6 +1077,89 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 	end_as_owner(save_userid, save_sec_context, spi);
 
 	payidem_count(outcome_counters[outcome]);
+}
+
+/*
+ * payidem.idem_claim(idem_key text, biz_type text, order_no text,
+ *                    channel text, amount bigint, fingerprint text DEFAULT NULL,
+ *                    lease interval DEFAULT '30 seconds')
+ *		RETURNS TABLE(outcome text, status text, result jsonb, attempts int)
+ *
+ * One row: claimed | in_progress | replay | reclaimed (see the file header),
+ * the key's status after the call, the stored result and the attempt count.
+ * PI001 when the key was claimed with other parameters; 22023 for bad input.
+ */
+PG_FUNCTION_INFO_V1(payidem_idem_claim);
+Datum
+payidem_idem_claim(PG_FUNCTION_ARGS)
+{
+	Interval   *lease;
+	Interval	zero;
+	Datum		args[6];
+	bool		argnulls[6];
+
+	args[0] = PointerGetDatum(get_key_arg(fcinfo, 0));
+	argnulls[0] = false;
+	args[1] = text_arg(fcinfo, 1, &argnulls[1]);
+	args[2] = text_arg(fcinfo, 2, &argnulls[2]);
+	args[3] = text_arg(fcinfo, 3, &argnulls[3]);
+	argnulls[4] = PG_ARGISNULL(4);
+	args[4] = argnulls[4] ? (Datum) 0 : PG_GETARG_DATUM(4);
+	args[5] = text_arg(fcinfo, 5, &argnulls[5]);
+	check_claim_args(args, argnulls);
+	if (PG_ARGISNULL(6))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must not be NULL"),
+				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
+	lease = PG_GETARG_INTERVAL_P(6);
+	memset(&zero, 0, sizeof(zero));
+	if (!DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease),
+										  IntervalPGetDatum(&zero))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errdetail("The lease was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(lease)))),
+				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
+
+	claim_key(fcinfo, args, argnulls, lease, false, (Datum) 0, true);
+	return (Datum) 0;
+}
+
+/*
+ * payidem.idem_record(idem_key text, biz_type text, order_no text,
+ *                     channel text, amount bigint, result jsonb,
+ *                     fingerprint text DEFAULT NULL)
+ *		RETURNS TABLE(outcome text, status text, result jsonb, attempts int)
+ *
+ * idem_claim() and idem_finish(key, 'completed', result) in one write, for a
+ * caller whose business effect commits in the same transaction as the claim:
+ * a new key is inserted completed (outcome claimed, status completed), so a
+ * concurrent duplicate waits on the unique index for this transaction and
+ * then replays; a failed or expired key is reclaimed and completed at once.
+ * replay and in_progress as for idem_claim(): the caller does nothing.
+ */
+PG_FUNCTION_INFO_V1(payidem_idem_record);
+Datum
+payidem_idem_record(PG_FUNCTION_ARGS)
+{
+	Datum		args[6];
+	bool		argnulls[6];
+	bool		result_isnull = PG_ARGISNULL(5);
+	Datum		result = result_isnull ? (Datum) 0 : PG_GETARG_DATUM(5);
+
+	args[0] = PointerGetDatum(get_key_arg(fcinfo, 0));
+	argnulls[0] = false;
+	args[1] = text_arg(fcinfo, 1, &argnulls[1]);
+	args[2] = text_arg(fcinfo, 2, &argnulls[2]);
+	args[3] = text_arg(fcinfo, 3, &argnulls[3]);
+	argnulls[4] = PG_ARGISNULL(4);
+	args[4] = argnulls[4] ? (Datum) 0 : PG_GETARG_DATUM(4);
+	args[5] = text_arg(fcinfo, 6, &argnulls[5]);
+	check_claim_args(args, argnulls);
+
+	claim_key(fcinfo, args, argnulls, NULL, true, result, result_isnull);
 	return (Datum) 0;
 }
 

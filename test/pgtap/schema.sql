@@ -27,7 +27,7 @@ SET client_min_messages = warning;
 --   bill day   2024-06-01 of WXPAY_001, batch WXPAY_001-20240601
 
 BEGIN;
-SELECT plan(358);
+SELECT plan(361);
 
 -- The status foreign keys are deferred to commit, so that the state-machine
 -- guard answers PI002 first; this test checks them per statement instead.
@@ -108,7 +108,26 @@ SELECT col_type_is('payidem', 'reconciliation',   'channel_amount',  'bigint', '
 SELECT col_type_is('payidem', 'merchant',         'fee_rate', 'numeric(7,6)', 'merchant: fee_rate is numeric(7,6)');
 SELECT col_type_is('payidem', 'channel',          'fee_rate', 'numeric(7,6)', 'channel: fee_rate is numeric(7,6)');
 SELECT col_type_is('payidem', 'merchant_channel', 'fee_rate', 'numeric(7,6)', 'merchant_channel: fee_rate is numeric(7,6)');
-SELECT col_type_is('payidem', 'order',            'currency', 'character(3)', 'order: currency is character(3)');
+SELECT col_type_is('payidem', 'order',            'currency', 'payidem', 'currency_code', 'order: currency is a payidem.currency_code');
+SELECT is((SELECT format_type(typbasetype, typtypmod) FROM pg_type WHERE oid = 'payidem.currency_code'::regtype),
+	'character(3)', 'payidem.currency_code is character(3)');
+-- Numbers, merchant and channel references and URLs are text domains: their
+-- format is checked when the value is written, not on every UPDATE of the row
+SELECT is((SELECT array_agg(format('%s.%s %s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod))
+                            ORDER BY c.relname, a.attname)
+             FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+            WHERE c.relnamespace = 'payidem'::regnamespace AND c.relkind = 'r' AND a.attnum > 0
+              AND NOT a.attisdropped AND a.atttypid IN (SELECT oid FROM pg_type WHERE typtype = 'd')),
+	ARRAY['order.currency payidem.currency_code', 'order.notify_url payidem.http_url',
+	      'order.order_no payidem.order_number', 'order.out_trade_no payidem.merchant_ref',
+	      'order.paid_payment_no payidem.payment_number', 'order.return_url payidem.http_url',
+	      'payment.payment_no payidem.payment_number', 'payment.transaction_id payidem.channel_ref',
+	      'refund.channel_refund_id payidem.channel_ref', 'refund.out_refund_no payidem.merchant_ref',
+	      'refund.refund_no payidem.refund_number'],
+	'the columns typed by payidem domains');
+SELECT is((SELECT array_agg(DISTINCT format_type(typbasetype, typtypmod) ORDER BY format_type(typbasetype, typtypmod))
+             FROM pg_type WHERE typnamespace = 'payidem'::regnamespace AND typtype = 'd'),
+	ARRAY['character(3)', 'text'], 'every payidem domain is text or character(3) underneath');
 
 -- Timestamps carry a time zone
 SELECT col_type_is('payidem', 'status_log',       'changed_at',     'timestamp with time zone', 'status_log: changed_at is timestamptz');
@@ -170,7 +189,7 @@ SELECT col_is_unique('payidem', 'merchant', ARRAY['api_key'],                   
 SELECT col_is_unique('payidem', 'order',    ARRAY['merchant_no', 'out_trade_no'], 'order: (merchant_no, out_trade_no) is unique');
 SELECT col_is_unique('payidem', 'order',    ARRAY['order_no', 'merchant_no'],     'order: (order_no, merchant_no) is unique (target of payment/refund foreign keys)');
 SELECT col_is_unique('payidem', 'payment',  ARRAY['channel_no', 'transaction_id'],'payment: (channel_no, transaction_id) is unique');
-SELECT col_is_unique('payidem', 'payment',  ARRAY['payment_no', 'order_no'],      'payment: (payment_no, order_no) is unique (target of the refund foreign key)');
+SELECT col_is_unique('payidem', 'payment',  ARRAY['order_no', 'payment_no'],      'payment: (order_no, payment_no) is unique (target of the refund and anomaly foreign keys; finds an order''s attempts)');
 SELECT col_is_unique('payidem', 'refund',   ARRAY['merchant_no', 'out_refund_no'],'refund: (merchant_no, out_refund_no) is unique');
 
 -- Foreign keys
@@ -716,15 +735,15 @@ SELECT throws_ok($$SET CONSTRAINTS payidem.order_status_known DEFERRED;
 SET CONSTRAINTS payidem.order_status_known IMMEDIATE;
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO12345', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_no_format"',
+	'23514', 'value for domain payidem.order_number violates check constraint "order_number_format"',
 	'order: order_no must be PO + 24 digits');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO202401010000000000000941', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_no_format"',
+	'23514', 'value for domain payidem.order_number violates check constraint "order_number_format"',
 	'order: order_no must carry its check digits');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T 0009', 'Green tea', 1250, now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_out_trade_no_format"',
+	'23514', 'value for domain payidem.merchant_ref violates check constraint "merchant_ref_format"',
 	'order: out_trade_no must not contain spaces');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', '  ', 1250, now() + interval '30 minutes')$$,
@@ -744,7 +763,7 @@ SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade
 	'order: amount must be positive (negative refused)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, currency, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'cny', now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_currency_format"',
+	'23514', 'value for domain payidem.currency_code violates check constraint "currency_code_format"',
 	'order: currency must be three upper-case letters');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, refunded_amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 1251, now() + interval '30 minutes')$$,
@@ -764,11 +783,11 @@ SELECT lives_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_
 	'order: https notify_url and return_url are accepted');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_url, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'ftp://shop.example/notify', now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_notify_url_format"',
+	'23514', 'value for domain payidem.http_url violates check constraint "http_url_format"',
 	'order: notify_url must be http(s)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, return_url, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'javascript:alert(1)', now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_return_url_format"',
+	'23514', 'value for domain payidem.http_url violates check constraint "http_url_format"',
 	'order: return_url must be http(s)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_status, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'queued', now() + interval '30 minutes')$$,
@@ -852,7 +871,7 @@ SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_n
 	'payment: a status of another entity (order paid) is refused');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
 	('PY9', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250)$$,
-	'23514', 'new row for relation "payment" violates check constraint "payment_no_format"',
+	'23514', 'value for domain payidem.payment_number violates check constraint "payment_number_format"',
 	'payment: payment_no must be PY + 24 digits');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
 	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', -1)$$,
@@ -860,7 +879,7 @@ SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_n
 	'payment: amount must be positive');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, transaction_id) VALUES
 	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, '4200 0001')$$,
-	'23514', 'new row for relation "payment" violates check constraint "payment_transaction_id_format"',
+	'23514', 'value for domain payidem.channel_ref violates check constraint "channel_ref_format"',
 	'payment: transaction_id must be printable without spaces');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, fee_amount) VALUES
 	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, -1)$$,
@@ -926,11 +945,11 @@ SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, 
 	'refund: a status of another entity (payment refunded) is refused');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
 	('RF0009', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100)$$,
-	'23514', 'new row for relation "refund" violates check constraint "refund_no_format"',
+	'23514', 'value for domain payidem.refund_number violates check constraint "refund_number_format"',
 	'refund: refund_no must be RF + 24 digits');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
 	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', '', 100)$$,
-	'23514', 'new row for relation "refund" violates check constraint "refund_out_refund_no_format"',
+	'23514', 'value for domain payidem.merchant_ref violates check constraint "merchant_ref_format"',
 	'refund: out_refund_no must not be empty');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
 	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', -100)$$,
@@ -938,7 +957,7 @@ SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, 
 	'refund: amount must be positive');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, channel_refund_id) VALUES
 	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, '')$$,
-	'23514', 'new row for relation "refund" violates check constraint "refund_channel_refund_id_format"',
+	'23514', 'value for domain payidem.channel_ref violates check constraint "channel_ref_format"',
 	'refund: channel_refund_id must not be empty');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, reason) VALUES
 	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, repeat('x', 257))$$,
