@@ -232,6 +232,29 @@ SELECT recon_batch_no, bill_timezone, platform_payments, platform_amount_total, 
   FROM payidem.recon_batch WHERE channel_no = 'RECON_ALI' ORDER BY recon_batch_no;
 SELECT count(*) AS alipay_differences FROM payidem.reconciliation WHERE channel_no = 'RECON_ALI';
 
+---------------------------------------------------------------- refunded after the day
+-- A bill is a picture of its day: a payment refunded the next day is still
+-- succeeded in that day's bill (matched); one refunded the same day is not.
+INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES ('RECON_UP', 'unionpay', 0.0030);
+SELECT count(*) AS payments FROM (VALUES
+	(pg_temp.paid(30, 'RECON_UP', 'UP-T30', 3000, '2024-05-03 10:00:00+00', 'refunded')),
+	(pg_temp.paid(31, 'RECON_UP', 'UP-T31', 3100, '2024-05-03 11:00:00+00', 'refunded'))
+) v(p);
+INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount)
+SELECT payidem.order_no_make('RF', '2024-05-03 00:00:00+00', 0, n), p.payment_no, p.order_no, p.merchant_no,
+       'RECON-RF-' || n, p.amount
+  FROM (VALUES (30), (31)) v(n)
+  JOIN payidem.payment p ON p.payment_no = payidem.order_no_make('PY', '2024-05-01 00:00:00+00', 0, n);
+UPDATE payidem.refund
+   SET status = 'succeeded',
+       refunded_at = CASE out_refund_no WHEN 'RECON-RF-30' THEN timestamptz '2024-05-04 09:00:00+00'
+                                        ELSE timestamptz '2024-05-03 12:00:00+00' END
+ WHERE out_refund_no IN ('RECON-RF-30', 'RECON-RF-31');
+SELECT payidem.load_bill('RECON_UP', '2024-05-03', E'RECON_UP,2024-05-03,UP-T30,,3000,9,succeeded,2024-05-03 10:00:00\nRECON_UP,2024-05-03,UP-T31,,3100,9,succeeded,2024-05-03 11:00:00\n');
+SELECT * FROM payidem.reconcile('RECON_UP', '2024-05-03');
+SELECT diff_type, transaction_id, platform_status, channel_status
+  FROM payidem.reconciliation WHERE channel_no = 'RECON_UP';
+
 ---------------------------------------------------------------- bad arguments
 SELECT * FROM pg_temp.try($$SELECT payidem.reconcile('NO_SUCH', '2024-05-01')$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.reconcile(NULL, '2024-05-01')$$);
