@@ -8,7 +8,9 @@
 #   2. payidem.reconcile(): the first run (stores the differences, raises the
 #      channel_only anomalies), then RUNS re-runs (keep/replace rule), median;
 #   3. the obvious FULL JOIN written by hand, differences into a table
-#      (bench/recon_baseline.sql): the floor, median of RUNS runs;
+#      (bench/recon_baseline.sql): the floor, median of RUNS runs, each run
+#      right after a re-run of reconcile() (alternating, so that a slow spell
+#      of this shared machine does not fall on one side only);
 #   4. payidem.load_bill() of LOAD_N lines given as one CSV text;
 #   5. the plan reconcile() used (auto_explain): the day must go through one
 #      hash full join.
@@ -20,7 +22,7 @@
 # stops it on exit.  Writes bench/out/recon.md (tables), recon.tsv (the bar
 # chart: series<TAB>1<TAB>milliseconds) and recon.targets.
 #
-#   N (1000000)  PERIOD (5000)  LOAD_N (200000)  RUNS (3)  WORK_MEM (64MB)  SKIP_BUILD=1
+#   N (1000000)  PERIOD (5000)  LOAD_N (200000)  RUNS (5)  WORK_MEM (64MB)  SKIP_BUILD=1
 #   QUICK=1: N 100000, LOAD_N 20000, RUNS 1
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
@@ -30,7 +32,7 @@ if [ "${QUICK:-}" = 1 ]; then
 fi
 N=${N:-1000000}
 LOAD_N=${LOAD_N:-200000}
-RUNS=${RUNS:-3}
+RUNS=${RUNS:-5}
 PERIOD=${PERIOD:-5000}
 WORK_MEM=${WORK_MEM:-64MB}
 
@@ -73,42 +75,46 @@ BILL_LINES=$(sqlrun -At -c "SELECT count(*) FROM payidem.channel_bill")
 sqlrun -c "VACUUM ANALYZE payidem.channel_bill" >/dev/null
 say "COPY of $BILL_LINES lines: $COPY_MS ms"
 
-# ---------------------------------------------------------------- 2. reconcile
-# the first run, then RUNS re-runs
-: >"$RUN/rerun"
-for ((r = 0; r <= RUNS; r++)); do
+# ---------------------------------------------------------------- 2. and 3.
+# reconcile(): the first run, then RUNS re-runs, each followed by a run of the
+# floor, so that a slow spell of the machine falls on both sides alike
+reconcile_once() {
+	local out counts
 	out=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" '\timing on' '\pset format unaligned' '\pset tuples_only on' \
 		"SELECT * FROM payidem.reconcile('BENCH_WX', '2024-05-01');" | sqlrun)
-	ms=$(echo "$out" | ms_of)
 	counts=$(echo "$out" | grep '^RC-' | head -1)
 	[ "${counts#*|}" = "$EXPECT" ] \
 		|| die "reconcile() returned '$counts', expected '<batch>|$EXPECT' (matched|platform_only|channel_only|amount_mismatch|status_mismatch)"
-	if [ "$r" -eq 0 ]; then
-		FIRST_MS=$ms COUNTS=$counts
-		say "reconcile(), first run: $ms ms ($counts)"
-	else
-		echo "$ms" >>"$RUN/rerun"
-		say "reconcile(), re-run $r/$RUNS: $ms ms"
-	fi
+	echo "$(echo "$out" | ms_of) $counts"
+}
+# the floor: bench/recon_baseline.sql, the differences into a table
+floor_once() {
+	local out rows
+	out=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" '\timing on' '\i bench/recon_baseline.sql' '\timing off' \
+		'SELECT count(*) FROM baseline_diffs;' | sqlrun -At)
+	rows=$(echo "$out" | tail -1)
+	[ "$rows" = "$X_DIFFS" ] || die "the FULL JOIN found $rows differences, expected $X_DIFFS"
+	echo "$out" | ms_of
+}
+read -r FIRST_MS COUNTS <<<"$(reconcile_once)"
+say "reconcile(), first run: $FIRST_MS ms ($COUNTS)"
+: >"$RUN/rerun"
+: >"$RUN/base"
+for ((r = 1; r <= RUNS; r++)); do
+	read -r ms _ <<<"$(reconcile_once)"
+	echo "$ms" >>"$RUN/rerun"
+	say "reconcile(), re-run $r/$RUNS: $ms ms"
+	ms=$(floor_once)
+	echo "$ms" >>"$RUN/base"
+	say "FULL JOIN run $r/$RUNS: $ms ms"
 done
 RERUN_MS=$(median <"$RUN/rerun")
+BASE_MS=$(median <"$RUN/base")
+BASE_ROWS=$X_DIFFS
 DIFFS=$(sqlrun -At -c "SELECT count(*) FROM payidem.reconciliation")
 ANOMALIES=$(sqlrun -At -c "SELECT count(*) FROM payidem.anomaly WHERE kind = 'channel_only'")
 [ "$DIFFS" = "$X_DIFFS" ] || die "reconcile() stored $DIFFS differences, expected $X_DIFFS"
 [ "$ANOMALIES" = "$X_CHANNEL" ] || die "reconcile() raised $ANOMALIES channel_only anomalies, expected $X_CHANNEL"
-
-# ---------------------------------------------------------------- 3. the floor
-: >"$RUN/base"
-for ((r = 1; r <= RUNS; r++)); do
-	out=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" '\timing on' '\i bench/recon_baseline.sql' '\timing off' \
-		'SELECT count(*) FROM baseline_diffs;' | sqlrun -At)
-	ms=$(echo "$out" | ms_of)
-	BASE_ROWS=$(echo "$out" | tail -1)
-	[ "$BASE_ROWS" = "$X_DIFFS" ] || die "the FULL JOIN found $BASE_ROWS differences, expected $X_DIFFS"
-	echo "$ms" >>"$RUN/base"
-	say "FULL JOIN run $r/$RUNS: $ms ms"
-done
-BASE_MS=$(median <"$RUN/base")
 
 # ---------------------------------------------------------------- 4. load_bill
 LOAD_MS=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" \
@@ -133,7 +139,7 @@ PGVER=$("$PGBIN/postgres" --version | awk '{print $3}')
 	echo "$(date -u +%Y-%m-%d), $(nproc) CPUs, PostgreSQL $PGVER, fsync on, shared_buffers 256MB, work_mem $WORK_MEM;"
 	echo "one channel, one day: $(thousands "$N") paid payments, a bill of $(thousands "$BILL_LINES") lines; differences:"
 	echo "$(pct 1) platform_only, $(pct 1) amount_mismatch, $(pct 2) status_mismatch (both directions), $(pct 1) channel_only ($(pct 5) in all)."
-	echo "Re-runs and the FULL JOIN: median of $RUNS run(s); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+	echo "Re-runs and the FULL JOIN: median of $RUNS run(s), alternating; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 	echo
 	echo "| step | time (ms) |"
 	echo "|---|---:|"

@@ -84,6 +84,9 @@ VALUES (:'order_no', :'merchant_no', 'T-1', 'latte', 1250, 'payed', now() + inte
 UPDATE payidem.merchant SET fee_rate = 1 WHERE merchant_no = :'merchant_no';
 \echo '-- channel codes are upper case:'
 INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES ('alipay_001', 'alipay', 0.006);
+\echo '-- a number must carry its check digits (the column''s domain checks it, whoever writes):'
+INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
+VALUES (left(:'order_no', 24) || '00', :'merchant_no', 'T-1', 'latte', 1250, now() + interval '2 hours');
 \set ON_ERROR_STOP 1
 
 \echo '-- a correct order is accepted:'
@@ -123,6 +126,9 @@ SELECT payidem.apply_payment_result(:'ali_payment', 'query', 'succeeded', 'ALI-2
 SELECT payment_no = :'ali_payment' AS alipay, channel_no, status, fee_amount, cost_amount
   FROM payidem.payment WHERE order_no = :'order_no' ORDER BY created_at;
 SELECT status, paid_payment_no = :'ali_payment' AS paid_by_alipay, notify_status FROM payidem."order" WHERE order_no = :'order_no';
+\echo 'One idempotency key per payment and result, written once with the first delivery''s outcome:'
+SELECT replace(idem_key, :'ali_payment', '<alipay payment>') AS idem_key, status, result
+  FROM payidem.idempotency WHERE idem_key LIKE 'payment:' || :'ali_payment' || ':%';
 \echo 'The status log holds every change, and nobody can rewrite it:'
 SELECT entity, from_status, to_status FROM payidem.status_log
  WHERE entity_no IN (:'order_no', :'wx_payment', :'ali_payment') ORDER BY log_id;
