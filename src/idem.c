@@ -1,9 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * idem.c
- *		idem_claim(), idem_finish(), idem_purge(): idempotency keys whose
- *		unique index — never a prior lookup — decides who runs the business
- *		logic.
+ *		idem_claim(), idem_record(), idem_finish(), idem_purge():
+ *		idempotency keys whose unique index — never a prior lookup — decides
+ *		who runs the business logic.
  *
  * A claim first reads the key (an index lookup: no lock, no write).  If a
  * row is visible, it answers from it: "replay" (completed), "in_progress"
@@ -33,6 +33,11 @@
  * REPEATABLE READ or SERIALIZABLE a claim answers from its snapshot, and a
  * race it loses is a serialization failure (40001) to retry, as for any
  * write conflict there.
+ *
+ * idem_record() is the same claim for a caller whose business effect
+ * commits in the claim's transaction: the new row is inserted completed,
+ * with the caller's result (a key taken over is completed in the same
+ * call), so the claim and idem_finish() are one write.
  *
  * The lookup probes the primary key index directly (lookup_key(), as a
  * systable scan does: no executor start and stop for the common duplicate),
@@ -875,6 +880,25 @@ text_arg(FunctionCallInfo fcinfo, int argno, bool *isnull)
 }
 
 /*
+ * The claim's arguments, as claim_key() takes them: key,
+ * biz_type, order_no, channel and amount are arguments 0 to 4 of both
+ * functions, the fingerprint is argument fingerprint_argno.  Checked.
+ */
+static void
+get_claim_args(FunctionCallInfo fcinfo, int fingerprint_argno, Datum *args, bool *argnulls)
+{
+	args[0] = PointerGetDatum(get_key_arg(fcinfo, 0));
+	argnulls[0] = false;
+	args[1] = text_arg(fcinfo, 1, &argnulls[1]);
+	args[2] = text_arg(fcinfo, 2, &argnulls[2]);
+	args[3] = text_arg(fcinfo, 3, &argnulls[3]);
+	argnulls[4] = PG_ARGISNULL(4);
+	args[4] = argnulls[4] ? (Datum) 0 : PG_GETARG_DATUM(4);
+	args[5] = text_arg(fcinfo, fingerprint_argno, &argnulls[5]);
+	check_claim_args(args, argnulls);
+}
+
+/*
  * The claim itself, for idem_claim() and idem_record(): args[] as for
  * check_claim_args(), already checked.  A new key is inserted as processing
  * with the lease, or — complete — as completed with result and no lease; a
@@ -1098,15 +1122,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 	Datum		args[6];
 	bool		argnulls[6];
 
-	args[0] = PointerGetDatum(get_key_arg(fcinfo, 0));
-	argnulls[0] = false;
-	args[1] = text_arg(fcinfo, 1, &argnulls[1]);
-	args[2] = text_arg(fcinfo, 2, &argnulls[2]);
-	args[3] = text_arg(fcinfo, 3, &argnulls[3]);
-	argnulls[4] = PG_ARGISNULL(4);
-	args[4] = argnulls[4] ? (Datum) 0 : PG_GETARG_DATUM(4);
-	args[5] = text_arg(fcinfo, 5, &argnulls[5]);
-	check_claim_args(args, argnulls);
+	get_claim_args(fcinfo, 5, args, argnulls);
 	if (PG_ARGISNULL(6))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -1149,16 +1165,7 @@ payidem_idem_record(PG_FUNCTION_ARGS)
 	bool		result_isnull = PG_ARGISNULL(5);
 	Datum		result = result_isnull ? (Datum) 0 : PG_GETARG_DATUM(5);
 
-	args[0] = PointerGetDatum(get_key_arg(fcinfo, 0));
-	argnulls[0] = false;
-	args[1] = text_arg(fcinfo, 1, &argnulls[1]);
-	args[2] = text_arg(fcinfo, 2, &argnulls[2]);
-	args[3] = text_arg(fcinfo, 3, &argnulls[3]);
-	argnulls[4] = PG_ARGISNULL(4);
-	args[4] = argnulls[4] ? (Datum) 0 : PG_GETARG_DATUM(4);
-	args[5] = text_arg(fcinfo, 6, &argnulls[5]);
-	check_claim_args(args, argnulls);
-
+	get_claim_args(fcinfo, 6, args, argnulls);
 	claim_key(fcinfo, args, argnulls, NULL, true, result, result_isnull);
 	return (Datum) 0;
 }
