@@ -1909,6 +1909,19 @@ BEGIN
 							quote_literal(left(v_txn, 64)));
 	END IF;
 
+	-- A repeated success of a payment that already succeeded (the same amount
+	-- and transaction id, or none given) is answered from the committed row,
+	-- without a lock: from succeeded, a payment only moves on to refunded
+	-- states, which answer a success the same way.
+	IF v_status = 'succeeded' THEN
+		SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+		IF FOUND AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+			AND (v_amount IS NULL OR v_amount = p.amount)
+			AND (v_txn IS NULL OR v_txn = p.transaction_id) THEN
+			RETURN 'duplicate';
+		END IF;
+	END IF;
+
 	-- lock order: the payment, then (only for a success that is not a
 	-- duplicate, below) its order
 	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
