@@ -5,12 +5,14 @@
 #   day (N lines) with differences of every kind, 5 every PERIOD payments
 #   (bench/recon_setup.sql; 5000: the 0.1 % of the target):
 #   1. import: COPY of the N-line bill file into payidem.channel_bill;
-#   2. payidem.reconcile(): the first run (stores the differences, raises the
-#      channel_only anomalies), then RUNS re-runs (keep/replace rule), median;
+#   2. payidem.reconcile(): the first run of the day (stores the differences,
+#      raises the channel_only anomalies; RUNS times, the day cleared before
+#      each) and re-runs (keep/replace rule; RUNS times), medians;
 #   3. the obvious FULL JOIN written by hand, differences into a table
-#      (bench/recon_baseline.sql): the floor, median of RUNS runs, each run
-#      right after a re-run of reconcile() (alternating, so that a slow spell
-#      of this shared machine does not fall on one side only);
+#      (bench/recon_baseline.sql): the floor, median of 2 x RUNS runs, one
+#      right after each run of reconcile() (alternating, so that a slow spell
+#      of this shared machine does not fall on one side only; one warm-up run
+#      first, not counted);
 #   4. payidem.load_bill() of LOAD_N lines given as one CSV text;
 #   5. the plan reconcile() used (auto_explain): the day must go through one
 #      hash full join.
@@ -76,8 +78,9 @@ sqlrun -c "VACUUM ANALYZE payidem.channel_bill" >/dev/null
 say "COPY of $BILL_LINES lines: $COPY_MS ms"
 
 # ---------------------------------------------------------------- 2. and 3.
-# reconcile(): the first run, then RUNS re-runs, each followed by a run of the
-# floor, so that a slow spell of the machine falls on both sides alike
+# RUNS rounds of: a first run of reconcile() on a day cleared of its
+# differences, the floor, a re-run, the floor again -- alternating, so that a
+# slow spell of the machine falls on both sides alike; medians of each
 reconcile_once() {
 	local out counts
 	out=$(printf '%s\n' "SET work_mem = '$WORK_MEM';" '\timing on' '\pset format unaligned' '\pset tuples_only on' \
@@ -96,18 +99,32 @@ floor_once() {
 	[ "$rows" = "$X_DIFFS" ] || die "the FULL JOIN found $rows differences, expected $X_DIFFS"
 	echo "$out" | ms_of
 }
-read -r FIRST_MS COUNTS <<<"$(reconcile_once)"
-say "reconcile(), first run: $FIRST_MS ms ($COUNTS)"
+# the day as if never reconciled: its differences, batches and channel_only
+# anomalies deleted (outside the timing)
+clear_day() {
+	sqlrun -c "DELETE FROM payidem.anomaly WHERE kind = 'channel_only'" \
+		-c "DELETE FROM payidem.reconciliation" -c "DELETE FROM payidem.recon_batch" >/dev/null
+}
+floor_once >/dev/null	# warm-up, not counted: both sides start from the same cache
+: >"$RUN/first"
 : >"$RUN/rerun"
 : >"$RUN/base"
 for ((r = 1; r <= RUNS; r++)); do
+	clear_day
+	read -r ms COUNTS <<<"$(reconcile_once)"
+	echo "$ms" >>"$RUN/first"
+	say "reconcile(), first run $r/$RUNS: $ms ms ($COUNTS)"
+	ms=$(floor_once)
+	echo "$ms" >>"$RUN/base"
+	say "FULL JOIN: $ms ms"
 	read -r ms _ <<<"$(reconcile_once)"
 	echo "$ms" >>"$RUN/rerun"
 	say "reconcile(), re-run $r/$RUNS: $ms ms"
 	ms=$(floor_once)
 	echo "$ms" >>"$RUN/base"
-	say "FULL JOIN run $r/$RUNS: $ms ms"
+	say "FULL JOIN: $ms ms"
 done
+FIRST_MS=$(median <"$RUN/first")
 RERUN_MS=$(median <"$RUN/rerun")
 BASE_MS=$(median <"$RUN/base")
 BASE_ROWS=$X_DIFFS
@@ -139,7 +156,7 @@ PGVER=$("$PGBIN/postgres" --version | awk '{print $3}')
 	echo "$(date -u +%Y-%m-%d), $(nproc) CPUs, PostgreSQL $PGVER, fsync on, shared_buffers 256MB, work_mem $WORK_MEM;"
 	echo "one channel, one day: $(thousands "$N") paid payments, a bill of $(thousands "$BILL_LINES") lines; differences:"
 	echo "$(pct 1) platform_only, $(pct 1) amount_mismatch, $(pct 2) status_mismatch (both directions), $(pct 1) channel_only ($(pct 5) in all)."
-	echo "Re-runs and the FULL JOIN: median of $RUNS run(s), alternating; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+	echo "First runs (the day cleared before each) and re-runs: median of $RUNS each; the FULL JOIN: median of $((2 * RUNS)), alternating with them; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 	echo
 	echo "| step | time (ms) |"
 	echo "|---|---:|"
