@@ -109,20 +109,21 @@ floor_once >/dev/null	# warm-up, not counted: both sides start from the same cac
 : >"$RUN/first"
 : >"$RUN/rerun"
 : >"$RUN/base"
+# reconcile_then_floor KIND ROUND: one run of reconcile() into $RUN/KIND
+# (first or rerun), then one of the floor into $RUN/base
+reconcile_then_floor() {
+	local ms
+	read -r ms COUNTS <<<"$(reconcile_once)"
+	echo "$ms" >>"$RUN/$1"
+	say "reconcile(), $1 $2/$RUNS: $ms ms ($COUNTS)"
+	ms=$(floor_once)
+	echo "$ms" >>"$RUN/base"
+	say "FULL JOIN: $ms ms"
+}
 for ((r = 1; r <= RUNS; r++)); do
 	clear_day
-	read -r ms COUNTS <<<"$(reconcile_once)"
-	echo "$ms" >>"$RUN/first"
-	say "reconcile(), first run $r/$RUNS: $ms ms ($COUNTS)"
-	ms=$(floor_once)
-	echo "$ms" >>"$RUN/base"
-	say "FULL JOIN: $ms ms"
-	read -r ms _ <<<"$(reconcile_once)"
-	echo "$ms" >>"$RUN/rerun"
-	say "reconcile(), re-run $r/$RUNS: $ms ms"
-	ms=$(floor_once)
-	echo "$ms" >>"$RUN/base"
-	say "FULL JOIN: $ms ms"
+	reconcile_then_floor first "$r"
+	reconcile_then_floor rerun "$r"
 done
 FIRST_MS=$(median <"$RUN/first")
 RERUN_MS=$(median <"$RUN/rerun")
