@@ -307,11 +307,11 @@ CREATE DOMAIN payidem.refund_number AS text
 COMMENT ON DOMAIN payidem.refund_number IS
 	'A refund number: RF + 24 digits, MOD 97-10 check digits valid.';
 CREATE DOMAIN payidem.merchant_ref AS text
-	CONSTRAINT merchant_ref_format CHECK (VALUE ~ '^[0-9A-Za-z_.|*@-]{1,64}$');
+	CONSTRAINT merchant_ref_format CHECK (VALUE ~ '^[0-9A-Za-z_.|*@-]+$' AND pg_catalog.length(VALUE) <= 64);
 COMMENT ON DOMAIN payidem.merchant_ref IS
 	'A merchant''s own number (out_trade_no, out_refund_no): 1 to 64 of 0-9 A-Z a-z _ . | * @ -.';
 CREATE DOMAIN payidem.channel_ref AS text
-	CONSTRAINT channel_ref_format CHECK (VALUE ~ '^[[:graph:]]{1,64}$');
+	CONSTRAINT channel_ref_format CHECK (VALUE ~ '^[[:graph:]]+$' AND pg_catalog.length(VALUE) <= 64);
 COMMENT ON DOMAIN payidem.channel_ref IS
 	'A channel''s id (transaction_id, channel_refund_id): 1 to 64 printable characters, no spaces.';
 CREATE DOMAIN payidem.http_url AS text
@@ -322,22 +322,48 @@ CREATE DOMAIN payidem.currency_code AS char(3)
 	CONSTRAINT currency_code_format CHECK (VALUE ~ '^[A-Z]{3}$');
 COMMENT ON DOMAIN payidem.currency_code IS
 	'An ISO 4217 currency code: three upper-case letters.';
+-- Single-column rules of the order, payment and refund tables: as domains they
+-- are checked when the column is written, not on every UPDATE of the row.
+CREATE DOMAIN payidem.minor_amount AS bigint
+	CONSTRAINT minor_amount_positive CHECK (VALUE > 0);
+COMMENT ON DOMAIN payidem.minor_amount IS
+	'An amount of money in the currency''s minor unit (fen, cents): a positive bigint.';
+CREATE DOMAIN payidem.order_subject AS text
+	CONSTRAINT order_subject_length CHECK (pg_catalog.length(pg_catalog.btrim(VALUE)) BETWEEN 1 AND 256);
+COMMENT ON DOMAIN payidem.order_subject IS
+	'What an order pays for: 1 to 256 characters, not only spaces.';
+CREATE DOMAIN payidem.order_body AS text
+	CONSTRAINT order_body_length CHECK (pg_catalog.length(VALUE) <= 1024);
+COMMENT ON DOMAIN payidem.order_body IS
+	'An order''s longer description: at most 1024 characters.';
+CREATE DOMAIN payidem.notify_status AS text
+	CONSTRAINT notify_status_known CHECK (VALUE IN ('none', 'pending', 'sent', 'failed'));
+COMMENT ON DOMAIN payidem.notify_status IS
+	'State of an order''s merchant notification: none, pending, sent or failed.';
+CREATE DOMAIN payidem.attempt_count AS integer
+	CONSTRAINT attempt_count_nonnegative CHECK (VALUE >= 0);
+COMMENT ON DOMAIN payidem.attempt_count IS
+	'A number of attempts made so far: zero or more.';
+CREATE DOMAIN payidem.refund_reason AS text
+	CONSTRAINT refund_reason_length CHECK (pg_catalog.length(VALUE) <= 256);
+COMMENT ON DOMAIN payidem.refund_reason IS
+	'Why a refund was made: at most 256 characters.';
 
 CREATE TABLE payidem."order" (
 	order_no		payidem.order_number NOT NULL,
 	merchant_no		text		NOT NULL,
 	out_trade_no	payidem.merchant_ref NOT NULL,
-	subject			text		NOT NULL,
-	body			text,
-	amount			bigint		NOT NULL,
+	subject			payidem.order_subject NOT NULL,
+	body			payidem.order_body,
+	amount			payidem.minor_amount NOT NULL,
 	currency		payidem.currency_code NOT NULL DEFAULT 'CNY',
 	status			text		NOT NULL DEFAULT 'pending',
 	status_entity	text		NOT NULL GENERATED ALWAYS AS ('order'::text) STORED,
 	refunded_amount	bigint		NOT NULL DEFAULT 0,
 	notify_url		payidem.http_url,
 	return_url		payidem.http_url,
-	notify_status	text		NOT NULL DEFAULT 'none',
-	notify_attempts	integer		NOT NULL DEFAULT 0,
+	notify_status	payidem.notify_status NOT NULL DEFAULT 'none',
+	notify_attempts	payidem.attempt_count NOT NULL DEFAULT 0,
 	next_notify_at	timestamptz,
 	expire_at		timestamptz	NOT NULL,
 	paid_at			timestamptz,
@@ -352,12 +378,7 @@ CREATE TABLE payidem."order" (
 		REFERENCES payidem.merchant (merchant_no),
 	CONSTRAINT order_status_known FOREIGN KEY (status_entity, status)
 		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
-	CONSTRAINT order_subject_length CHECK (pg_catalog.length(pg_catalog.btrim(subject)) BETWEEN 1 AND 256),
-	CONSTRAINT order_body_length CHECK (pg_catalog.length(body) <= 1024),
-	CONSTRAINT order_amount_positive CHECK (amount > 0),
 	CONSTRAINT order_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount),
-	CONSTRAINT order_notify_status_known CHECK (notify_status IN ('none', 'pending', 'sent', 'failed')),
-	CONSTRAINT order_notify_attempts_nonnegative CHECK (notify_attempts >= 0),
 	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
 );
 CREATE INDEX order_notify_due ON payidem."order" (next_notify_at) WHERE notify_status = 'pending';
@@ -389,7 +410,7 @@ CREATE TABLE payidem.payment (
 	order_no		text		NOT NULL,
 	merchant_no		text		NOT NULL,
 	channel_no		text		NOT NULL,
-	amount			bigint		NOT NULL,
+	amount			payidem.minor_amount NOT NULL,
 	status			text		NOT NULL DEFAULT 'pending',
 	status_entity	text		NOT NULL GENERATED ALWAYS AS ('payment'::text) STORED,
 	transaction_id	payidem.channel_ref,
@@ -411,7 +432,6 @@ CREATE TABLE payidem.payment (
 		REFERENCES payidem.channel (channel_no),
 	CONSTRAINT payment_status_known FOREIGN KEY (status_entity, status)
 		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
-	CONSTRAINT payment_amount_positive CHECK (amount > 0),
 	CONSTRAINT payment_fee_range CHECK (fee_amount >= 0 AND fee_amount <= amount),
 	CONSTRAINT payment_cost_range CHECK (cost_amount >= 0 AND cost_amount <= amount),
 	CONSTRAINT payment_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount)
@@ -444,11 +464,11 @@ CREATE TABLE payidem.refund (
 	order_no			text		NOT NULL,
 	merchant_no			text		NOT NULL,
 	out_refund_no		payidem.merchant_ref NOT NULL,
-	amount				bigint		NOT NULL,
+	amount				payidem.minor_amount NOT NULL,
 	status				text		NOT NULL DEFAULT 'pending',
 	status_entity		text		NOT NULL GENERATED ALWAYS AS ('refund'::text) STORED,
 	channel_refund_id	payidem.channel_ref,
-	reason				text,
+	reason				payidem.refund_reason,
 	refunded_at			timestamptz,
 	created_at			timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	updated_at			timestamptz	NOT NULL DEFAULT pg_catalog.now(),
@@ -459,9 +479,7 @@ CREATE TABLE payidem.refund (
 	CONSTRAINT refund_order_fkey FOREIGN KEY (order_no, merchant_no)
 		REFERENCES payidem."order" (order_no, merchant_no),
 	CONSTRAINT refund_status_known FOREIGN KEY (status_entity, status)
-		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
-	CONSTRAINT refund_amount_positive CHECK (amount > 0),
-	CONSTRAINT refund_reason_length CHECK (pg_catalog.length(reason) <= 256)
+		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED
 );
 CREATE INDEX refund_payment ON payidem.refund (payment_no);
 CREATE INDEX refund_order ON payidem.refund (order_no);
@@ -574,7 +592,7 @@ CREATE TABLE payidem.channel_bill (
 	CONSTRAINT channel_bill_pkey PRIMARY KEY (channel_no, bill_date, transaction_id),
 	CONSTRAINT channel_bill_channel_fkey FOREIGN KEY (channel_no)
 		REFERENCES payidem.channel (channel_no),
-	CONSTRAINT channel_bill_transaction_id_format CHECK (transaction_id ~ '^[[:graph:]]{1,64}$'),
+	CONSTRAINT channel_bill_transaction_id_format CHECK (transaction_id ~ '^[[:graph:]]+$' AND pg_catalog.length(transaction_id) <= 64),
 	CONSTRAINT channel_bill_amount_positive CHECK (amount > 0),
 	CONSTRAINT channel_bill_fee_nonnegative CHECK (fee >= 0),
 	CONSTRAINT channel_bill_status_known CHECK (status IN ('succeeded', 'refunded'))
@@ -1656,7 +1674,7 @@ BEGIN
 							coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
 			HINT = 'Describe what is being paid for, e.g. ''Green tea 250 g''.';
 	END IF;
-	IF v_out_trade_no IS NULL OR v_out_trade_no !~ '^[0-9A-Za-z_.|*@-]{1,64}$' THEN
+	IF v_out_trade_no IS NULL OR v_out_trade_no !~ '^[0-9A-Za-z_.|*@-]+$' OR length(v_out_trade_no) > 64 THEN
 		RAISE EXCEPTION 'invalid out_trade_no' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The value was %s; it must be 1 to 64 characters of 0-9, A-Z, a-z and _ . | * @ -.',
@@ -1879,7 +1897,7 @@ DECLARE
 	v_cost_rate numeric;
 	v_order_status text;
 	v_order_paid_by text;
-	p payidem.payment;
+	p record;					-- the payment's columns this function reads
 BEGIN
 	-- the common case is a plain expression; _check_number() words the error
 	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no) THEN
@@ -1902,7 +1920,7 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The amount was %s; it must be positive, or NULL if the channel did not say.', v_amount);
 	END IF;
-	IF v_txn IS NOT NULL AND v_txn !~ '^[[:graph:]]{1,64}$' THEN
+	IF v_txn IS NOT NULL AND (v_txn !~ '^[[:graph:]]+$' OR length(v_txn) > 64) THEN
 		RAISE EXCEPTION 'invalid transaction_id' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
@@ -1914,7 +1932,8 @@ BEGIN
 	-- without a lock: from succeeded, a payment only moves on to refunded
 	-- states, which answer a success the same way.
 	IF v_status = 'succeeded' THEN
-		SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+		SELECT x.status, x.amount, x.transaction_id INTO p
+		  FROM payidem.payment x WHERE x.payment_no = v_payment_no;
 		IF FOUND AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
 			AND (v_amount IS NULL OR v_amount = p.amount)
 			AND (v_txn IS NULL OR v_txn = p.transaction_id) THEN
@@ -1924,7 +1943,8 @@ BEGIN
 
 	-- lock order: the payment, then (only for a success that is not a
 	-- duplicate, below) its order
-	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
+	SELECT x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id INTO p
+	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009';
@@ -2144,7 +2164,7 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The amount was %s; it must be a positive number of minor units.', coalesce(v_amount::text, 'NULL'));
 	END IF;
-	IF v_out_refund_no IS NULL OR v_out_refund_no !~ '^[0-9A-Za-z_.|*@-]{1,64}$' THEN
+	IF v_out_refund_no IS NULL OR v_out_refund_no !~ '^[0-9A-Za-z_.|*@-]+$' OR length(v_out_refund_no) > 64 THEN
 		RAISE EXCEPTION 'invalid out_refund_no' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The value was %s; it must be 1 to 64 characters of 0-9, A-Z, a-z and _ . | * @ -.',
@@ -2235,7 +2255,7 @@ BEGIN
 			DETAIL = format('The status was %s; it must be succeeded or failed.',
 							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
 	END IF;
-	IF v_crid IS NOT NULL AND v_crid !~ '^[[:graph:]]{1,64}$' THEN
+	IF v_crid IS NOT NULL AND (v_crid !~ '^[[:graph:]]+$' OR length(v_crid) > 64) THEN
 		RAISE EXCEPTION 'invalid channel_refund_id' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
@@ -2588,13 +2608,13 @@ BEGIN
 						ARRAY['bill_date', l.f[2], 'is not a date written YYYY-MM-DD']
 					WHEN l.f[2] <> '' AND l.f[2] <> v_day_text THEN
 						ARRAY['bill_date', l.f[2], format('is not the day of this bill (%s)', v_day_text)]
-					WHEN l.f[3] !~ '^[[:graph:]]{1,64}$' THEN
+					WHEN l.f[3] !~ '^[[:graph:]]+$' OR length(l.f[3]) > 64 THEN
 						ARRAY['transaction_id', l.f[3], 'must be 1 to 64 printable characters without spaces']
-					WHEN l.f[4] <> '' AND l.f[4] !~ '^[[:graph:]]{1,64}$' THEN
+					WHEN l.f[4] <> '' AND (l.f[4] !~ '^[[:graph:]]+$' OR length(l.f[4]) > 64) THEN
 						ARRAY['payment_no', l.f[4], 'must be empty or 1 to 64 printable characters without spaces']
-					WHEN l.f[5] !~ '^[0-9]{1,18}$' OR l.f[5] ~ '^0+$' THEN
+					WHEN l.f[5] !~ '^[0-9]+$' OR length(l.f[5]) > 18 OR l.f[5] ~ '^0+$' THEN
 						ARRAY['amount', l.f[5], 'must be a positive integer in minor units (fen, cents)']
-					WHEN l.f[6] <> '' AND l.f[6] !~ '^[0-9]{1,18}$' THEN
+					WHEN l.f[6] <> '' AND (l.f[6] !~ '^[0-9]+$' OR length(l.f[6]) > 18) THEN
 						ARRAY['fee', l.f[6], 'must be empty or a non-negative integer in minor units (fen, cents)']
 					WHEN l.f[7] NOT IN ('succeeded', 'refunded') THEN
 						ARRAY['status', l.f[7], 'must be succeeded or refunded']

@@ -296,6 +296,24 @@ SELECT tgrelid::regclass AS "table", tgname, tgenabled, tgconstraint <> 0 AS is_
                                     'payidem.status_log'::regclass, 'payidem.state'::regclass, 'payidem.transition'::regclass)
    AND NOT tgisinternal ORDER BY 1, 2;
 
+-- The log row is written with the log's CHECKs and defaults compiled once per
+-- backend; a change of the table rebuilds them: a CHECK added later is
+-- enforced, a column added later gets its default, and a rollback undoes both.
+SELECT pg_temp.bring('order', 900, 'pending') AS k9, pg_temp.bring('order', 901, 'pending') AS k10 \gset
+SELECT payidem.transit_order(:'k9', 'paid') AS compiled_before;
+BEGIN;
+ALTER TABLE payidem.status_log ADD CONSTRAINT status_log_no_refunded CHECK (to_status <> 'refunded') NOT VALID;
+SELECT split_part(pg_temp.try(format('SELECT payidem.transit_order(%L, %L)', :'k9', 'refunded')), ' | ', 1)
+	AS refused_by_new_check;
+ROLLBACK;
+BEGIN;
+ALTER TABLE payidem.status_log ADD COLUMN note text, ALTER COLUMN note SET DEFAULT 'added later';
+SELECT payidem.transit_order(:'k10', 'closed') AS with_new_column;
+SELECT to_status, note FROM payidem.status_log WHERE entity_no = :'k10' ORDER BY log_id;
+ROLLBACK;
+SELECT payidem.transit_order(:'k9', 'refunded') AS after_rollback;
+SELECT from_status, to_status FROM payidem.status_log WHERE entity_no = :'k9' ORDER BY log_id;
+
 --
 -- 8. An application role: UPDATE on "order" is enough; it cannot write the
 --    log itself, nor switch the guard off

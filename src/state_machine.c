@@ -66,6 +66,7 @@
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
+#include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -536,10 +537,114 @@ text_datum_cstring(Datum d, int *len)
 }
 
 /*
+ * What append_status_log() keeps between rows, built from the relation's
+ * descriptor on first use: what goes in each column of status_log, and its
+ * CHECK constraints and column defaults compiled once.  Left to the executor,
+ * an insert would read every CHECK back from the catalog text and compile it
+ * for each row.  A change of status_log (its relcache invalidation) bumps
+ * whitelist_inval_count, which makes this stale; the old memory is freed
+ * by the next rebuild, never while a row is being written.
+ */
+typedef enum LogColumn
+{
+	LOG_NULL,					/* dropped or generated: NULL in the slot */
+	LOG_ID,
+	LOG_ENTITY,
+	LOG_ENTITY_NO,
+	LOG_FROM,
+	LOG_TO,
+	LOG_CHANGED_AT,
+	LOG_CHANGED_BY,
+	LOG_TXID,
+	LOG_DEFAULT					/* a column added later: its default */
+} LogColumn;
+
+typedef struct LogInsertCache
+{
+	MemoryContext context;
+	uint64		inval_count;	/* whitelist_inval_count when built */
+	Oid			relid;
+	int			natts;
+	LogColumn  *kinds;
+	ExprState **defaults;		/* per column; NULL = no default (NULL) */
+	ExprState **checks;			/* in the order of the relation's CHECKs */
+} LogInsertCache;
+
+static LogInsertCache log_insert = {NULL, 0, InvalidOid, 0, NULL, NULL, NULL};
+
+static void
+log_insert_prepare(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	MemoryContext oldcxt;
+	int			i;
+
+	if (log_insert.context == NULL)
+		log_insert.context = AllocSetContextCreate(CacheMemoryContext,
+												   "payidem status_log insert",
+												   ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(log_insert.context);
+	log_insert.relid = InvalidOid;
+
+	oldcxt = MemoryContextSwitchTo(log_insert.context);
+	log_insert.natts = desc->natts;
+	log_insert.kinds = palloc0(sizeof(LogColumn) * desc->natts);
+	log_insert.defaults = palloc0(sizeof(ExprState *) * desc->natts);
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		const char *name = NameStr(att->attname);
+		LogColumn	kind = LOG_DEFAULT;
+
+		if (att->attisdropped || att->attgenerated)
+			kind = LOG_NULL;	/* generated: computed by the executor */
+		else if (strcmp(name, "log_id") == 0)
+			kind = LOG_ID;
+		else if (strcmp(name, "entity") == 0)
+			kind = LOG_ENTITY;
+		else if (strcmp(name, "entity_no") == 0)
+			kind = LOG_ENTITY_NO;
+		else if (strcmp(name, "from_status") == 0)
+			kind = LOG_FROM;
+		else if (strcmp(name, "to_status") == 0)
+			kind = LOG_TO;
+		else if (strcmp(name, "changed_at") == 0)
+			kind = LOG_CHANGED_AT;
+		else if (strcmp(name, "changed_by") == 0)
+			kind = LOG_CHANGED_BY;
+		else if (strcmp(name, "txid") == 0)
+			kind = LOG_TXID;
+		else
+		{
+			Node	   *def = build_column_default(rel, i + 1);
+
+			if (def != NULL)
+				log_insert.defaults[i] = ExecInitExpr(expression_planner((Expr *) def), NULL);
+		}
+		log_insert.kinds[i] = kind;
+	}
+	log_insert.checks = NULL;
+	if (desc->constr && desc->constr->num_check > 0)
+	{
+		ConstrCheck *check = desc->constr->check;
+
+		log_insert.checks = palloc(sizeof(ExprState *) * desc->constr->num_check);
+		for (i = 0; i < desc->constr->num_check; i++)
+			log_insert.checks[i] =
+				ExecInitExpr(expression_planner((Expr *) stringToNode(check[i].ccbin)), NULL);
+	}
+	MemoryContextSwitchTo(oldcxt);
+	log_insert.relid = RelationGetRelid(rel);
+	log_insert.inval_count = whitelist_inval_count;
+}
+
+/*
  * Append one row to payidem.status_log.  A direct executor insert, as the
  * logical replication apply worker does (ExecSimpleRelationInsert): NOT NULL
- * and CHECK constraints, index entries (unique log_id) and stored generated
- * columns are handled by the executor, with no SQL, plan or snapshot per row.
+ * and CHECK constraints (compiled once, above), index entries (unique
+ * log_id) and stored generated columns are handled by the executor, with no
+ * SQL, plan or snapshot per row.
  * The known columns are filled here — log_id from its sequence, changed_at =
  * now(), changed_by = the acting role (GetOuterUserId: the session's role,
  * not the owner that SECURITY DEFINER code or the transit functions run
@@ -561,6 +666,12 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 	MemoryContext oldcxt;
 	int			i;
 
+	/* the lock above has processed any pending invalidation */
+	if (log_insert.relid != status_log_relid ||
+		log_insert.inval_count != whitelist_inval_count ||
+		log_insert.natts != desc->natts)
+		log_insert_prepare(rel);
+
 	rte->rtekind = RTE_RELATION;
 	rte->relid = status_log_relid;
 	rte->relkind = rel->rd_rel->relkind;
@@ -571,6 +682,8 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 	ExecInitRangeTable(estate, list_make1(rte));
 #endif
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	/* ExecConstraints() compiles the CHECKs only when this is NULL */
+	rri->ri_ConstraintExprs = log_insert.checks;
 	estate->es_output_cid = GetCurrentCommandId(true);
 	ExecOpenIndices(rri, false);
 	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
@@ -579,44 +692,46 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 	oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
 	for (i = 0; i < desc->natts; i++)
 	{
-		Form_pg_attribute att = TupleDescAttr(desc, i);
-		const char *name = NameStr(att->attname);
 		Datum		value = (Datum) 0;
 		bool		isnull = false;
 
-		if (att->attisdropped || att->attgenerated)
-			isnull = true;		/* generated: computed by the executor */
-		else if (strcmp(name, "log_id") == 0)
-			value = Int64GetDatum(nextval_internal(status_log_seq, false));
-		else if (strcmp(name, "entity") == 0)
-			value = CStringGetTextDatum(entity);
-		else if (strcmp(name, "entity_no") == 0)
-			value = entity_no;
-		else if (strcmp(name, "from_status") == 0)
+		switch (log_insert.kinds[i])
 		{
-			value = from_status;
-			isnull = from_null;
-		}
-		else if (strcmp(name, "to_status") == 0)
-			value = to_status;
-		else if (strcmp(name, "changed_at") == 0)
-			value = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-		else if (strcmp(name, "changed_by") == 0)
-			value = CStringGetTextDatum(GetUserNameFromId(GetOuterUserId(), false));
-		else if (strcmp(name, "txid") == 0)
-			value = Int64GetDatum((int64) U64FromFullTransactionId(GetTopFullTransactionId()));
-		else
-		{
-			Node	   *def = build_column_default(rel, i + 1);
-
-			if (def == NULL)
+			case LOG_NULL:
 				isnull = true;
-			else
-			{
-				ExprState  *es = ExecPrepareExpr((Expr *) def, estate);
-
-				value = ExecEvalExpr(es, GetPerTupleExprContext(estate), &isnull);
-			}
+				break;
+			case LOG_ID:
+				value = Int64GetDatum(nextval_internal(status_log_seq, false));
+				break;
+			case LOG_ENTITY:
+				value = CStringGetTextDatum(entity);
+				break;
+			case LOG_ENTITY_NO:
+				value = entity_no;
+				break;
+			case LOG_FROM:
+				value = from_status;
+				isnull = from_null;
+				break;
+			case LOG_TO:
+				value = to_status;
+				break;
+			case LOG_CHANGED_AT:
+				value = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+				break;
+			case LOG_CHANGED_BY:
+				value = CStringGetTextDatum(GetUserNameFromId(GetOuterUserId(), false));
+				break;
+			case LOG_TXID:
+				value = Int64GetDatum((int64) U64FromFullTransactionId(GetTopFullTransactionId()));
+				break;
+			case LOG_DEFAULT:
+				if (log_insert.defaults[i] == NULL)
+					isnull = true;
+				else
+					value = ExecEvalExpr(log_insert.defaults[i], GetPerTupleExprContext(estate),
+										 &isnull);
+				break;
 		}
 		slot->tts_values[i] = value;
 		slot->tts_isnull[i] = isnull;

@@ -27,7 +27,7 @@ SET client_min_messages = warning;
 --   bill day   2024-06-01 of WXPAY_001, batch WXPAY_001-20240601
 
 BEGIN;
-SELECT plan(361);
+SELECT plan(362);
 
 -- The status foreign keys are deferred to commit, so that the state-machine
 -- guard answers PI002 first; this test checks them per statement instead.
@@ -86,13 +86,15 @@ SELECT col_is_pk('payidem', 'recon_batch',      'recon_batch_no',               
 SELECT col_is_pk('payidem', 'reconciliation',   'recon_id',                                  'reconciliation: primary key is recon_id');
 
 -- Money is bigint (minor units)
-SELECT col_type_is('payidem', 'order',            'amount',          'bigint', 'order: amount is bigint');
+SELECT col_type_is('payidem', 'order',            'amount',          'payidem', 'minor_amount', 'order: amount is a payidem.minor_amount');
 SELECT col_type_is('payidem', 'order',            'refunded_amount', 'bigint', 'order: refunded_amount is bigint');
-SELECT col_type_is('payidem', 'payment',          'amount',          'bigint', 'payment: amount is bigint');
+SELECT col_type_is('payidem', 'payment',          'amount',          'payidem', 'minor_amount', 'payment: amount is a payidem.minor_amount');
 SELECT col_type_is('payidem', 'payment',          'fee_amount',      'bigint', 'payment: fee_amount is bigint');
 SELECT col_type_is('payidem', 'payment',          'cost_amount',     'bigint', 'payment: cost_amount is bigint');
 SELECT col_type_is('payidem', 'payment',          'refunded_amount', 'bigint', 'payment: refunded_amount is bigint');
-SELECT col_type_is('payidem', 'refund',           'amount',          'bigint', 'refund: amount is bigint');
+SELECT col_type_is('payidem', 'refund',           'amount',          'payidem', 'minor_amount', 'refund: amount is a payidem.minor_amount');
+SELECT is((SELECT format_type(typbasetype, typtypmod) FROM pg_type WHERE oid = 'payidem.minor_amount'::regtype),
+	'bigint', 'payidem.minor_amount is bigint');
 SELECT col_type_is('payidem', 'idempotency',      'amount',          'bigint', 'idempotency: amount is bigint');
 SELECT col_type_is('payidem', 'anomaly',          'amount',          'bigint', 'anomaly: amount is bigint');
 SELECT col_type_is('payidem', 'channel_bill',     'amount',          'bigint', 'channel_bill: amount is bigint');
@@ -111,23 +113,30 @@ SELECT col_type_is('payidem', 'merchant_channel', 'fee_rate', 'numeric(7,6)', 'm
 SELECT col_type_is('payidem', 'order',            'currency', 'payidem', 'currency_code', 'order: currency is a payidem.currency_code');
 SELECT is((SELECT format_type(typbasetype, typtypmod) FROM pg_type WHERE oid = 'payidem.currency_code'::regtype),
 	'character(3)', 'payidem.currency_code is character(3)');
--- Numbers, merchant and channel references and URLs are text domains: their
--- format is checked when the value is written, not on every UPDATE of the row
+-- Numbers, merchant and channel references, URLs and the single-column rules
+-- of the hot tables are domains: checked when the value is written, not on
+-- every UPDATE of the row
 SELECT is((SELECT array_agg(format('%s.%s %s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod))
                             ORDER BY c.relname, a.attname)
              FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
             WHERE c.relnamespace = 'payidem'::regnamespace AND c.relkind = 'r' AND a.attnum > 0
               AND NOT a.attisdropped AND a.atttypid IN (SELECT oid FROM pg_type WHERE typtype = 'd')),
-	ARRAY['order.currency payidem.currency_code', 'order.notify_url payidem.http_url',
+	ARRAY['order.amount payidem.minor_amount', 'order.body payidem.order_body',
+	      'order.currency payidem.currency_code', 'order.notify_attempts payidem.attempt_count',
+	      'order.notify_status payidem.notify_status', 'order.notify_url payidem.http_url',
 	      'order.order_no payidem.order_number', 'order.out_trade_no payidem.merchant_ref',
 	      'order.paid_payment_no payidem.payment_number', 'order.return_url payidem.http_url',
+	      'order.subject payidem.order_subject',
+	      'payment.amount payidem.minor_amount',
 	      'payment.payment_no payidem.payment_number', 'payment.transaction_id payidem.channel_ref',
+	      'refund.amount payidem.minor_amount',
 	      'refund.channel_refund_id payidem.channel_ref', 'refund.out_refund_no payidem.merchant_ref',
-	      'refund.refund_no payidem.refund_number'],
+	      'refund.reason payidem.refund_reason', 'refund.refund_no payidem.refund_number'],
 	'the columns typed by payidem domains');
 SELECT is((SELECT array_agg(DISTINCT format_type(typbasetype, typtypmod) ORDER BY format_type(typbasetype, typtypmod))
              FROM pg_type WHERE typnamespace = 'payidem'::regnamespace AND typtype = 'd'),
-	ARRAY['character(3)', 'text'], 'every payidem domain is text or character(3) underneath');
+	ARRAY['bigint', 'character(3)', 'integer', 'text'],
+	'every payidem domain is over bigint (money), integer, text or character(3)');
 
 -- Timestamps carry a time zone
 SELECT col_type_is('payidem', 'status_log',       'changed_at',     'timestamp with time zone', 'status_log: changed_at is timestamptz');
@@ -747,19 +756,19 @@ SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade
 	'order: out_trade_no must not contain spaces');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', '  ', 1250, now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_subject_length"',
+	'23514', 'value for domain payidem.order_subject violates check constraint "order_subject_length"',
 	'order: subject must not be blank');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, body, amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', repeat('x', 1025), 1250, now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_body_length"',
+	'23514', 'value for domain payidem.order_body violates check constraint "order_body_length"',
 	'order: body is at most 1024 characters');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 0, now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_amount_positive"',
+	'23514', 'value for domain payidem.minor_amount violates check constraint "minor_amount_positive"',
 	'order: amount must be positive (0 refused)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', -1250, now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_amount_positive"',
+	'23514', 'value for domain payidem.minor_amount violates check constraint "minor_amount_positive"',
 	'order: amount must be positive (negative refused)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, currency, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'cny', now() + interval '30 minutes')$$,
@@ -791,11 +800,11 @@ SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade
 	'order: return_url must be http(s)');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_status, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'queued', now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_notify_status_known"',
+	'23514', 'value for domain payidem.notify_status violates check constraint "notify_status_known"',
 	'order: notify_status must be none, pending, sent or failed');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_attempts, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, -1, now() + interval '30 minutes')$$,
-	'23514', 'new row for relation "order" violates check constraint "order_notify_attempts_nonnegative"',
+	'23514', 'value for domain payidem.attempt_count violates check constraint "attempt_count_nonnegative"',
 	'order: notify_attempts cannot be negative');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now())$$,
@@ -875,7 +884,7 @@ SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_n
 	'payment: payment_no must be PY + 24 digits');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount) VALUES
 	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', -1)$$,
-	'23514', 'new row for relation "payment" violates check constraint "payment_amount_positive"',
+	'23514', 'value for domain payidem.minor_amount violates check constraint "minor_amount_positive"',
 	'payment: amount must be positive');
 SELECT throws_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, transaction_id) VALUES
 	('PY202401010000000000000966', 'PO202401010000000000000164', 'M0123456789ABCDE', 'WXPAY_001', 1250, '4200 0001')$$,
@@ -953,7 +962,7 @@ SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, 
 	'refund: out_refund_no must not be empty');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount) VALUES
 	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', -100)$$,
-	'23514', 'new row for relation "refund" violates check constraint "refund_amount_positive"',
+	'23514', 'value for domain payidem.minor_amount violates check constraint "minor_amount_positive"',
 	'refund: amount must be positive');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, channel_refund_id) VALUES
 	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, '')$$,
@@ -961,7 +970,7 @@ SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, 
 	'refund: channel_refund_id must not be empty');
 SELECT throws_ok($$INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, reason) VALUES
 	('RF202401010000000000000971', 'PY202401010000000000000190', 'PO202401010000000000000164', 'M0123456789ABCDE', 'R-0009', 100, repeat('x', 257))$$,
-	'23514', 'new row for relation "refund" violates check constraint "refund_reason_length"',
+	'23514', 'value for domain payidem.refund_reason violates check constraint "refund_reason_length"',
 	'refund: reason is at most 256 characters');
 
 -- idempotency -----------------------------------------------------------------
