@@ -20,7 +20,8 @@ OBJS_IDEM      = src/idem.o
 OBJS_STATE     = src/state_machine.o
 OBJS_MERCHANT  = src/crypto.o
 OBJS_RECON     = src/recon.o
-OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON)
+OBJS_FLOW      = src/flow.o
+OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_FLOW)
 
 DATA = $(wildcard sql/payidem--*.sql) $(wildcard sql/payidem_router--*.sql)
 

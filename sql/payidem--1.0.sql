@@ -1876,6 +1876,24 @@ $$;
 COMMENT ON FUNCTION payidem.begin_payment(text, text) IS
 	'Start (or, on the same channel, return again) the pending payment attempt of an order; payment_no = gen_order_no(''PY''). PI009, PI002 (order not pending), PI008 (expired), PI004 (merchant/channel/binding/type), PI003 (pending on another channel), PI007 (limits).';
 
+-- The two writes of a first success, as direct executor updates of the rows
+-- apply_payment_result() holds locked (src/flow.c): triggers, constraints,
+-- domains and indexes as for an UPDATE, without its per-statement work.
+CREATE FUNCTION payidem._record_payment_success(payment_row tid, payment_no text,
+	transaction_id payidem.channel_ref, paid_at timestamptz, fee_amount bigint, cost_amount bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_record_payment_success'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem._record_payment_success(tid, text, payidem.channel_ref, timestamptz, bigint, bigint) IS
+	'Internal to apply_payment_result(): the payment at payment_row (locked by the caller, key payment_no) becomes succeeded with paid_at, the fees and, unless NULL, transaction_id. False (nothing done) if the table has statement-level UPDATE triggers, transition tables, rules or forced row security: the caller then runs the UPDATE in SQL.';
+CREATE FUNCTION payidem._record_order_paid(order_row tid, order_no text,
+	paid_payment_no payidem.payment_number, paid_at timestamptz)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_record_order_paid'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem._record_order_paid(tid, text, payidem.payment_number, timestamptz) IS
+	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at; its merchant notification is due now if it has a notify_url. False (nothing done) as for _record_payment_success().';
+
 CREATE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
 	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
 	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL)
@@ -1897,6 +1915,8 @@ DECLARE
 	v_cost_rate numeric;
 	v_order_status text;
 	v_order_paid_by text;
+	v_order_row tid;
+	v_done boolean;
 	p record;					-- the payment's columns this function reads
 BEGIN
 	-- the common case is a plain expression; _check_number() words the error
@@ -1943,7 +1963,7 @@ BEGIN
 
 	-- lock order: the payment, then (only for a success that is not a
 	-- duplicate, below) its order
-	SELECT x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id INTO p
+	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id INTO p
 	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
@@ -2006,8 +2026,8 @@ BEGIN
 	-- the same transaction.
 	IF v_status = 'succeeded' THEN
 		-- the order, locked, and the rates of the fees
-		SELECT x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
-		  INTO v_order_status, v_order_paid_by, v_rate, v_cost_rate
+		SELECT x.ctid, x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
+		  INTO v_order_row, v_order_status, v_order_paid_by, v_rate, v_cost_rate
 		  FROM payidem."order" x
 		  JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
 		  JOIN payidem.channel c ON c.channel_no = p.channel_no
@@ -2044,26 +2064,35 @@ BEGIN
 				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
 								   'order_status', v_order_status, 'raw', payidem._flow_raw(raw)));
 	ELSE
-		-- pending or closed -> succeeded: the channel's word wins
-		-- The status and the fields in one UPDATE of the row we hold locked:
-		-- the status_guard trigger checks the change against the whitelist
-		-- and logs it, exactly as for transit_payment(); one new row version
-		-- (and index entries) instead of two.
-		UPDATE payidem.payment x
-		   SET status = 'succeeded', updated_at = now(),
-			   transaction_id = coalesce(v_txn, x.transaction_id), paid_at = v_paid_at,
-			   fee_amount = round(p.amount * v_rate)::bigint,
-			   cost_amount = round(p.amount * v_cost_rate)::bigint
-		 WHERE x.payment_no = p.payment_no;
-
+		-- pending or closed -> succeeded: the channel's word wins.
+		-- The status and the fields in one update of the row we hold locked
+		-- (then the order's): the status_guard trigger checks each change
+		-- against the whitelist and logs it, exactly as for transit_payment();
+		-- one new row version each.  A direct update (src/flow.c) unless the
+		-- table has statement triggers, rules or forced row security: then
+		-- the same UPDATE in SQL.
+		v_done := payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
+												   round(p.amount * v_rate)::bigint,
+												   round(p.amount * v_cost_rate)::bigint);
+		IF NOT v_done THEN
+			UPDATE payidem.payment x
+			   SET status = 'succeeded', updated_at = now(),
+				   transaction_id = coalesce(v_txn, x.transaction_id), paid_at = v_paid_at,
+				   fee_amount = round(p.amount * v_rate)::bigint,
+				   cost_amount = round(p.amount * v_cost_rate)::bigint
+			 WHERE x.payment_no = p.payment_no;
+		END IF;
 		IF v_order_status = 'pending' THEN
-			UPDATE payidem."order" x
-			   SET status = 'paid', updated_at = now(),
-				   paid_payment_no = p.payment_no, paid_at = v_paid_at,
-				   notify_status = CASE WHEN x.notify_url IS NULL THEN x.notify_status ELSE 'pending' END,
-				   next_notify_at = CASE WHEN x.notify_url IS NULL THEN x.next_notify_at ELSE now() END,
-				   notify_attempts = CASE WHEN x.notify_url IS NULL THEN x.notify_attempts ELSE 0 END
-			 WHERE x.order_no = p.order_no;
+			v_done := payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at);
+			IF NOT v_done THEN
+				UPDATE payidem."order" x
+				   SET status = 'paid', updated_at = now(),
+					   paid_payment_no = p.payment_no, paid_at = v_paid_at,
+					   notify_status = CASE WHEN x.notify_url IS NULL THEN x.notify_status ELSE 'pending' END,
+					   next_notify_at = CASE WHEN x.notify_url IS NULL THEN x.next_notify_at ELSE now() END,
+					   notify_attempts = CASE WHEN x.notify_url IS NULL THEN x.notify_attempts ELSE 0 END
+				 WHERE x.order_no = p.order_no;
+			END IF;
 		ELSE
 			v_kind := CASE WHEN v_order_status = 'closed' THEN 'paid_after_close' ELSE 'duplicate_payment' END;
 			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)

@@ -379,6 +379,104 @@ SELECT count(*) AS log_mismatches FROM (
 									 WHERE l.entity = cur.entity AND l.entity_no = cur.no
 									 ORDER BY l.log_id DESC LIMIT 1);
 
+------------------------------------------------ what a first success goes through
+-- apply_payment_result() writes a first success as direct updates of the two
+-- rows it holds locked; they go through everything an UPDATE goes through.
+SELECT payidem.create_order(:'m1', 'T-0020', 700, 'Oolong', 'https://shop.example/notify') AS o20 \gset
+SELECT payidem.begin_payment(:'o20', 'FLOW_WX') AS p20 \gset
+-- the whitelist: without pending -> succeeded for payments, the success is PI002
+BEGIN;
+DELETE FROM payidem.transition WHERE entity = 'payment' AND from_status = 'pending' AND to_status = 'succeeded';
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
+                                 :'p20', 'callback', 'succeeded', 'WX-T-0020'));
+ROLLBACK;
+-- a CHECK added later (700 * 0.006 = 4.2: fee 4), on the payment and on the order
+BEGIN;
+ALTER TABLE payidem.payment ADD CONSTRAINT payment_fee_below_4 CHECK (fee_amount < 4) NOT VALID;
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
+                                 :'p20', 'callback', 'succeeded', 'WX-T-0020'));
+ROLLBACK;
+BEGIN;
+ALTER TABLE payidem."order" ADD CONSTRAINT order_never_paid CHECK (status <> 'paid') NOT VALID;
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
+                                 :'p20', 'callback', 'succeeded', 'WX-T-0020'));
+ROLLBACK;
+-- a unique index added later
+BEGIN;
+CREATE UNIQUE INDEX payment_one_fee_of_4 ON payidem.payment ((fee_amount = 4)) WHERE fee_amount = 4;
+SELECT payidem.create_order(:'m1', 'T-0021', 700, 'Oolong') AS o21 \gset
+SELECT payidem.begin_payment(:'o21', 'FLOW_WX') AS p21 \gset
+SELECT payidem.apply_payment_result(:'p21', 'callback', 'succeeded', 'WX-T-0021', 700) AS first_fee_4;
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
+                                 :'p20', 'callback', 'succeeded', 'WX-T-0020'));
+ROLLBACK;
+-- a domain constraint added later (transaction_id is a payidem.channel_ref)
+BEGIN;
+ALTER DOMAIN payidem.channel_ref ADD CONSTRAINT channel_ref_not_x CHECK (VALUE !~ '^X') NOT VALID;
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
+                                 :'p20', 'callback', 'succeeded', 'X-0020'));
+ROLLBACK;
+-- triggers of the application's own: BEFORE may change the row, AFTER UPDATE OF
+-- status sees the change
+BEGIN;
+CREATE TABLE pg_temp.seen (tg text, old_status text, new_status text, fee bigint, note text);
+CREATE FUNCTION pg_temp.before_payment() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	NEW.updated_at := '2026-01-01 00:00:00+00';
+	RETURN NEW;
+END
+$$;
+CREATE FUNCTION pg_temp.after_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO pg_temp.seen VALUES (TG_TABLE_NAME, OLD.status, NEW.status,
+		(to_jsonb(NEW) ->> 'fee_amount')::bigint, to_jsonb(NEW) ->> 'notify_status');
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER app_before BEFORE UPDATE ON payidem.payment FOR EACH ROW EXECUTE FUNCTION pg_temp.before_payment();
+CREATE TRIGGER app_after AFTER UPDATE OF status ON payidem.payment FOR EACH ROW EXECUTE FUNCTION pg_temp.after_status();
+CREATE TRIGGER app_after AFTER UPDATE OF status ON payidem."order" FOR EACH ROW EXECUTE FUNCTION pg_temp.after_status();
+SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_with_triggers;
+SELECT tg, old_status, new_status, fee, note FROM pg_temp.seen ORDER BY tg DESC;
+SELECT updated_at = '2026-01-01 00:00:00+00' AS before_trigger_applied, status, transaction_id, fee_amount, cost_amount
+  FROM payidem.payment WHERE payment_no = :'p20';
+ROLLBACK;
+-- a statement-level trigger (and a transition table): the same writes are
+-- made by a SQL UPDATE, which fires them
+BEGIN;
+CREATE TABLE pg_temp.stmt_seen (tg text, rows_changed bigint);
+CREATE FUNCTION pg_temp.after_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO pg_temp.stmt_seen SELECT TG_TABLE_NAME, count(*) FROM changed;
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER app_statement AFTER UPDATE ON payidem.payment REFERENCING NEW TABLE AS changed
+	FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.after_statement();
+CREATE TRIGGER app_statement AFTER UPDATE ON payidem."order" REFERENCING NEW TABLE AS changed
+	FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.after_statement();
+SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_by_sql_update;
+SELECT tg, rows_changed FROM pg_temp.stmt_seen ORDER BY tg DESC;
+SELECT p.status, p.transaction_id, p.fee_amount, o.status AS order_status, o.notify_status
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
+SELECT * FROM pg_temp.history(:'o20');
+ROLLBACK;
+-- and without them: the payment and its order, the log, the notification
+SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied;
+SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, p.paid_at = o.paid_at AS same_paid_at,
+       p.updated_at = p.paid_at AS payment_updated_then, o.updated_at = o.paid_at AS order_updated_then,
+       o.status AS order_status, o.paid_payment_no = :'p20' AS paid_by,
+       o.notify_status, o.notify_attempts, o.next_notify_at = o.paid_at AS notify_due_then
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
+SELECT * FROM pg_temp.history(:'o20');
+-- an order without a notify_url is paid with no notification due
+SELECT payidem.create_order(:'m1', 'T-0022', 300, 'Sample', notify_url => NULL) AS o22 \gset
+SELECT payidem.begin_payment(:'o22', 'FLOW_WX') AS p22 \gset
+SELECT payidem.apply_payment_result(:'p22', 'query', 'succeeded') AS applied_without_txn;
+SELECT o.status, o.notify_status, o.notify_attempts, o.next_notify_at IS NULL AS nothing_due,
+       p.transaction_id IS NULL AS no_txn, p.fee_amount, p.cost_amount
+  FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = :'o22';
+
 ------------------------------------------------------------------- privileges
 -- an application role reaches the flow only through the functions
 CREATE ROLE flow_app;
