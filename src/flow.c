@@ -180,9 +180,10 @@ flow_target_prepare(FlowTarget *t, Relation rel)
  * Update the row of payidem.<t->relname> at tid, whose key column must equal
  * key: the columns of t with set[i] take values[i]/nulls[i] (of type
  * types[i]: a column of a domain type is checked against its domain unless
- * the value already has that type), the others keep their value — except that a column with only_if[i] is set only if column
- * t->columns[cond] of the row is not NULL.  The caller holds the row's lock (SELECT ... FOR UPDATE in
- * this transaction), so the version at tid is the latest and nobody else can
+ * the value already has that type), the others keep their value.  A column
+ * with only_if[i] is set only if column t->columns[cond] of the row is not
+ * NULL.  The caller holds the row's lock (SELECT ... FOR UPDATE in this
+ * transaction), so the version at tid is the latest and nobody else can
  * update it first.
  *
  * Returns false, having changed nothing, when the table has what a row-by-row
@@ -216,7 +217,13 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 		callback_registered = true;
 	}
 	if (!t->valid)
+	{
 		t->relid = get_relname_relid(t->relname, get_namespace_oid("payidem", false));
+		if (!OidIsValid(t->relid))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_TABLE),
+					 errmsg("relation payidem.%s does not exist", t->relname)));
+	}
 	rel = table_open(t->relid, RowExclusiveLock);
 	/* the lock has processed any pending invalidation */
 	if (!t->valid || t->natts != RelationGetDescr(rel)->natts)
@@ -279,10 +286,19 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	rte->relid = t->relid;
 	rte->relkind = rel->rd_rel->relkind;
 	rte->rellockmode = RowExclusiveLock;
-	rte->updatedCols = updated;		/* for UPDATE OF triggers and index hints */
+	/* updatedCols: for UPDATE OF triggers and the indexes' unchanged hints */
 #if PG_VERSION_NUM >= 160000
-	ExecInitRangeTable(estate, list_make1(rte), NIL);
+	{
+		RTEPermissionInfo *perminfo = makeNode(RTEPermissionInfo);
+
+		perminfo->relid = t->relid;
+		perminfo->requiredPerms = ACL_UPDATE;
+		perminfo->updatedCols = updated;
+		rte->perminfoindex = 1;
+		ExecInitRangeTable(estate, list_make1(rte), list_make1(perminfo));
+	}
 #else
+	rte->updatedCols = updated;
 	ExecInitRangeTable(estate, list_make1(rte));
 #endif
 	rri = makeNode(ResultRelInfo);
