@@ -2,9 +2,11 @@
 # Benchmark: payidem.apply_payment_result() end to end against a reference
 # handler written the seed 002 way (advisory lock + SELECT ... FOR UPDATE +
 # state check in code + idempotency-row insert + payment and order updates +
-# status-history inserts, in PL/pgSQL on tables of the same shape), and the
-# ceiling of the machine in the same cluster: one small row inserted per
-# commit (bench/flow_ceiling.sql).
+# status-history inserts, in PL/pgSQL on tables with the same columns), the
+# same handler on copies of payidem's own tables (every CHECK, index and
+# foreign key; none of payidem's triggers: "ref_same"), and the ceiling of the
+# machine in the same cluster: one small row inserted per commit
+# (bench/flow_ceiling.sql).
 #
 # Each pgbench transaction is one delivery of a success result: with DUPS=0%
 # always the first delivery for a new pending payment; with 80% mostly a
@@ -14,7 +16,8 @@
 # spell of the machine does not fall on one point only); the median counts.
 #
 # First deliveries use up pending payments: each variant has its own pool
-# (POOL for payidem, REF_POOL for the reference, made at set-up).  Before each
+# (POOL for payidem, REF_POOL for the reference, REF_SAME_POOL for the
+# reference on payidem's tables, made at set-up).  Before each
 # run the pool is topped up if need be, outside the timed run, from what the
 # runs have used so far (see top_up), so that the pools follow the speed of
 # the machine; a run that finds its pool empty does not count, and the point
@@ -28,16 +31,17 @@
 # also given as a fraction of the machine ceiling measured there.
 #
 #   SECONDS_PER_RUN (2)  RUNS (3)  CLIENTS ("1 8 32")  DUPS ("0 80")
-#   SYNC ("on off")  POOL (20000)  REF_POOL (60000)  SKIP_BUILD=1
+#   SYNC ("on off")  POOL (20000)  REF_POOL (60000)  REF_SAME_POOL (20000)
+#   SKIP_BUILD=1
 #   QUICK=1: RUNS 1, 1 s per point, CLIENTS "1 8", DUPS "0" (the points the
 #   targets and the chart need, within the time of a quick run), POOL 4000,
-#   REF_POOL 10000
+#   REF_POOL 10000, REF_SAME_POOL 4000
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 if [ "${QUICK:-}" = 1 ]; then
 	SECONDS_PER_RUN=${SECONDS_PER_RUN:-1} RUNS=${RUNS:-1} CLIENTS=${CLIENTS:-"1 8"} DUPS=${DUPS:-0}
-	POOL=${POOL:-4000} REF_POOL=${REF_POOL:-10000}
+	POOL=${POOL:-4000} REF_POOL=${REF_POOL:-10000} REF_SAME_POOL=${REF_SAME_POOL:-4000}
 fi
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-2}
 RUNS=${RUNS:-3}
@@ -46,6 +50,7 @@ DUPS=${DUPS:-"0 80"}
 SYNC=${SYNC:-"on off"}
 POOL=${POOL:-20000}
 REF_POOL=${REF_POOL:-60000}
+REF_SAME_POOL=${REF_SAME_POOL:-20000}
 
 set_pg_paths
 [ "${SKIP_BUILD:-}" = 1 ] || build_and_install
@@ -58,9 +63,9 @@ rm -f "$OUT.md" "$OUT.tsv" "$OUT.targets"
 DB=bench_flow
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$DB" "$@"; }
 
-say "set-up: $POOL pending payments for payidem, $REF_POOL for the reference"
+say "set-up: $POOL pending payments for payidem, $REF_POOL for the reference, $REF_SAME_POOL for it on payidem's tables"
 psql -X -q -d postgres -c "CREATE DATABASE $DB"
-sql -v pool="$POOL" -v ref_pool="$REF_POOL" -f bench/flow_setup.sql >/dev/null
+sql -v pool="$POOL" -v ref_pool="$REF_POOL" -v ref_same_pool="$REF_SAME_POOL" -f bench/flow_setup.sql >/dev/null
 
 # pools: MADE[variant] = pending payments made (with the 1,000 paid ones),
 # USED[variant] = taken so far (the sequence changes only while that variant
@@ -70,6 +75,7 @@ sql -v pool="$POOL" -v ref_pool="$REF_POOL" -f bench/flow_setup.sql >/dev/null
 declare -A MADE USED MOST USE LOST
 MADE[payidem]=$((POOL + 1000)) USED[payidem]=1000 MOST[payidem]=0 LOST[payidem]=0
 MADE[ref]=$((REF_POOL + 1000)) USED[ref]=1000 MOST[ref]=0 LOST[ref]=0
+MADE[ref_same]=$((REF_SAME_POOL + 1000)) USED[ref_same]=1000 MOST[ref_same]=0 LOST[ref_same]=0
 used() { sql -c "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM bench.next_$1"; }
 # top_up VARIANT POINT: before a run, leave twice what the point used last
 # time (and at least the most any run has used), or the first time three
@@ -77,7 +83,8 @@ used() { sql -c "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 
 # run's worth more, so that the next run seldom needs another top-up
 top_up() {
 	local v=$1 point=$2 left need initial=$POOL
-	[ "$v" = payidem ] || initial=$REF_POOL
+	[ "$v" != ref ] || initial=$REF_POOL
+	[ "$v" != ref_same ] || initial=$REF_SAME_POOL
 	left=$((MADE[$v] - USED[$v]))
 	if [ -n "${USE[$v,$point]:-}" ]; then
 		need=$((2 * USE[$v,$point] + 100)); [ "$need" -ge "${MOST[$v]}" ] || need=${MOST[$v]}
@@ -136,7 +143,7 @@ for ((r = 1; r <= RUNS; r++)); do
 			say "run $r/$RUNS, synchronous_commit=$sync, $clients client(s): ceiling"
 			TPS[ceiling,0,$clients,$sync]+=" $(run_point ceiling 0 "$clients" "$sync")"
 			for dup in $DUPS; do
-				for variant in payidem ref; do
+				for variant in payidem ref ref_same; do
 					say "run $r/$RUNS, synchronous_commit=$sync, $clients client(s), $dup% duplicates: $variant"
 					measure "$variant" "$dup" "$clients" "$sync"
 				done
@@ -150,9 +157,10 @@ done
 CHECK=$(sql -c "
 	SELECT (SELECT count(*) FROM payidem.payment WHERE status = 'succeeded') - $((USED[payidem] - LOST[payidem])),
 	       (SELECT count(*) FROM bench.ref_payment WHERE status = 'succeeded') - $((USED[ref] - LOST[ref])),
+	       (SELECT count(*) FROM bench.same_payment WHERE status = 'succeeded') - $((USED[ref_same] - LOST[ref_same])),
 	       (SELECT count(*) FROM payidem.anomaly)")
-[ "$CHECK" = "0|0|0" ] \
-	|| die "check failed: succeeded payments minus first deliveries (payidem|reference) and anomalies are $CHECK, not 0|0|0"
+[ "$CHECK" = "0|0|0|0" ] \
+	|| die "check failed: succeeded payments minus first deliveries (payidem|reference|reference on payidem's tables) and anomalies are $CHECK, not 0|0|0|0"
 
 med() { median <<<"${TPS[$1]}"; }
 int() { awk -v a="$1" 'BEGIN { printf "%.0f", a }'; }
@@ -162,11 +170,12 @@ lowest() { tr ' ' '\n' | grep . | sort -g | head -1; }
 
 has_sync() { [[ " $SYNC " == *" $1 "* ]]; }
 # the ratios behind the targets
-OFF_RATIOS="" ON_RATIOS=""
+OFF_RATIOS="" ON_RATIOS="" SAME_RATIOS=""
 for clients in $CLIENTS; do
 	for dup in $DUPS; do
 		if has_sync off; then
 			OFF_RATIOS+=" $(ratio "$(med "payidem,$dup,$clients,off")" "$(med "ref,$dup,$clients,off")")"
+			SAME_RATIOS+=" $(ratio "$(med "payidem,$dup,$clients,off")" "$(med "ref_same,$dup,$clients,off")")"
 		fi
 		if has_sync on; then
 			ON_RATIOS+=" $(ratio "$(med "payidem,$dup,$clients,on")" "$(med "ceiling,0,$clients,on")")"
@@ -180,13 +189,14 @@ SETTINGS=$(sql -c "SELECT string_agg(name || ' ' || current_setting(name), ', ' 
 	echo "$(date -u +%Y-%m-%d), $(nproc) CPUs, PostgreSQL $PGVER ($SETTINGS); pgbench -M prepared,"
 	echo "median of $RUNS run(s) of ${SECONDS_PER_RUN} s per point; tps."
 	echo
-	echo "| synchronous_commit | clients | duplicates | payidem | reference | payidem / reference | ceiling (1 insert/commit) | payidem / ceiling |"
-	echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+	echo "| synchronous_commit | clients | duplicates | payidem | reference | payidem / reference | reference on payidem's tables | payidem / that | ceiling (1 insert/commit) | payidem / ceiling |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	for sync in $SYNC; do
 		for clients in $CLIENTS; do
 			for dup in $DUPS; do
 				p=$(med "payidem,$dup,$clients,$sync") r=$(med "ref,$dup,$clients,$sync") c=$(med "ceiling,0,$clients,$sync")
-				echo "| $sync | $clients | $dup% | $(int "$p") | $(int "$r") | $(ratio "$p" "$r") | $(int "$c") | $(ratio "$p" "$c") |"
+				t=$(med "ref_same,$dup,$clients,$sync")
+				echo "| $sync | $clients | $dup% | $(int "$p") | $(int "$r") | $(ratio "$p" "$r") | $(int "$t") | $(ratio "$p" "$t") | $(int "$c") | $(ratio "$p" "$c") |"
 			done
 		done
 	done
@@ -195,6 +205,8 @@ SETTINGS=$(sql -c "SELECT string_agg(name || ' ' || current_setting(name), ', ' 
 	if [ -n "$OFF_RATIOS" ]; then
 		echo
 		echo "payidem / reference with synchronous_commit off: $(range <<<"$OFF_RATIOS") (target ≥ 1.3×)."
+		echo
+		echo "payidem / the reference on payidem's tables with synchronous_commit off: $(range <<<"$SAME_RATIOS")."
 	fi
 	if [ -n "$ON_RATIOS" ]; then
 		echo
@@ -221,7 +233,8 @@ SETTINGS=$(sql -c "SELECT string_agg(name || ' ' || current_setting(name), ', ' 
 # the chart: the first DUPS value (first deliveries by default) and the ceiling
 dup=${DUPS%% *}
 for sync in $SYNC; do
-	for series in "payidem payidem, sync $sync, $dup% dup" "ref reference, sync $sync, $dup% dup" "ceiling ceiling, sync $sync"; do
+	for series in "payidem payidem, sync $sync, $dup% dup" "ref reference, sync $sync, $dup% dup" \
+		"ref_same reference on payidem's tables, sync $sync, $dup% dup" "ceiling ceiling, sync $sync"; do
 		variant=${series%% *} d=$dup
 		[ "$variant" != ceiling ] || d=0
 		for clients in $CLIENTS; do
@@ -235,6 +248,8 @@ met() { awk -v m="$1" -v t="$2" 'BEGIN { print (m + 0 >= t + 0) ? "yes" : "no" }
 	if [ -n "$OFF_RATIOS" ]; then
 		printf '%s\t%s\t%s\n' "apply_payment_result() ≥ 1.3× the seed-002 handler with synchronous_commit off" \
 			"$(range <<<"$OFF_RATIOS")" "$(met "$(lowest <<<"$OFF_RATIOS")" 1.3)"
+		printf '%s\t%s\t%s\n' "the same, against the seed-002 handler on payidem's own tables (every CHECK, index, foreign key)" \
+			"$(range <<<"$SAME_RATIOS")" "$(met "$(lowest <<<"$SAME_RATIOS")" 1.3)"
 	fi
 	if [ -n "$ON_RATIOS" ]; then
 		printf '%s\t%s\t%s\n' "apply_payment_result() within 10 % of the one-insert-per-commit ceiling with synchronous_commit on" \

@@ -1,9 +1,10 @@
--- bench/flow.sh set-up: a merchant and channel, the reference handler's
+-- bench/flow.sh set-up: a merchant and channel, the reference handlers'
 -- tables, and functions that add pending payments to the pools the
--- benchmark uses up (bench.refill_payidem(n), bench.refill_ref(n)).  flow.sh
--- makes :pool pending payments for payidem and :ref_pool for the reference
--- here, pays the first 1,000 of each for the duplicate deliveries, and tops
--- the pools up between runs.
+-- benchmark uses up (bench.refill_payidem(n), bench.refill_ref(n),
+-- bench.refill_ref_same(n)).  flow.sh makes :pool pending payments for
+-- payidem, :ref_pool for the reference and :ref_same_pool for the reference
+-- on payidem's tables here, pays the first 1,000 of each for the duplicate
+-- deliveries, and tops the pools up between runs.
 CREATE EXTENSION payidem;
 CREATE SCHEMA bench;
 CREATE TABLE bench.merchant AS SELECT merchant_no FROM payidem.create_merchant('Bench Shop', 'retail', 0.006);
@@ -116,6 +117,98 @@ SELECT count(*) AS ref_paid_for_duplicates
   FROM (SELECT bench.ref_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_pool WHERE k <= 1000) x;
 CREATE SEQUENCE bench.next_ref START 1001;
 
+-- The same handler on payidem's own tables: bench.same_order, same_payment,
+-- same_idem and same_log are copies of "order", payment, idempotency and
+-- status_log with every column type, default, CHECK and index (LIKE ...
+-- INCLUDING ALL), plus the foreign keys, statuses included; none of payidem's
+-- triggers.  It writes what apply_payment_result() writes for a first
+-- delivery, checking the state in code as seed 002 does.
+CREATE TABLE bench.same_order (LIKE payidem."order" INCLUDING ALL);
+ALTER TABLE bench.same_order
+	ADD FOREIGN KEY (merchant_no) REFERENCES payidem.merchant,
+	ADD FOREIGN KEY (status_entity, status) REFERENCES payidem.state DEFERRABLE INITIALLY DEFERRED;
+CREATE TABLE bench.same_payment (LIKE payidem.payment INCLUDING ALL);
+ALTER TABLE bench.same_payment
+	ADD FOREIGN KEY (order_no, merchant_no) REFERENCES bench.same_order (order_no, merchant_no),
+	ADD FOREIGN KEY (channel_no) REFERENCES payidem.channel,
+	ADD FOREIGN KEY (status_entity, status) REFERENCES payidem.state DEFERRABLE INITIALLY DEFERRED;
+CREATE TABLE bench.same_idem (LIKE payidem.idempotency INCLUDING ALL);
+CREATE TABLE bench.same_log (LIKE payidem.status_log INCLUDING ALL);
+CREATE TABLE bench.ref_same_pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);
+CREATE FUNCTION bench.refill_ref_same(n int) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	k0 bigint := (SELECT coalesce(max(k), 0) FROM bench.ref_same_pool);
+BEGIN
+	WITH o AS (
+		INSERT INTO bench.same_order (order_no, merchant_no, out_trade_no, subject, amount, expire_at, notify_url)
+		SELECT payidem.gen_order_no('PO'), m.merchant_no, 'B-' || (k0 + i), 'bench', 1000 + (k0 + i) % 1000,
+			   now() + interval '1 day', 'https://shop.example/notify'
+		  FROM bench.merchant m, generate_series(1, n) i
+		RETURNING order_no, merchant_no, amount),
+	p AS (
+		INSERT INTO bench.same_payment (payment_no, order_no, merchant_no, channel_no, amount)
+		SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_WX', amount FROM o
+		RETURNING payment_no, amount)
+	INSERT INTO bench.ref_same_pool SELECT k0 + row_number() OVER (ORDER BY payment_no), payment_no, amount FROM p;
+END
+$$;
+SELECT bench.refill_ref_same(1000 + :ref_same_pool);
+
+CREATE FUNCTION bench.ref_same_apply(p_payment_no text, p_status text, p_txn text, p_amount bigint)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	p bench.same_payment;
+	o bench.same_order;
+	v_rate numeric;
+	v_cost_rate numeric;
+BEGIN
+	PERFORM pg_advisory_xact_lock(hashtext(p_payment_no));
+	SELECT * INTO p FROM bench.same_payment WHERE payment_no = p_payment_no FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'payment % not found', p_payment_no;
+	END IF;
+	IF p.status = p_status THEN
+		RETURN 'duplicate';
+	END IF;
+	IF p.status <> 'pending' OR p_amount <> p.amount THEN
+		RETURN 'rejected';
+	END IF;
+	INSERT INTO bench.same_idem (idem_key, biz_type, order_no, channel, amount, status, result)
+	VALUES ('payment:' || p_payment_no || ':' || p_status, 'payment_result', p.order_no, p.channel_no, p.amount,
+			'completed', '{"outcome": "applied"}') ON CONFLICT DO NOTHING;
+	IF NOT FOUND THEN
+		RETURN 'duplicate';
+	END IF;
+	-- the fee rates of the merchant (or its binding) and the channel
+	SELECT coalesce(b.fee_rate, m.fee_rate), c.fee_rate INTO v_rate, v_cost_rate
+	  FROM payidem.merchant m
+	  JOIN payidem.channel c ON c.channel_no = p.channel_no
+	  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
+	 WHERE m.merchant_no = p.merchant_no;
+	SELECT * INTO o FROM bench.same_order WHERE order_no = p.order_no FOR UPDATE;
+	UPDATE bench.same_payment
+	   SET status = p_status, transaction_id = p_txn, paid_at = now(),
+		   fee_amount = round(p.amount * v_rate), cost_amount = round(p.amount * v_cost_rate),
+		   updated_at = now()
+	 WHERE payment_no = p_payment_no;
+	INSERT INTO bench.same_log (entity, entity_no, from_status, to_status)
+	VALUES ('payment', p_payment_no, p.status, p_status);
+	IF o.status = 'pending' THEN
+		UPDATE bench.same_order
+		   SET status = 'paid', paid_payment_no = p_payment_no, paid_at = now(), notify_status = 'pending',
+			   next_notify_at = now(), notify_attempts = 0, updated_at = now()
+		 WHERE order_no = o.order_no;
+		INSERT INTO bench.same_log (entity, entity_no, from_status, to_status)
+		VALUES ('order', o.order_no, o.status, 'paid');
+	END IF;
+	RETURN 'applied';
+END
+$$;
+SELECT count(*) AS ref_same_paid_for_duplicates
+  FROM (SELECT bench.ref_same_apply(payment_no, 'succeeded', 'TX' || k, amount)
+		  FROM bench.ref_same_pool WHERE k <= 1000) x;
+CREATE SEQUENCE bench.next_ref_same START 1001;
+
 -- one delivery: a duplicate of one of the 1,000 paid payments, or the first
 -- delivery for the next pending one
 CREATE FUNCTION bench.deliver_payidem(dup boolean) RETURNS text LANGUAGE plpgsql AS $$
@@ -140,6 +233,19 @@ BEGIN
 		RAISE EXCEPTION 'bench pool exhausted (k = %): raise REF_POOL', v_k;
 	END IF;
 	RETURN bench.ref_apply(b.payment_no, 'succeeded', 'TX' || b.k, b.amount);
+END
+$$;
+
+CREATE FUNCTION bench.deliver_ref_same(dup boolean) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	v_k bigint := CASE WHEN dup THEN 1 + (random() * 999)::bigint ELSE nextval('bench.next_ref_same') END;
+	b bench.ref_same_pool;
+BEGIN
+	SELECT * INTO b FROM bench.ref_same_pool WHERE k = v_k;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'bench pool exhausted (k = %): raise REF_SAME_POOL', v_k;
+	END IF;
+	RETURN bench.ref_same_apply(b.payment_no, 'succeeded', 'TX' || b.k, b.amount);
 END
 $$;
 
