@@ -1876,50 +1876,19 @@ $$;
 COMMENT ON FUNCTION payidem.begin_payment(text, text) IS
 	'Start (or, on the same channel, return again) the pending payment attempt of an order; payment_no = gen_order_no(''PY''). PI009, PI002 (order not pending), PI008 (expired), PI004 (merchant/channel/binding/type), PI003 (pending on another channel), PI007 (limits).';
 
--- The two writes of a first success, as direct executor updates of the rows
--- apply_payment_result() holds locked (src/flow.c): triggers, constraints,
--- domains and indexes as for an UPDATE, without its per-statement work.
-CREATE FUNCTION payidem._record_payment_success(payment_row tid, payment_no text,
-	transaction_id payidem.channel_ref, paid_at timestamptz, fee_amount bigint, cost_amount bigint)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'payidem_record_payment_success'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION payidem._record_payment_success(tid, text, payidem.channel_ref, timestamptz, bigint, bigint) IS
-	'Internal to apply_payment_result(): the payment at payment_row (locked by the caller, key payment_no) becomes succeeded with paid_at, the fees and, unless NULL, transaction_id. False (nothing done) if the table has statement-level UPDATE triggers, transition tables, rules or forced row security: the caller then runs the UPDATE in SQL.';
-CREATE FUNCTION payidem._record_order_paid(order_row tid, order_no text,
-	paid_payment_no payidem.payment_number, paid_at timestamptz)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'payidem_record_order_paid'
-LANGUAGE C VOLATILE PARALLEL UNSAFE;
-COMMENT ON FUNCTION payidem._record_order_paid(tid, text, payidem.payment_number, timestamptz) IS
-	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at; its merchant notification is due now if it has a notify_url. False (nothing done) as for _record_payment_success().';
-
-CREATE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
-	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
-	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL)
-RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- The argument checks of apply_payment_result(), run only when its one-expression
+-- test finds something wrong: each raises its own error.
+CREATE FUNCTION payidem._check_payment_result_args(payment_no text, source text, status text,
+	transaction_id text, amount bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-	v_payment_no text := apply_payment_result.payment_no;
-	v_source text := apply_payment_result.source;
-	v_status text := apply_payment_result.status;
-	v_txn text := apply_payment_result.transaction_id;
-	v_amount bigint := apply_payment_result.amount;
-	v_paid_at timestamptz := coalesce(apply_payment_result.paid_at, now());
-	v_key text;
-	v_claim text;
-	v_outcome text;
-	v_other text;
-	v_kind text;
-	v_rate numeric;
-	v_cost_rate numeric;
-	v_order_status text;
-	v_order_paid_by text;
-	v_order_row tid;
-	v_done boolean;
-	p record;					-- the payment's columns this function reads
+	v_payment_no ALIAS FOR $1;
+	v_source ALIAS FOR $2;
+	v_status ALIAS FOR $3;
+	v_txn ALIAS FOR $4;
+	v_amount ALIAS FOR $5;
 BEGIN
-	-- the common case is a plain expression; _check_number() words the error
 	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no) THEN
 		PERFORM payidem._check_number('payment', v_payment_no);
 	END IF;
@@ -1946,12 +1915,61 @@ BEGIN
 			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
 							quote_literal(left(v_txn, 64)));
 	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_payment_result_args(text, text, text, text, bigint) IS
+	'Internal to apply_payment_result(): raises the error (22023, or PI009/22023 from _check_number) for the first invalid argument.';
 
+-- The two writes of a first success, as direct executor updates of the rows
+-- apply_payment_result() holds locked (src/flow.c): triggers, constraints,
+-- domains and indexes as for an UPDATE, without its per-statement work.
+CREATE FUNCTION payidem._record_payment_success(payment_row tid, payment_no text,
+	transaction_id payidem.channel_ref, paid_at timestamptz, fee_amount bigint, cost_amount bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_record_payment_success'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem._record_payment_success(tid, text, payidem.channel_ref, timestamptz, bigint, bigint) IS
+	'Internal to apply_payment_result(): the payment at payment_row (locked by the caller, key payment_no) becomes succeeded with paid_at, the fees and, unless NULL, transaction_id. False (nothing done) if the table has statement-level UPDATE triggers, transition tables, rules or forced row security: the caller then runs the UPDATE in SQL.';
+CREATE FUNCTION payidem._record_order_paid(order_row tid, order_no text,
+	paid_payment_no payidem.payment_number, paid_at timestamptz)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_record_order_paid'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem._record_order_paid(tid, text, payidem.payment_number, timestamptz) IS
+	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at; its merchant notification is due now if it has a notify_url. False (nothing done) as for _record_payment_success().';
+
+CREATE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
+	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
+	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	-- aliases, not copies: a copy is an expression, set up again in every
+	-- transaction
+	v_payment_no ALIAS FOR $1;
+	v_source ALIAS FOR $2;
+	v_status ALIAS FOR $3;
+	v_txn ALIAS FOR $4;
+	v_amount ALIAS FOR $5;
+	v_paid_at timestamptz;
+	v_key text;
+	v_claim text;
+	v_outcome text;
+	v_other text;
+	v_kind text;
+	v_rate numeric;
+	v_cost_rate numeric;
+	v_order_status text;
+	v_order_paid_by text;
+	v_order_row tid;
+	p record;					-- the payment's columns this function reads
+BEGIN
 	-- A repeated success of a payment that already succeeded (the same amount
 	-- and transaction id, or none given) is answered from the committed row,
 	-- without a lock: from succeeded, a payment only moves on to refunded
-	-- states, which answer a success the same way.
-	IF v_status = 'succeeded' THEN
+	-- states, which answer a success the same way.  Such a repeat's
+	-- arguments are valid: the row vouches for all but the source.
+	IF v_status = 'succeeded' AND v_source IN ('callback', 'query', 'close') THEN
 		SELECT x.status, x.amount, x.transaction_id INTO p
 		  FROM payidem.payment x WHERE x.payment_no = v_payment_no;
 		IF FOUND AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
@@ -1959,6 +1977,15 @@ BEGIN
 			AND (v_txn IS NULL OR v_txn = p.transaction_id) THEN
 			RETURN 'duplicate';
 		END IF;
+	END IF;
+
+	-- The arguments: valid ones pass one expression; the checks of
+	-- _check_payment_result_args() word the error.
+	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no)
+		OR v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close')
+		OR v_status IS NULL OR v_status NOT IN ('succeeded', 'failed', 'closed')
+		OR v_amount <= 0 OR v_txn !~ '^[[:graph:]]+$' OR length(v_txn) > 64 THEN
+		PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount);
 	END IF;
 
 	-- lock order: the payment, then (only for a success that is not a
@@ -2025,6 +2052,7 @@ BEGIN
 	-- written once, completed with that outcome, and the effect follows in
 	-- the same transaction.
 	IF v_status = 'succeeded' THEN
+		v_paid_at := coalesce(apply_payment_result.paid_at, now());
 		-- the order, locked, and the rates of the fees
 		SELECT x.ctid, x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
 		  INTO v_order_row, v_order_status, v_order_paid_by, v_rate, v_cost_rate
@@ -2071,10 +2099,9 @@ BEGIN
 		-- one new row version each.  A direct update (src/flow.c) unless the
 		-- table has statement triggers, rules or forced row security: then
 		-- the same UPDATE in SQL.
-		v_done := payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
-												   round(p.amount * v_rate)::bigint,
-												   round(p.amount * v_cost_rate)::bigint);
-		IF NOT v_done THEN
+		IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
+												round(p.amount * v_rate)::bigint,
+												round(p.amount * v_cost_rate)::bigint) THEN
 			UPDATE payidem.payment x
 			   SET status = 'succeeded', updated_at = now(),
 				   transaction_id = coalesce(v_txn, x.transaction_id), paid_at = v_paid_at,
@@ -2083,8 +2110,7 @@ BEGIN
 			 WHERE x.payment_no = p.payment_no;
 		END IF;
 		IF v_order_status = 'pending' THEN
-			v_done := payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at);
-			IF NOT v_done THEN
+			IF NOT payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at) THEN
 				UPDATE payidem."order" x
 				   SET status = 'paid', updated_at = now(),
 					   paid_payment_no = p.payment_no, paid_at = v_paid_at,
