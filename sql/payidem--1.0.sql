@@ -1929,7 +1929,7 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'payidem_record_payment_success'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem._record_payment_success(tid, text, payidem.channel_ref, timestamptz, bigint, bigint) IS
-	'Internal to apply_payment_result(): the payment at payment_row (locked by the caller, key payment_no) becomes succeeded with paid_at, the fees and, unless NULL, transaction_id. False (nothing done) if the table has statement-level UPDATE triggers, transition tables, rules or forced row security: the caller then runs the UPDATE in SQL.';
+	'Internal to apply_payment_result(): the payment at payment_row (locked by the caller, key payment_no) becomes succeeded with paid_at, the fees and, unless NULL, transaction_id. False (nothing done) if the table has statement-level UPDATE triggers, transition tables, rules or row-level security that applies to the caller, or the caller may not update it: the caller then runs the UPDATE in SQL.';
 CREATE FUNCTION payidem._record_order_paid(order_row tid, order_no text,
 	paid_payment_no payidem.payment_number, paid_at timestamptz)
 RETURNS boolean
@@ -2097,8 +2097,8 @@ BEGIN
 		-- (then the order's): the status_guard trigger checks each change
 		-- against the whitelist and logs it, exactly as for transit_payment();
 		-- one new row version each.  A direct update (src/flow.c) unless the
-		-- table has statement triggers, rules or forced row security: then
-		-- the same UPDATE in SQL.
+		-- table has statement triggers, rules or row security that applies:
+		-- then the same UPDATE in SQL.
 		IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
 												round(p.amount * v_rate)::bigint,
 												round(p.amount * v_cost_rate)::bigint) THEN

@@ -416,6 +416,29 @@ ALTER DOMAIN payidem.channel_ref ADD CONSTRAINT channel_ref_not_x CHECK (VALUE !
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
                                  :'p20', 'callback', 'succeeded', 'X-0020'));
 ROLLBACK;
+-- a CHECK that calls a function sees the function as it is now (a SQL
+-- function is inlined into the compiled CHECK: replacing it must count), and
+-- one on the whole row works from one delivery to the next
+BEGIN;
+CREATE FUNCTION public.flow_fee_ok(fee bigint) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT true $$;
+CREATE FUNCTION public.flow_row_ok(p payidem.payment) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+	RETURN p.amount > 0;
+END
+$$;
+ALTER TABLE payidem.payment ADD CONSTRAINT payment_fee_ok CHECK (public.flow_fee_ok(fee_amount)) NOT VALID,
+	ADD CONSTRAINT payment_row_ok CHECK (public.flow_row_ok(payment)) NOT VALID;
+SELECT payidem.create_order(:'m1', 'T-0023', 700, 'Oolong') AS o23 \gset
+SELECT payidem.begin_payment(:'o23', 'FLOW_WX') AS p23 \gset
+SELECT payidem.create_order(:'m1', 'T-0024', 700, 'Oolong') AS o24 \gset
+SELECT payidem.begin_payment(:'o24', 'FLOW_WX') AS p24 \gset
+SELECT payidem.apply_payment_result(:'p23', 'callback', 'succeeded', 'WX-T-0023', 700) AS fee_ok_yet;
+CREATE OR REPLACE FUNCTION public.flow_fee_ok(fee bigint) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT fee < 4 $$;
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
+                                                      :'p24', 'callback', 'succeeded', 'WX-T-0024'));
+CREATE OR REPLACE FUNCTION public.flow_fee_ok(fee bigint) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT true $$;
+SELECT payidem.apply_payment_result(:'p24', 'callback', 'succeeded', 'WX-T-0024', 700) AS fee_ok_again;
+ROLLBACK;
 -- triggers of the application's own: BEFORE may change the row, AFTER UPDATE OF
 -- status sees the change
 BEGIN;

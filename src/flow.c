@@ -17,17 +17,22 @@
  * generated columns computed, every index maintained, unique ones checked.
  * What it saves over a SQL UPDATE is the per-statement work: no executor
  * start and stop, no index scan to find the row (its ctid is known and it
- * is locked), and the table's CHECK constraints compiled once per backend
- * instead of read back from the catalog and compiled for every statement
- * (PostgreSQL 15 does that for each UPDATE).  The columns written that are
+ * is locked), and the table's CHECK constraints read from the catalog and
+ * planned once per backend instead of for every statement (PostgreSQL 15
+ * does that for each UPDATE); they are compiled per call, as an ExprState
+ * may keep state in its query's memory.  The columns written that are
  * domains (transaction_id, paid_payment_no, notify_status, notify_attempts)
  * are checked against their domain, as a SQL UPDATE would.
  *
- * The compiled constraints are kept per table and dropped by a relcache
- * invalidation of that table (any ALTER TABLE, a new constraint, ...).
+ * The planned constraints are kept per table and dropped by a relcache
+ * invalidation of that table (any ALTER TABLE, a new constraint, ...) and
+ * by any change of a function (a CHECK may have inlined a SQL function).
  * Run by apply_payment_result(), a SECURITY DEFINER function of the
- * extension's owner, as that owner: no permission check of its own, like
- * the owner's UPDATE it replaces; not granted to anyone.
+ * extension's owner, as that owner.  When the UPDATE would be anything but
+ * a plain row update for that role — statement triggers, transition tables,
+ * rules, row-level security that applies, no UPDATE privilege — the
+ * functions do nothing and return false, and the caller runs it in SQL.
+ * Not granted to anyone.
  *
  *-------------------------------------------------------------------------
  */
@@ -46,11 +51,14 @@
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "optimizer/optimizer.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/rls.h"
+#include "utils/syscache.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
@@ -75,7 +83,10 @@ typedef struct FlowTarget
 	AttrNumber	attnos[FLOW_MAX_COLUMNS];
 	bool		isdomain[FLOW_MAX_COLUMNS];
 	void	   *domain_extra[FLOW_MAX_COLUMNS];	/* domain_check()'s cache */
-	ExprState **checks;			/* the relation's CHECKs, in relcache order */
+	int			ncheck;
+	Expr	  **checks;			/* the relation's CHECKs, planned, in relcache
+								 * order; compiled per call (an ExprState keeps
+								 * state in its query's memory) */
 } FlowTarget;
 
 enum
@@ -98,15 +109,30 @@ static FlowTarget order_target = {
 	 "notify_status", "next_notify_at", "notify_attempts"}, 8
 };
 
-static bool callback_registered = false;
+static bool callbacks_registered = false;
+static uint64 flow_inval_count = 0;	/* bumped by every invalidation below */
 
 static void
 flow_relcache_callback(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == payment_target.relid)
-		payment_target.valid = false;
-	if (relid == InvalidOid || relid == order_target.relid)
-		order_target.valid = false;
+	if (relid == InvalidOid || relid == payment_target.relid ||
+		relid == order_target.relid)
+	{
+		if (relid == InvalidOid || relid == payment_target.relid)
+			payment_target.valid = false;
+		if (relid == InvalidOid || relid == order_target.relid)
+			order_target.valid = false;
+		flow_inval_count++;
+	}
+}
+
+/* a changed function: a CHECK may have inlined or folded it */
+static void
+flow_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	payment_target.valid = false;
+	order_target.valid = false;
+	flow_inval_count++;
 }
 
 static AttrNumber
@@ -134,6 +160,7 @@ static void
 flow_target_prepare(FlowTarget *t, Relation rel)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
+	uint64		before = flow_inval_count;
 	MemoryContext oldcxt;
 	int			i;
 
@@ -162,18 +189,20 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 		t->isdomain[i] = get_typtype(typid) == TYPTYPE_DOMAIN;
 		t->domain_extra[i] = NULL;
 	}
+	t->ncheck = 0;
 	t->checks = NULL;
 	if (desc->constr && desc->constr->num_check > 0)
 	{
 		ConstrCheck *check = desc->constr->check;
 
-		t->checks = palloc(sizeof(ExprState *) * desc->constr->num_check);
+		t->checks = palloc(sizeof(Expr *) * desc->constr->num_check);
 		for (i = 0; i < desc->constr->num_check; i++)
-			t->checks[i] =
-				ExecInitExpr(expression_planner((Expr *) stringToNode(check[i].ccbin)), NULL);
+			t->checks[i] = expression_planner((Expr *) stringToNode(check[i].ccbin));
+		t->ncheck = desc->constr->num_check;
 	}
 	MemoryContextSwitchTo(oldcxt);
-	t->valid = true;
+	/* an invalidation that arrived meanwhile: build again next time */
+	t->valid = (before == flow_inval_count);
 }
 
 /*
@@ -182,19 +211,21 @@ flow_target_prepare(FlowTarget *t, Relation rel)
  * types[i]: a column of a domain type is checked against its domain unless
  * the value already has that type), the others keep their value.  A column
  * with only_if[i] is set only if column t->columns[cond] of the row is not
- * NULL.  The caller holds the row's lock (SELECT ... FOR UPDATE in this
+ * NULL, one with keep_null[i] only to a non-NULL value; either way the
+ * UPDATE names it, as SET col = CASE ... ELSE col END would.  The caller holds the row's lock (SELECT ... FOR UPDATE in this
  * transaction), so the version at tid is the latest and nobody else can
  * update it first.
  *
  * Returns false, having changed nothing, when the table has what a row-by-row
  * update cannot reproduce — statement-level UPDATE triggers, transition
- * tables, rules, forced row-level security: the caller then runs the UPDATE
- * in SQL.
+ * tables, rules, row-level security that applies to the current user — or
+ * the user may not update it: the caller then runs the UPDATE in SQL (which
+ * does all that, or refuses).
  */
 static bool
 flow_update(FlowTarget *t, ItemPointer tid, text *key,
 			const bool *set, Datum *values, const bool *nulls, const Oid *types,
-			int cond, const bool *only_if)
+			const bool *keep_null, int cond, const bool *only_if)
 {
 	Relation	rel;
 	TupleDesc	desc;
@@ -211,10 +242,11 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	bool		cond_null = true;
 	int			i;
 
-	if (!callback_registered)
+	if (!callbacks_registered)
 	{
 		CacheRegisterRelcacheCallback(flow_relcache_callback, (Datum) 0);
-		callback_registered = true;
+		CacheRegisterSyscacheCallback(PROCOID, flow_proc_callback, (Datum) 0);
+		callbacks_registered = true;
 	}
 	if (!t->valid)
 	{
@@ -234,7 +266,9 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 		  rel->trigdesc->trig_update_after_statement ||
 		  rel->trigdesc->trig_update_old_table ||
 		  rel->trigdesc->trig_update_new_table)) ||
-		rel->rd_rules != NULL || rel->rd_rel->relforcerowsecurity)
+		rel->rd_rules != NULL ||
+		check_enable_rls(t->relid, InvalidOid, false) == RLS_ENABLED ||
+		pg_class_aclcheck(t->relid, GetUserId(), ACL_UPDATE) != ACLCHECK_OK)
 	{
 		table_close(rel, NoLock);
 		return false;
@@ -268,7 +302,11 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	{
 		AttrNumber	attno = t->attnos[i];
 
-		if (!set[i] || (only_if != NULL && only_if[i] && cond_null))
+		if (!set[i])
+			continue;
+		/* kept, but named by the UPDATE as well (for UPDATE OF triggers) */
+		updated = bms_add_member(updated, attno - FirstLowInvalidHeapAttributeNumber);
+		if ((only_if != NULL && only_if[i] && cond_null) || (keep_null != NULL && keep_null[i] && nulls[i]))
 			continue;
 		/* a value of the column's domain type was checked when it was made */
 		if (t->isdomain[i] && types[i] != TupleDescAttr(desc, attno - 1)->atttypid)
@@ -276,7 +314,6 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 						 &t->domain_extra[i], t->context);
 		newslot->tts_values[attno - 1] = values[i];
 		newslot->tts_isnull[attno - 1] = nulls[i];
-		updated = bms_add_member(updated, attno - FirstLowInvalidHeapAttributeNumber);
 	}
 	ExecStoreVirtualTuple(newslot);
 
@@ -303,8 +340,21 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 #endif
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	/* ExecConstraints() compiles the CHECKs only when this is NULL */
-	rri->ri_ConstraintExprs = t->checks;
+	/* the trigger machinery finds it here instead of opening its own */
+	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);
+	/*
+	 * ExecConstraints() reads the CHECKs from the catalog and plans them
+	 * only when this is NULL; we compile the planned ones kept above.
+	 */
+	if (t->ncheck > 0)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
+
+		rri->ri_ConstraintExprs = palloc(sizeof(ExprState *) * t->ncheck);
+		for (i = 0; i < t->ncheck; i++)
+			rri->ri_ConstraintExprs[i] = ExecInitExpr(t->checks[i], NULL);
+		MemoryContextSwitchTo(oldcxt);
+	}
 	ExecOpenIndices(rri, false);
 	EvalPlanQualInit(&epqstate, estate, NULL, NIL, -1);
 
@@ -313,8 +363,7 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	AfterTriggerEndQuery(estate);	/* the status guard runs here */
 
 	EvalPlanQualEnd(&epqstate);
-	ExecCloseIndices(rri);
-	ExecCloseResultRelations(estate);	/* any a trigger opened */
+	ExecCloseResultRelations(estate);	/* its indexes, and any a trigger opened */
 	ExecCloseRangeTableRelations(estate);
 	ExecResetTupleTable(estate->es_tupleTable, false);
 	UnregisterSnapshot(snapshot);
@@ -342,6 +391,7 @@ payidem_record_payment_success(PG_FUNCTION_ARGS)
 	bool		set[FLOW_MAX_COLUMNS] = {false};
 	Datum		values[FLOW_MAX_COLUMNS];
 	bool		nulls[FLOW_MAX_COLUMNS] = {false};
+	bool		keep_null[FLOW_MAX_COLUMNS] = {false};
 	Oid			types[FLOW_MAX_COLUMNS] = {InvalidOid};
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3) || PG_ARGISNULL(4) || PG_ARGISNULL(5))
@@ -351,12 +401,11 @@ payidem_record_payment_success(PG_FUNCTION_ARGS)
 	values[PAY_STATUS] = CStringGetTextDatum("succeeded");
 	set[PAY_UPDATED_AT] = true;
 	values[PAY_UPDATED_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-	if (!PG_ARGISNULL(2))
-	{
-		set[PAY_TRANSACTION_ID] = true;
-		values[PAY_TRANSACTION_ID] = PG_GETARG_DATUM(2);
-		types[PAY_TRANSACTION_ID] = get_fn_expr_argtype(fcinfo->flinfo, 2);
-	}
+	/* coalesce(transaction_id, the row's) */
+	set[PAY_TRANSACTION_ID] = keep_null[PAY_TRANSACTION_ID] = true;
+	nulls[PAY_TRANSACTION_ID] = PG_ARGISNULL(2);
+	values[PAY_TRANSACTION_ID] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
+	types[PAY_TRANSACTION_ID] = get_fn_expr_argtype(fcinfo->flinfo, 2);
 	set[PAY_PAID_AT] = true;
 	values[PAY_PAID_AT] = PG_GETARG_DATUM(3);
 	set[PAY_FEE] = true;
@@ -365,7 +414,8 @@ payidem_record_payment_success(PG_FUNCTION_ARGS)
 	values[PAY_COST] = PG_GETARG_DATUM(5);
 
 	PG_RETURN_BOOL(flow_update(&payment_target, (ItemPointer) PG_GETARG_POINTER(0),
-							   PG_GETARG_TEXT_PP(1), set, values, nulls, types, -1, NULL));
+							   PG_GETARG_TEXT_PP(1), set, values, nulls, types, keep_null,
+							   -1, NULL));
 }
 
 /*
@@ -409,6 +459,6 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
 	values[ORD_NOTIFY_ATTEMPTS] = Int32GetDatum(0);
 
 	PG_RETURN_BOOL(flow_update(&order_target, (ItemPointer) PG_GETARG_POINTER(0),
-							   PG_GETARG_TEXT_PP(1), set, values, nulls, types,
+							   PG_GETARG_TEXT_PP(1), set, values, nulls, types, NULL,
 							   ORD_NOTIFY_URL, only_if));
 }

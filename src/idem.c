@@ -242,6 +242,13 @@ idem_relcache_callback(Datum arg, Oid relid)
 	}
 }
 
+/* a changed function: a compiled CHECK may have inlined or folded it */
+static void
+idem_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	idem_generation++;
+}
+
 /*
  * Owner of payidem.idempotency, looked up by OID without search_path and
  * cached per backend.  The statements below run as this role.
@@ -259,6 +266,7 @@ idem_table_owner(void)
 	if (!idem_callback_registered)
 	{
 		CacheRegisterRelcacheCallback(idem_relcache_callback, (Datum) 0);
+		CacheRegisterSyscacheCallback(PROCOID, idem_proc_callback, (Datum) 0);
 		idem_callback_registered = true;
 	}
 

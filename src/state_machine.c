@@ -539,11 +539,13 @@ text_datum_cstring(Datum d, int *len)
 /*
  * What append_status_log() keeps between rows, built from the relation's
  * descriptor on first use: what goes in each column of status_log, and its
- * CHECK constraints and column defaults compiled once.  Left to the executor,
- * an insert would read every CHECK back from the catalog text and compile it
- * for each row.  A change of status_log (its relcache invalidation) bumps
- * whitelist_inval_count, which makes this stale; the old memory is freed
- * by the next rebuild, never while a row is being written.
+ * CHECK constraints and column defaults read and planned once (compiled for
+ * each row: an ExprState may keep state in its query's memory).  Left to the
+ * executor, an insert would read every CHECK back from the catalog text and
+ * plan it for each row.  A change of status_log (its relcache invalidation)
+ * bumps whitelist_inval_count, and a changed function (which a CHECK or
+ * default may have inlined) clears relid: either makes this stale; the old
+ * memory is freed by the next rebuild, never while a row is being written.
  */
 typedef enum LogColumn
 {
@@ -566,11 +568,19 @@ typedef struct LogInsertCache
 	Oid			relid;
 	int			natts;
 	LogColumn  *kinds;
-	ExprState **defaults;		/* per column; NULL = no default (NULL) */
-	ExprState **checks;			/* in the order of the relation's CHECKs */
+	Expr	  **defaults;		/* per column; NULL = no default (NULL) */
+	int			ncheck;
+	Expr	  **checks;			/* in the order of the relation's CHECKs */
 } LogInsertCache;
 
-static LogInsertCache log_insert = {NULL, 0, InvalidOid, 0, NULL, NULL, NULL};
+static LogInsertCache log_insert = {NULL, 0, InvalidOid, 0, NULL, NULL, 0, NULL};
+static bool log_proc_callback_registered = false;
+
+static void
+log_insert_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	log_insert.relid = InvalidOid;
+}
 
 static void
 log_insert_prepare(Relation rel)
@@ -590,7 +600,7 @@ log_insert_prepare(Relation rel)
 	oldcxt = MemoryContextSwitchTo(log_insert.context);
 	log_insert.natts = desc->natts;
 	log_insert.kinds = palloc0(sizeof(LogColumn) * desc->natts);
-	log_insert.defaults = palloc0(sizeof(ExprState *) * desc->natts);
+	log_insert.defaults = palloc0(sizeof(Expr *) * desc->natts);
 	for (i = 0; i < desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
@@ -620,19 +630,20 @@ log_insert_prepare(Relation rel)
 			Node	   *def = build_column_default(rel, i + 1);
 
 			if (def != NULL)
-				log_insert.defaults[i] = ExecInitExpr(expression_planner((Expr *) def), NULL);
+				log_insert.defaults[i] = expression_planner((Expr *) def);
 		}
 		log_insert.kinds[i] = kind;
 	}
+	log_insert.ncheck = 0;
 	log_insert.checks = NULL;
 	if (desc->constr && desc->constr->num_check > 0)
 	{
 		ConstrCheck *check = desc->constr->check;
 
-		log_insert.checks = palloc(sizeof(ExprState *) * desc->constr->num_check);
+		log_insert.checks = palloc(sizeof(Expr *) * desc->constr->num_check);
 		for (i = 0; i < desc->constr->num_check; i++)
-			log_insert.checks[i] =
-				ExecInitExpr(expression_planner((Expr *) stringToNode(check[i].ccbin)), NULL);
+			log_insert.checks[i] = expression_planner((Expr *) stringToNode(check[i].ccbin));
+		log_insert.ncheck = desc->constr->num_check;
 	}
 	MemoryContextSwitchTo(oldcxt);
 	log_insert.relid = RelationGetRelid(rel);
@@ -666,6 +677,11 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 	MemoryContext oldcxt;
 	int			i;
 
+	if (!log_proc_callback_registered)
+	{
+		CacheRegisterSyscacheCallback(PROCOID, log_insert_proc_callback, (Datum) 0);
+		log_proc_callback_registered = true;
+	}
 	/* the lock above has processed any pending invalidation */
 	if (log_insert.relid != status_log_relid ||
 		log_insert.inval_count != whitelist_inval_count ||
@@ -682,8 +698,15 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 	ExecInitRangeTable(estate, list_make1(rte));
 #endif
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	/* ExecConstraints() compiles the CHECKs only when this is NULL */
-	rri->ri_ConstraintExprs = log_insert.checks;
+	/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
+	if (log_insert.ncheck > 0)
+	{
+		oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
+		rri->ri_ConstraintExprs = palloc(sizeof(ExprState *) * log_insert.ncheck);
+		for (i = 0; i < log_insert.ncheck; i++)
+			rri->ri_ConstraintExprs[i] = ExecInitExpr(log_insert.checks[i], NULL);
+		MemoryContextSwitchTo(oldcxt);
+	}
 	estate->es_output_cid = GetCurrentCommandId(true);
 	ExecOpenIndices(rri, false);
 	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
@@ -729,8 +752,8 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 				if (log_insert.defaults[i] == NULL)
 					isnull = true;
 				else
-					value = ExecEvalExpr(log_insert.defaults[i], GetPerTupleExprContext(estate),
-										 &isnull);
+					value = ExecEvalExpr(ExecPrepareExpr(log_insert.defaults[i], estate),
+										 GetPerTupleExprContext(estate), &isnull);
 				break;
 		}
 		slot->tts_values[i] = value;
