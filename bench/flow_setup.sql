@@ -11,27 +11,36 @@ CREATE TABLE bench.merchant AS SELECT merchant_no FROM payidem.create_merchant('
 SELECT payidem.create_channel('BENCH_WX', 'wechat', 0.002);
 SELECT payidem.bind_channel(merchant_no, 'BENCH_WX') FROM bench.merchant;
 
+-- n pending payments, each of a new order, in orders/payments (payidem's
+-- tables or copies of them), numbered in pool after the ones it has
+CREATE FUNCTION bench.refill(orders regclass, payments regclass, pool regclass, n int)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE format($q$
+		WITH o AS (
+			INSERT INTO %1$s (order_no, merchant_no, out_trade_no, subject, amount, expire_at, notify_url)
+			SELECT payidem.gen_order_no('PO'), m.merchant_no, 'B-' || (k0 + i), 'bench', 1000 + (k0 + i) %% 1000,
+				   now() + interval '1 day', 'https://shop.example/notify'
+			  FROM bench.merchant m, generate_series(1, $1) i, (SELECT coalesce(max(k), 0) AS k0 FROM %3$s) k
+			RETURNING order_no, merchant_no, amount),
+		p AS (
+			INSERT INTO %2$s (payment_no, order_no, merchant_no, channel_no, amount)
+			SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_WX', amount FROM o
+			RETURNING payment_no, amount)
+		INSERT INTO %3$s
+		SELECT (SELECT coalesce(max(k), 0) FROM %3$s) + row_number() OVER (ORDER BY payment_no), payment_no, amount
+		  FROM p$q$, orders, payments, pool) USING n;
+END
+$$;
+
 -- payidem: orders and attempts inserted in their initial status (the
 -- state-machine triggers check and log them as usual); bench.pool numbers
 -- them 1, 2, ...
 CREATE TABLE bench.pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);
-CREATE FUNCTION bench.refill_payidem(n int) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-	k0 bigint := (SELECT coalesce(max(k), 0) FROM bench.pool);
-BEGIN
-	WITH o AS (
-		INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, notify_url)
-		SELECT payidem.gen_order_no('PO'), m.merchant_no, 'B-' || (k0 + i), 'bench', 1000 + (k0 + i) % 1000,
-			   now() + interval '1 day', 'https://shop.example/notify'
-		  FROM bench.merchant m, generate_series(1, n) i
-		RETURNING order_no, merchant_no, amount),
-	p AS (
-		INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
-		SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_WX', amount FROM o
-		RETURNING payment_no, amount)
-	INSERT INTO bench.pool SELECT k0 + row_number() OVER (ORDER BY payment_no), payment_no, amount FROM p;
-END
-$$;
+CREATE FUNCTION bench.refill_payidem(n int) RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+	SELECT bench.refill('payidem."order"', 'payidem.payment', 'bench.pool', n);
+END;
 SELECT bench.refill_payidem(1000 + :pool);
 SELECT count(*) AS paid_for_duplicates
   FROM (SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || k, amount)
@@ -135,23 +144,10 @@ ALTER TABLE bench.same_payment
 CREATE TABLE bench.same_idem (LIKE payidem.idempotency INCLUDING ALL);
 CREATE TABLE bench.same_log (LIKE payidem.status_log INCLUDING ALL);
 CREATE TABLE bench.ref_same_pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);
-CREATE FUNCTION bench.refill_ref_same(n int) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-	k0 bigint := (SELECT coalesce(max(k), 0) FROM bench.ref_same_pool);
-BEGIN
-	WITH o AS (
-		INSERT INTO bench.same_order (order_no, merchant_no, out_trade_no, subject, amount, expire_at, notify_url)
-		SELECT payidem.gen_order_no('PO'), m.merchant_no, 'B-' || (k0 + i), 'bench', 1000 + (k0 + i) % 1000,
-			   now() + interval '1 day', 'https://shop.example/notify'
-		  FROM bench.merchant m, generate_series(1, n) i
-		RETURNING order_no, merchant_no, amount),
-	p AS (
-		INSERT INTO bench.same_payment (payment_no, order_no, merchant_no, channel_no, amount)
-		SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_WX', amount FROM o
-		RETURNING payment_no, amount)
-	INSERT INTO bench.ref_same_pool SELECT k0 + row_number() OVER (ORDER BY payment_no), payment_no, amount FROM p;
-END
-$$;
+CREATE FUNCTION bench.refill_ref_same(n int) RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+	SELECT bench.refill('bench.same_order', 'bench.same_payment', 'bench.ref_same_pool', n);
+END;
 SELECT bench.refill_ref_same(1000 + :ref_same_pool);
 
 CREATE FUNCTION bench.ref_same_apply(p_payment_no text, p_status text, p_txn text, p_amount bigint)

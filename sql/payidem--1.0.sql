@@ -1882,38 +1882,32 @@ CREATE FUNCTION payidem._check_payment_result_args(payment_no text, source text,
 	transaction_id text, amount bigint)
 RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_payment_no ALIAS FOR $1;
-	v_source ALIAS FOR $2;
-	v_status ALIAS FOR $3;
-	v_txn ALIAS FOR $4;
-	v_amount ALIAS FOR $5;
 BEGIN
-	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no) THEN
-		PERFORM payidem._check_number('payment', v_payment_no);
+	IF payment_no IS NULL OR left(payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(payment_no) THEN
+		PERFORM payidem._check_number('payment', payment_no);
 	END IF;
-	IF v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close') THEN
+	IF source IS NULL OR source NOT IN ('callback', 'query', 'close') THEN
 		RAISE EXCEPTION 'invalid result source' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The source was %s; it must be callback, query or close.',
-							coalesce(quote_literal(left(v_source, 64)), 'NULL'));
+							coalesce(quote_literal(left(source, 64)), 'NULL'));
 	END IF;
-	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed', 'closed') THEN
+	IF status IS NULL OR status NOT IN ('succeeded', 'failed', 'closed') THEN
 		RAISE EXCEPTION 'invalid payment result status' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The status was %s; it must be succeeded, failed or closed.',
-							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
+							coalesce(quote_literal(left(status, 64)), 'NULL'));
 	END IF;
-	IF v_amount IS NOT NULL AND v_amount <= 0 THEN
+	IF amount IS NOT NULL AND amount <= 0 THEN
 		RAISE EXCEPTION 'invalid reported amount' USING
 			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The amount was %s; it must be positive, or NULL if the channel did not say.', v_amount);
+			DETAIL = format('The amount was %s; it must be positive, or NULL if the channel did not say.', amount);
 	END IF;
-	IF v_txn IS NOT NULL AND (v_txn !~ '^[[:graph:]]+$' OR length(v_txn) > 64) THEN
+	IF transaction_id IS NOT NULL AND (transaction_id !~ '^[[:graph:]]+$' OR length(transaction_id) > 64) THEN
 		RAISE EXCEPTION 'invalid transaction_id' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
-							quote_literal(left(v_txn, 64)));
+							quote_literal(left(transaction_id, 64)));
 	END IF;
 END
 $$;
