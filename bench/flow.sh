@@ -201,7 +201,7 @@ SETTINGS=$(sql -c "SELECT string_agg(name || ' ' || current_setting(name), ', ' 
 		done
 	done
 	echo
-	echo "Checked after the runs: every first delivery paid exactly one payment (payidem and reference), no anomaly."
+	echo "Checked after the runs: every first delivery paid exactly one payment (payidem and both references), no anomaly."
 	if [ -n "$OFF_RATIOS" ]; then
 		echo
 		echo "payidem / reference with synchronous_commit off: $(range <<<"$OFF_RATIOS") (target ≥ 1.3×)."
