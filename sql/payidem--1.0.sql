@@ -291,19 +291,24 @@ COMMENT ON COLUMN payidem.merchant_channel.daily_limit IS
 -- expression compiled once per backend, while PostgreSQL re-reads and
 -- evaluates every table CHECK on every UPDATE of the row, whatever it
 -- changes.  Each is text (or char(3)) underneath: clients see the base type.
+-- The number domains use built-in operators only (a role writing the tables
+-- needs no EXECUTE on payidem's functions): the MOD 97-10 sum, and check
+-- digits 02..98 as gen_order_no() writes them — without it 00, 01 and 99
+-- would give a second spelling of some numbers.  They do not check the time
+-- part as order_no_valid() does.
 CREATE DOMAIN payidem.order_number AS text
 	CONSTRAINT order_number_format CHECK (CASE WHEN VALUE !~ '^PO[0-9]{24}$' THEN false
-		ELSE ('2524' || substr(VALUE, 3))::numeric % 97 = 1 END);
+		ELSE ('2524' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 COMMENT ON DOMAIN payidem.order_number IS
 	'An order number: PO + 24 digits, MOD 97-10 check digits valid (as payidem.order_no_valid()).';
 CREATE DOMAIN payidem.payment_number AS text
 	CONSTRAINT payment_number_format CHECK (CASE WHEN VALUE !~ '^PY[0-9]{24}$' THEN false
-		ELSE ('2534' || substr(VALUE, 3))::numeric % 97 = 1 END);
+		ELSE ('2534' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 COMMENT ON DOMAIN payidem.payment_number IS
 	'A payment number: PY + 24 digits, MOD 97-10 check digits valid.';
 CREATE DOMAIN payidem.refund_number AS text
 	CONSTRAINT refund_number_format CHECK (CASE WHEN VALUE !~ '^RF[0-9]{24}$' THEN false
-		ELSE ('2715' || substr(VALUE, 3))::numeric % 97 = 1 END);
+		ELSE ('2715' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 COMMENT ON DOMAIN payidem.refund_number IS
 	'A refund number: RF + 24 digits, MOD 97-10 check digits valid.';
 CREATE DOMAIN payidem.merchant_ref AS text
