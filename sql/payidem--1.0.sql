@@ -1937,9 +1937,12 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem._record_order_paid(tid, text, payidem.payment_number, timestamptz) IS
 	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at; its merchant notification is due now if it has a notify_url. False (nothing done) as for _record_payment_success().';
 
-CREATE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
-	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
-	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL)
+-- The contract of apply_payment_result() in full.  apply_payment_result()
+-- itself (src/flow.c) decides a repeated success and the first success of a
+-- pending payment of a pending order, and passes every other call here
+-- unchanged.
+CREATE FUNCTION payidem._apply_payment_result(payment_no text, source text, status text,
+	transaction_id text, amount bigint, paid_at timestamptz, raw jsonb)
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2051,7 +2054,7 @@ BEGIN
 	-- written once, completed with that outcome, and the effect follows in
 	-- the same transaction.
 	IF v_status = 'succeeded' THEN
-		v_paid_at := coalesce(apply_payment_result.paid_at, now());
+		v_paid_at := coalesce(_apply_payment_result.paid_at, now());
 		-- the order, locked, and the rates of the fees
 		SELECT x.ctid, x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
 		  INTO v_order_row, v_order_status, v_order_paid_by, v_rate, v_cost_rate
@@ -2130,6 +2133,15 @@ BEGIN
 	RETURN v_outcome;
 END
 $$;
+COMMENT ON FUNCTION payidem._apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
+	'Internal to apply_payment_result(): the whole contract in PL/pgSQL, for every call apply_payment_result() does not decide itself.';
+
+CREATE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
+	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
+	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_apply_payment_result'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
 	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed) exactly once per payment and status. Returns applied, duplicate, anomaly (paid_after_close, duplicate_payment, success_after_failure: payment recorded, anomaly row asks for a refund) or rejected (amount_mismatch, transaction_conflict, or failure/close after success: nothing changes but an anomaly row).';
 

@@ -484,6 +484,21 @@ SELECT p.status, p.transaction_id, p.fee_amount, o.status AS order_status, o.not
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
 SELECT * FROM pg_temp.history(:'o20');
 ROLLBACK;
+-- in REPEATABLE READ, and with an index the C path relies on renamed, the
+-- success is written by the SQL implementation: the same writes
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_in_repeatable_read;
+SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, o.status AS order_status, o.notify_status
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
+SELECT * FROM pg_temp.history(:'o20');
+ROLLBACK;
+BEGIN;
+ALTER INDEX payidem.payment_transaction_key RENAME TO payment_transaction_key_renamed;
+SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_without_the_index_name;
+SELECT payidem.apply_payment_result(:'p20', 'query', 'succeeded') AS then_a_duplicate;
+SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, o.status AS order_status, o.notify_status
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
+ROLLBACK;
 -- and without them: the payment and its order, the log, the notification
 SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied;
 SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, p.paid_at = o.paid_at AS same_paid_at,

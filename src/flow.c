@@ -38,11 +38,14 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/stratnum.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -51,8 +54,10 @@
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "optimizer/optimizer.h"
+#include "parser/parse_func.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -62,6 +67,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "order_no_codec.h"
 #include "payidem.h"
 
 #define FLOW_MAX_COLUMNS 8
@@ -206,6 +212,24 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 }
 
 /*
+ * May the current user update rel (t's table) row by row, as a SQL UPDATE
+ * would?  Not if it has statement-level UPDATE triggers, transition tables,
+ * rules or row-level security that applies, or the user lacks UPDATE.
+ */
+static bool
+flow_target_plain(FlowTarget *t, Relation rel)
+{
+	return !((rel->trigdesc &&
+			  (rel->trigdesc->trig_update_before_statement ||
+			   rel->trigdesc->trig_update_after_statement ||
+			   rel->trigdesc->trig_update_old_table ||
+			   rel->trigdesc->trig_update_new_table)) ||
+			 rel->rd_rules != NULL ||
+			 check_enable_rls(RelationGetRelid(rel), InvalidOid, false) == RLS_ENABLED ||
+			 pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), ACL_UPDATE) != ACLCHECK_OK);
+}
+
+/*
  * Update the row of payidem.<t->relname> at tid, whose key column must equal
  * key: the columns of t with set[i] take values[i]/nulls[i] (of type
  * types[i]: a column of a domain type is checked against its domain unless
@@ -217,15 +241,14 @@ flow_target_prepare(FlowTarget *t, Relation rel)
  * update it first.
  *
  * Returns false, having changed nothing, when the table has what a row-by-row
- * update cannot reproduce — statement-level UPDATE triggers, transition
- * tables, rules, row-level security that applies to the current user — or
- * the user may not update it: the caller then runs the UPDATE in SQL (which
- * does all that, or refuses).
+ * update cannot reproduce (flow_target_plain()), unless the caller checked
+ * that already in this transaction (checked): the caller then runs the
+ * UPDATE in SQL (which does all that, or refuses).
  */
 static bool
 flow_update(FlowTarget *t, ItemPointer tid, text *key,
 			const bool *set, Datum *values, const bool *nulls, const Oid *types,
-			const bool *keep_null, int cond, const bool *only_if)
+			const bool *keep_null, int cond, const bool *only_if, bool checked)
 {
 	Relation	rel;
 	TupleDesc	desc;
@@ -261,14 +284,7 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	if (!t->valid || t->natts != RelationGetDescr(rel)->natts)
 		flow_target_prepare(t, rel);
 	desc = RelationGetDescr(rel);
-	if ((rel->trigdesc &&
-		 (rel->trigdesc->trig_update_before_statement ||
-		  rel->trigdesc->trig_update_after_statement ||
-		  rel->trigdesc->trig_update_old_table ||
-		  rel->trigdesc->trig_update_new_table)) ||
-		rel->rd_rules != NULL ||
-		check_enable_rls(t->relid, InvalidOid, false) == RLS_ENABLED ||
-		pg_class_aclcheck(t->relid, GetUserId(), ACL_UPDATE) != ACLCHECK_OK)
+	if (!checked && !flow_target_plain(t, rel))
 	{
 		table_close(rel, NoLock);
 		return false;
@@ -415,7 +431,7 @@ payidem_record_payment_success(PG_FUNCTION_ARGS)
 
 	PG_RETURN_BOOL(flow_update(&payment_target, (ItemPointer) PG_GETARG_POINTER(0),
 							   PG_GETARG_TEXT_PP(1), set, values, nulls, types, keep_null,
-							   -1, NULL));
+							   -1, NULL, false));
 }
 
 /*
@@ -460,5 +476,681 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
 
 	PG_RETURN_BOOL(flow_update(&order_target, (ItemPointer) PG_GETARG_POINTER(0),
 							   PG_GETARG_TEXT_PP(1), set, values, nulls, types, NULL,
-							   ORD_NOTIFY_URL, only_if));
+							   ORD_NOTIFY_URL, only_if, false));
+}
+
+/*
+ * ---------------------------------------------------------------------------
+ * apply_payment_result(): the first success of a pending payment, in C
+ *
+ * payidem.apply_payment_result() is this C function.  It decides two cases
+ * itself, the ones a payment platform sees most:
+ *
+ *   - a repeated success of a payment that already succeeded (the same
+ *     amount and transaction id, or none given): 'duplicate', read from the
+ *     committed row without a lock, as before;
+ *   - the first success of a pending payment whose order is pending, with
+ *     the payment's amount (or none) and a transaction id no other payment
+ *     of the channel has: 'applied' — the payment is locked, then its
+ *     order; the fees are computed from the rates; the idempotency key is
+ *     written completed; the payment becomes succeeded and the order paid by
+ *     the direct updates above (status_guard, CHECKs, foreign keys and
+ *     indexes as for an UPDATE).
+ *
+ * Everything else — a failure or close report, a refusal, an anomaly, an
+ * invalid argument, a payment or order in any other status, a transaction
+ * in REPEATABLE READ or SERIALIZABLE, a table with what the direct updates
+ * cannot reproduce (statement triggers, rules, row-level security that
+ * applies, missing privileges), an index or column that is not as installed
+ * — goes, with the same arguments, to payidem._apply_payment_result(), the
+ * PL/pgSQL implementation of the whole contract, before anything is
+ * written.  The row locks taken by then are the ones that function takes
+ * first anyway (the payment, then its order), so it finds them held.
+ *
+ * Each step reads with a new snapshot, as a statement of a volatile
+ * function would: the look-up, then — after the payment's lock — the
+ * transaction-id check, the order's lock and the rates.  A row is locked
+ * the way SELECT ... FOR UPDATE locks it in READ COMMITTED: its latest
+ * version, waiting for a concurrent writer, and checked again.
+ *
+ * Not a second implementation to keep in step: the SQL function decides
+ * every case with a branch of its own; this one takes the same decisions
+ * for the two above only, and the regress, isolation and storm tests run
+ * both (a payment whose order is closed, say, goes through both).
+ * ---------------------------------------------------------------------------
+ */
+
+/* a unique btree index of the fast path, and its key columns */
+typedef struct ApplyIndex
+{
+	const char *name;			/* in schema payidem */
+	Oid			relid;
+	int			nkeys;
+	RegProcedure eqproc[2];		/* the equality of each key column */
+	Oid			collation[2];
+} ApplyIndex;
+
+/* what the fast path keeps, built on first use, dropped by invalidations */
+static struct
+{
+	bool		valid;
+	bool		usable;			/* everything found as installed */
+	Oid			payment, order, merchant, channel, binding;
+	ApplyIndex	payment_pkey, payment_txn, order_pkey, merchant_pkey, channel_pkey, binding_pkey;
+	AttrNumber	p_payment_no, p_order_no, p_channel_no, p_amount, p_status, p_txn;
+	Oid			p_payment_no_type;
+	AttrNumber	o_order_no, o_merchant_no, o_status;
+	AttrNumber	m_fee_rate, c_fee_rate, b_fee_rate;
+	/* the SQL implementation, for every other case */
+	FmgrInfo	fallback;
+	/* the privileges and row security checked for this user */
+	Oid			checked_user;
+	bool		checked_row_security;
+	bool		checked_ok;
+}			apply;
+
+static Datum applied_result = (Datum) 0;	/* '{"outcome": "applied"}', kept */
+
+static bool apply_callbacks_registered = false;
+
+static void
+apply_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == apply.payment || relid == apply.order ||
+		relid == apply.merchant || relid == apply.channel || relid == apply.binding ||
+		relid == apply.payment_pkey.relid || relid == apply.payment_txn.relid ||
+		relid == apply.order_pkey.relid || relid == apply.merchant_pkey.relid ||
+		relid == apply.channel_pkey.relid || relid == apply.binding_pkey.relid)
+		apply.valid = false;
+}
+
+/* a changed function (the fallback replaced) or role: look again */
+static void
+apply_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	if (cacheid == PROCOID)
+		apply.valid = false;
+	apply.checked_user = InvalidOid;
+}
+
+static AttrNumber
+apply_attno(Oid relid, const char *name, bool *ok)
+{
+	AttrNumber	attno = get_attnum(relid, name);
+
+	if (attno <= 0)
+		*ok = false;
+	return attno;
+}
+
+/*
+ * Find a unique btree index by name, on the columns expected, without
+ * predicate or expressions; its equality procedures and collations.
+ */
+static void
+apply_index(ApplyIndex *ix, const char *name, Oid nsp, Oid table, AttrNumber col1,
+			AttrNumber col2, bool *ok)
+{
+	Relation	irel;
+	int			i;
+
+	ix->name = name;
+	ix->relid = get_relname_relid(name, nsp);
+	if (!OidIsValid(ix->relid) || !*ok)
+	{
+		*ok = false;
+		return;
+	}
+	irel = index_open(ix->relid, AccessShareLock);
+	ix->nkeys = col2 ? 2 : 1;
+	if (irel->rd_rel->relam != BTREE_AM_OID || !irel->rd_index->indisunique ||
+		irel->rd_index->indrelid != table ||
+		irel->rd_index->indnkeyatts != ix->nkeys ||
+		RelationGetIndexPredicate(irel) != NIL ||
+		RelationGetIndexExpressions(irel) != NIL ||
+		irel->rd_index->indkey.values[0] != col1 ||
+		(col2 && irel->rd_index->indkey.values[1] != col2))
+		*ok = false;
+	else
+	{
+		for (i = 0; i < ix->nkeys; i++)
+		{
+			Oid			op = get_opfamily_member(irel->rd_opfamily[i], irel->rd_opcintype[i],
+												 irel->rd_opcintype[i], BTEqualStrategyNumber);
+
+			if (!OidIsValid(op) || irel->rd_opcintype[i] != TEXTOID)
+			{
+				*ok = false;
+				break;
+			}
+			ix->eqproc[i] = get_opcode(op);
+			ix->collation[i] = irel->rd_indcollation[i];
+		}
+	}
+	index_close(irel, AccessShareLock);
+}
+
+static void
+apply_prepare(void)
+{
+	Oid			nsp = get_namespace_oid("payidem", false);
+	Oid			argtypes[7] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, JSONBOID};
+	Oid			fallback;
+	bool		ok = true;
+
+	if (!apply_callbacks_registered)
+	{
+		CacheRegisterRelcacheCallback(apply_relcache_callback, (Datum) 0);
+		CacheRegisterSyscacheCallback(PROCOID, apply_syscache_callback, (Datum) 0);
+		CacheRegisterSyscacheCallback(AUTHOID, apply_syscache_callback, (Datum) 0);
+		CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, apply_syscache_callback, (Datum) 0);
+		apply_callbacks_registered = true;
+	}
+	if (applied_result == (Datum) 0)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		applied_result = DirectFunctionCall1(jsonb_in, CStringGetDatum("{\"outcome\": \"applied\"}"));
+		MemoryContextSwitchTo(old);
+	}
+
+	/* the SQL implementation must be there, whatever else is not */
+	fallback = LookupFuncName(list_make2(makeString("payidem"), makeString("_apply_payment_result")),
+							  7, argtypes, false);
+	fmgr_info_cxt(fallback, &apply.fallback, TopMemoryContext);
+
+	apply.valid = true;			/* an invalidation from here on: again */
+	apply.checked_user = InvalidOid;
+	apply.payment = get_relname_relid("payment", nsp);
+	apply.order = get_relname_relid("order", nsp);
+	apply.merchant = get_relname_relid("merchant", nsp);
+	apply.channel = get_relname_relid("channel", nsp);
+	apply.binding = get_relname_relid("merchant_channel", nsp);
+	if (!OidIsValid(apply.payment) || !OidIsValid(apply.order) || !OidIsValid(apply.merchant) ||
+		!OidIsValid(apply.channel) || !OidIsValid(apply.binding))
+	{
+		apply.usable = false;
+		return;
+	}
+	apply.p_payment_no = apply_attno(apply.payment, "payment_no", &ok);
+	apply.p_payment_no_type = get_atttype(apply.payment, apply.p_payment_no);
+	apply.p_order_no = apply_attno(apply.payment, "order_no", &ok);
+	apply.p_channel_no = apply_attno(apply.payment, "channel_no", &ok);
+	apply.p_amount = apply_attno(apply.payment, "amount", &ok);
+	apply.p_status = apply_attno(apply.payment, "status", &ok);
+	apply.p_txn = apply_attno(apply.payment, "transaction_id", &ok);
+	apply.o_order_no = apply_attno(apply.order, "order_no", &ok);
+	apply.o_merchant_no = apply_attno(apply.order, "merchant_no", &ok);
+	apply.o_status = apply_attno(apply.order, "status", &ok);
+	apply.m_fee_rate = apply_attno(apply.merchant, "fee_rate", &ok);
+	apply.c_fee_rate = apply_attno(apply.channel, "fee_rate", &ok);
+	apply.b_fee_rate = apply_attno(apply.binding, "fee_rate", &ok);
+	apply_index(&apply.payment_pkey, "payment_pkey", nsp, apply.payment, apply.p_payment_no, 0, &ok);
+	apply_index(&apply.payment_txn, "payment_transaction_key", nsp, apply.payment,
+				apply.p_channel_no, apply.p_txn, &ok);
+	apply_index(&apply.order_pkey, "order_pkey", nsp, apply.order, apply.o_order_no, 0, &ok);
+	apply_index(&apply.merchant_pkey, "merchant_pkey", nsp, apply.merchant,
+				apply_attno(apply.merchant, "merchant_no", &ok), 0, &ok);
+	apply_index(&apply.channel_pkey, "channel_pkey", nsp, apply.channel,
+				apply_attno(apply.channel, "channel_no", &ok), 0, &ok);
+	apply_index(&apply.binding_pkey, "merchant_channel_pkey", nsp, apply.binding,
+				apply_attno(apply.binding, "merchant_no", &ok),
+				apply_attno(apply.binding, "channel_no", &ok), &ok);
+	/* an invalidation while we looked: apply.valid is false again */
+	apply.usable = ok;
+}
+
+/*
+ * May the current user do the fast path's reads and writes as the SQL
+ * function would, with nothing the direct updates cannot reproduce?  Kept
+ * per user and row_security setting until an invalidation.
+ */
+static bool
+apply_allowed(void)
+{
+	Oid			user = GetUserId();
+	Oid			reads[3] = {apply.merchant, apply.channel, apply.binding};
+	bool		ok = true;
+	int			i;
+
+	if (apply.checked_user == user && apply.checked_row_security == row_security)
+		return apply.checked_ok;
+
+	for (i = 0; i < 3 && ok; i++)
+		ok = check_enable_rls(reads[i], InvalidOid, false) != RLS_ENABLED &&
+			pg_class_aclcheck(reads[i], user, ACL_SELECT) == ACLCHECK_OK;
+	if (ok)
+	{
+		Relation	rel = table_open(apply.payment, RowExclusiveLock);
+
+		ok = flow_target_plain(&payment_target, rel) &&
+			pg_class_aclcheck(apply.payment, user, ACL_SELECT) == ACLCHECK_OK;
+		table_close(rel, NoLock);
+	}
+	if (ok)
+	{
+		Relation	rel = table_open(apply.order, RowExclusiveLock);
+
+		ok = flow_target_plain(&order_target, rel) &&
+			pg_class_aclcheck(apply.order, user, ACL_SELECT) == ACLCHECK_OK;
+		table_close(rel, NoLock);
+	}
+	if (apply.valid)
+	{
+		apply.checked_user = user;
+		apply.checked_row_security = row_security;
+		apply.checked_ok = ok;
+	}
+	return ok;
+}
+
+/*
+ * The one row of heap visible to snapshot whose key in unique index ix is
+ * keys[], into slot (with its tid).  False if there is none.
+ */
+static bool
+apply_fetch(Relation heap, ApplyIndex *ix, Snapshot snapshot, Datum *keys, TupleTableSlot *slot)
+{
+	Relation	irel = index_open(ix->relid, AccessShareLock);
+	IndexScanDesc scan;
+	ScanKeyData skey[2];
+	bool		found;
+	int			i;
+
+	for (i = 0; i < ix->nkeys; i++)
+		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
+							   ix->collation[i], ix->eqproc[i], keys[i]);
+	scan = index_beginscan(heap, irel, snapshot, ix->nkeys, 0);
+	index_rescan(scan, skey, ix->nkeys, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	index_close(irel, NoLock);
+	return found;
+}
+
+/*
+ * SELECT ... FOR UPDATE of the row in slot, in READ COMMITTED: its latest
+ * version, waiting for a concurrent writer; the slot then holds that
+ * version.  False if the row is gone (deleted) or cannot be locked here.
+ */
+static bool
+apply_lock(Relation rel, TupleTableSlot *slot, Snapshot snapshot)
+{
+	ItemPointerData tid = slot->tts_tid;
+	TM_FailureData tmfd;
+
+	return table_tuple_lock(rel, &tid, snapshot, slot, GetCurrentCommandId(true),
+							LockTupleExclusive, LockWaitBlock,
+							TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd) == TM_Ok;
+}
+
+static bool
+text_datum_eq(Datum a, Datum b)
+{
+	text	   *ta = DatumGetTextPP(a);
+	text	   *tb = DatumGetTextPP(b);
+
+	return VARSIZE_ANY_EXHDR(ta) == VARSIZE_ANY_EXHDR(tb) &&
+		memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), VARSIZE_ANY_EXHDR(ta)) == 0;
+}
+
+static bool
+text_is(Datum d, const char *s)
+{
+	text	   *t = DatumGetTextPP(d);
+	size_t		len = strlen(s);
+
+	return VARSIZE_ANY_EXHDR(t) == len && memcmp(VARDATA_ANY(t), s, len) == 0;
+}
+
+/* round(amount * rate)::bigint, as the SQL does it; NULL for a NULL rate */
+static Datum
+apply_fee(int64 amount, Datum rate, bool rate_null, bool *isnull)
+{
+	Datum		product;
+
+	*isnull = rate_null;
+	if (rate_null)
+		return (Datum) 0;
+	product = DirectFunctionCall2(numeric_mul, DirectFunctionCall1(int8_numeric, Int64GetDatum(amount)), rate);
+	return DirectFunctionCall1(numeric_int8, DirectFunctionCall2(numeric_round, product, Int32GetDatum(0)));
+}
+
+typedef enum ApplyFast
+{
+	APPLY_FALLBACK,				/* not decided here: the SQL function decides */
+	APPLY_DUPLICATE,
+	APPLY_APPLIED
+} ApplyFast;
+
+/*
+ * The fast path, with the arguments already found to be of its kind (a
+ * valid success report).  Writes nothing unless it returns APPLY_APPLIED.
+ */
+static ApplyFast
+apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
+		   TimestampTz paid_at)
+{
+	Relation	payment;
+	Relation	order;
+	TupleTableSlot *pslot;
+	TupleTableSlot *oslot;
+	TupleTableSlot *rslot;
+	Datum		keys[2];
+	Datum		d;
+	bool		isnull;
+	Datum		p_payment_no;
+	Datum		p_order_no;
+	Datum		p_channel_no;
+	Datum		p_txn;
+	bool		p_txn_null;
+	int64		p_amount;
+	Datum		rate = (Datum) 0;
+	bool		rate_null = true;
+	Datum		cost_rate = (Datum) 0;
+	bool		cost_rate_null = true;
+	ItemPointerData payment_tid;
+	ItemPointerData order_tid;
+	ApplyFast	result = APPLY_FALLBACK;
+
+	/* 1. a repeat of a success, answered from the committed row */
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	payment = table_open(apply.payment, RowExclusiveLock);
+	pslot = table_slot_create(payment, NULL);
+	keys[0] = PointerGetDatum(payment_no);
+	if (!apply_fetch(payment, &apply.payment_pkey, GetActiveSnapshot(), keys, pslot))
+		goto done;				/* PI009 is the SQL function's to raise */
+	d = slot_getattr(pslot, apply.p_status, &isnull);
+	if (text_is(d, "succeeded") || text_is(d, "partially_refunded") || text_is(d, "refunded"))
+	{
+		p_amount = DatumGetInt64(slot_getattr(pslot, apply.p_amount, &isnull));
+		p_txn = slot_getattr(pslot, apply.p_txn, &p_txn_null);
+		if ((amount_null || amount == p_amount) &&
+			(txn == NULL || (!p_txn_null && text_datum_eq(PointerGetDatum(txn), p_txn))))
+			result = APPLY_DUPLICATE;
+		goto done;				/* a refusal, or a repeat that is not the same */
+	}
+	if (!apply_allowed())
+		goto done;
+
+	/* 2. the payment, locked; then a new snapshot, as for a next statement */
+	if (!apply_lock(payment, pslot, GetActiveSnapshot()))
+		goto done;
+	PopActiveSnapshot();
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	p_payment_no = slot_getattr(pslot, apply.p_payment_no, &isnull);
+	if (isnull || !text_datum_eq(p_payment_no, PointerGetDatum(payment_no)))
+		goto done;
+	d = slot_getattr(pslot, apply.p_status, &isnull);
+	if (isnull || !text_is(d, "pending"))
+		goto done;				/* closed, failed, or succeeded meanwhile */
+	p_amount = DatumGetInt64(slot_getattr(pslot, apply.p_amount, &isnull));
+	if (!amount_null && amount != p_amount)
+		goto done;				/* amount_mismatch */
+	payment_tid = pslot->tts_tid;
+	slot_getallattrs(pslot);
+	p_order_no = pslot->tts_values[apply.p_order_no - 1];
+	p_channel_no = pslot->tts_values[apply.p_channel_no - 1];
+	p_txn = pslot->tts_values[apply.p_txn - 1];
+	p_txn_null = pslot->tts_isnull[apply.p_txn - 1];
+
+	/* 3. a transaction id another payment of the channel has */
+	if (txn != NULL && (p_txn_null || !text_datum_eq(p_txn, PointerGetDatum(txn))))
+	{
+		TupleTableSlot *xslot = table_slot_create(payment, NULL);
+		bool		taken;
+
+		keys[0] = p_channel_no;
+		keys[1] = PointerGetDatum(txn);
+		taken = apply_fetch(payment, &apply.payment_txn, GetActiveSnapshot(), keys, xslot);
+		if (taken)
+		{
+			d = slot_getattr(xslot, apply.p_payment_no, &isnull);
+			taken = !text_datum_eq(d, PointerGetDatum(payment_no));
+		}
+		ExecDropSingleTupleTableSlot(xslot);
+		if (taken)
+			goto done;			/* transaction_conflict */
+	}
+
+	/* 4. the order, locked, and pending; the rates of the fees */
+	order = table_open(apply.order, RowExclusiveLock);
+	oslot = table_slot_create(order, NULL);
+	keys[0] = p_order_no;
+	if (!apply_fetch(order, &apply.order_pkey, GetActiveSnapshot(), keys, oslot) ||
+		!apply_lock(order, oslot, GetActiveSnapshot()))
+		goto done_order;
+	d = slot_getattr(oslot, apply.o_order_no, &isnull);
+	if (isnull || !text_datum_eq(d, p_order_no))
+		goto done_order;
+	d = slot_getattr(oslot, apply.o_status, &isnull);
+	if (isnull || !text_is(d, "pending"))
+		goto done_order;		/* paid_after_close, duplicate_payment */
+	order_tid = oslot->tts_tid;
+	{
+		Relation	rel;
+		Datum		merchant_no = slot_getattr(oslot, apply.o_merchant_no, &isnull);
+		bool		found;
+
+		/* the merchant's rate, unless its binding to the channel has one */
+		rel = table_open(apply.binding, AccessShareLock);
+		rslot = table_slot_create(rel, NULL);
+		keys[0] = merchant_no;
+		keys[1] = p_channel_no;
+		if (apply_fetch(rel, &apply.binding_pkey, GetActiveSnapshot(), keys, rslot))
+			rate = slot_getattr(rslot, apply.b_fee_rate, &rate_null);
+		if (!rate_null)
+			rate = datumCopy(rate, false, -1);
+		ExecDropSingleTupleTableSlot(rslot);
+		table_close(rel, NoLock);
+
+		rel = table_open(apply.merchant, AccessShareLock);
+		rslot = table_slot_create(rel, NULL);
+		found = apply_fetch(rel, &apply.merchant_pkey, GetActiveSnapshot(), keys, rslot);
+		if (found && rate_null)
+		{
+			rate = slot_getattr(rslot, apply.m_fee_rate, &rate_null);
+			if (!rate_null)
+				rate = datumCopy(rate, false, -1);
+		}
+		ExecDropSingleTupleTableSlot(rslot);
+		table_close(rel, NoLock);
+		if (!found)
+			goto done_order;
+
+		rel = table_open(apply.channel, AccessShareLock);
+		rslot = table_slot_create(rel, NULL);
+		keys[0] = p_channel_no;
+		found = apply_fetch(rel, &apply.channel_pkey, GetActiveSnapshot(), keys, rslot);
+		if (found)
+		{
+			cost_rate = slot_getattr(rslot, apply.c_fee_rate, &cost_rate_null);
+			if (!cost_rate_null)
+				cost_rate = datumCopy(cost_rate, false, -1);
+		}
+		ExecDropSingleTupleTableSlot(rslot);
+		table_close(rel, NoLock);
+		if (!found)
+			goto done_order;
+	}
+
+	/*
+	 * 5. Decided: applied.  The key, written completed; a concurrent
+	 * delivery that wrote it first (it waited for our payment lock, so this
+	 * is a key left by a delivery whose effect a DBA undid, or one in
+	 * progress elsewhere) is answered as the SQL function answers it.
+	 */
+	{
+		text	   *key;
+		StringInfoData buf;
+		IdemOutcome outcome;
+		text	   *payment_no_text = payment_no;
+
+		initStringInfo(&buf);
+		appendStringInfoString(&buf, "payment:");
+		appendBinaryStringInfo(&buf, VARDATA_ANY(payment_no_text), VARSIZE_ANY_EXHDR(payment_no_text));
+		appendStringInfoString(&buf, ":succeeded");
+		key = cstring_to_text_with_len(buf.data, buf.len);
+		PopActiveSnapshot();
+		CommandCounterIncrement();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		outcome = payidem_idem_record_key(key, cstring_to_text("payment_result"),
+										  DatumGetTextPP(p_order_no), DatumGetTextPP(p_channel_no),
+										  p_amount, applied_result);
+		if (outcome == IDEM_REPLAY)
+		{
+			result = APPLY_DUPLICATE;
+			goto done_order;
+		}
+		if (outcome == IDEM_IN_PROGRESS)
+			ereport(ERROR,
+					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("result succeeded of payment %s is being applied elsewhere",
+							text_to_cstring(payment_no_text)),
+					 errdetail("Idempotency key %s is held by a live lease.", buf.data),
+					 errhint("Answer the channel with a retryable failure; it will deliver the result again.")));
+		CommandCounterIncrement();
+	}
+
+	/* 6. the payment succeeded, the order paid: the direct updates */
+	{
+		bool		set[FLOW_MAX_COLUMNS] = {false};
+		Datum		values[FLOW_MAX_COLUMNS];
+		bool		nulls[FLOW_MAX_COLUMNS] = {false};
+		bool		keep_null[FLOW_MAX_COLUMNS] = {false};
+		bool		only_if[FLOW_MAX_COLUMNS] = {false};
+		Oid			types[FLOW_MAX_COLUMNS] = {InvalidOid};
+		TimestampTz now = GetCurrentTransactionStartTimestamp();
+
+		set[PAY_STATUS] = true;
+		values[PAY_STATUS] = CStringGetTextDatum("succeeded");
+		set[PAY_UPDATED_AT] = true;
+		values[PAY_UPDATED_AT] = TimestampTzGetDatum(now);
+		set[PAY_TRANSACTION_ID] = keep_null[PAY_TRANSACTION_ID] = true;
+		nulls[PAY_TRANSACTION_ID] = (txn == NULL);
+		values[PAY_TRANSACTION_ID] = PointerGetDatum(txn);
+		types[PAY_TRANSACTION_ID] = TEXTOID;
+		set[PAY_PAID_AT] = true;
+		values[PAY_PAID_AT] = TimestampTzGetDatum(paid_at);
+		set[PAY_FEE] = true;
+		values[PAY_FEE] = apply_fee(p_amount, rate, rate_null, &nulls[PAY_FEE]);
+		set[PAY_COST] = true;
+		values[PAY_COST] = apply_fee(p_amount, cost_rate, cost_rate_null, &nulls[PAY_COST]);
+		if (!flow_update(&payment_target, &payment_tid, payment_no, set, values, nulls, types,
+						 keep_null, -1, NULL, true))
+			elog(ERROR, "payidem: payment %s could not be updated directly",
+				 text_to_cstring(payment_no));
+
+		memset(set, 0, sizeof(set));
+		memset(nulls, 0, sizeof(nulls));
+		memset(types, 0, sizeof(types));
+		set[ORD_STATUS] = true;
+		values[ORD_STATUS] = CStringGetTextDatum("paid");
+		set[ORD_UPDATED_AT] = true;
+		values[ORD_UPDATED_AT] = TimestampTzGetDatum(now);
+		/* the payment's own number, of its column's type (a domain): as
+		 * SET paid_payment_no = p.payment_no, not checked again */
+		set[ORD_PAID_PAYMENT_NO] = true;
+		values[ORD_PAID_PAYMENT_NO] = p_payment_no;
+		types[ORD_PAID_PAYMENT_NO] = apply.p_payment_no_type;
+		set[ORD_PAID_AT] = true;
+		values[ORD_PAID_AT] = TimestampTzGetDatum(paid_at);
+		set[ORD_NOTIFY_STATUS] = only_if[ORD_NOTIFY_STATUS] = true;
+		values[ORD_NOTIFY_STATUS] = CStringGetTextDatum("pending");
+		set[ORD_NEXT_NOTIFY_AT] = only_if[ORD_NEXT_NOTIFY_AT] = true;
+		values[ORD_NEXT_NOTIFY_AT] = TimestampTzGetDatum(now);
+		set[ORD_NOTIFY_ATTEMPTS] = only_if[ORD_NOTIFY_ATTEMPTS] = true;
+		values[ORD_NOTIFY_ATTEMPTS] = Int32GetDatum(0);
+		if (!flow_update(&order_target, &order_tid, DatumGetTextPP(p_order_no), set, values, nulls,
+						 types, NULL, ORD_NOTIFY_URL, only_if, true))
+			elog(ERROR, "payidem: order %s could not be updated directly",
+				 TextDatumGetCString(p_order_no));
+	}
+	result = APPLY_APPLIED;
+
+done_order:
+	ExecDropSingleTupleTableSlot(oslot);
+	table_close(order, NoLock);
+done:
+	ExecDropSingleTupleTableSlot(pslot);
+	table_close(payment, NoLock);
+	PopActiveSnapshot();
+	return result;
+}
+
+/* a transaction id the fast path takes as it is: 1 to 64 printable ASCII */
+static bool
+plain_txn(text *t)
+{
+	const unsigned char *p = (const unsigned char *) VARDATA_ANY(t);
+	int			len = VARSIZE_ANY_EXHDR(t);
+	int			i;
+
+	if (len < 1 || len > 64)
+		return false;
+	for (i = 0; i < len; i++)
+		if (p[i] < 0x21 || p[i] > 0x7e)
+			return false;
+	return true;
+}
+
+/*
+ * payidem.apply_payment_result(payment_no text, source text, status text,
+ *     transaction_id text, amount bigint, paid_at timestamptz, raw jsonb)
+ *     RETURNS text
+ *
+ * See the section header above; payidem._apply_payment_result() is the
+ * contract in full.
+ */
+PG_FUNCTION_INFO_V1(payidem_apply_payment_result);
+Datum
+payidem_apply_payment_result(PG_FUNCTION_ARGS)
+{
+	LOCAL_FCINFO(sql, 7);
+	Datum		result;
+	int			i;
+
+	if (!apply.valid)
+		apply_prepare();
+
+	/* a valid success report, in READ COMMITTED, of a well-formed number */
+	if (apply.usable && !PG_ARGISNULL(0) && !PG_ARGISNULL(1) && !PG_ARGISNULL(2) &&
+		!IsolationUsesXactSnapshot() && !XactReadOnly &&
+		text_is(PG_GETARG_DATUM(2), "succeeded") &&
+		(text_is(PG_GETARG_DATUM(1), "callback") || text_is(PG_GETARG_DATUM(1), "query") ||
+		 text_is(PG_GETARG_DATUM(1), "close")) &&
+		(PG_ARGISNULL(3) || plain_txn(PG_GETARG_TEXT_PP(3))) &&
+		(PG_ARGISNULL(4) || PG_GETARG_INT64(4) > 0))
+	{
+		text	   *payment_no = PG_GETARG_TEXT_PP(0);
+		OrderNoParts parts;
+
+		if (VARSIZE_ANY_EXHDR(payment_no) >= 2 && memcmp(VARDATA_ANY(payment_no), "PY", 2) == 0 &&
+			order_no_parse(VARDATA_ANY(payment_no), VARSIZE_ANY_EXHDR(payment_no), &parts) == ORDER_NO_OK)
+		{
+			ApplyFast	fast;
+
+			fast = apply_fast(payment_no, PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3),
+							  PG_ARGISNULL(4), PG_ARGISNULL(4) ? 0 : PG_GETARG_INT64(4),
+							  PG_ARGISNULL(5) ? GetCurrentTransactionStartTimestamp() : PG_GETARG_TIMESTAMPTZ(5));
+			if (fast == APPLY_DUPLICATE)
+				PG_RETURN_TEXT_P(cstring_to_text("duplicate"));
+			if (fast == APPLY_APPLIED)
+				PG_RETURN_TEXT_P(cstring_to_text("applied"));
+		}
+	}
+
+	/* every other case: the SQL function, with the same arguments */
+	InitFunctionCallInfoData(*sql, &apply.fallback, 7, PG_GET_COLLATION(), NULL, NULL);
+	for (i = 0; i < 7; i++)
+	{
+		sql->args[i].value = PG_GETARG_DATUM(i);
+		sql->args[i].isnull = PG_ARGISNULL(i);
+	}
+	result = FunctionCallInvoke(sql);
+	if (sql->isnull)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(result);
 }

@@ -210,15 +210,6 @@ static const char *const purge_sql =
 "   AND (i.status OPERATOR(pg_catalog.=) 'completed'"
 "        OR i.status OPERATOR(pg_catalog.=) 'failed')";
 
-/* The outcomes of a claim, as returned and as counted in payidem.stats(). */
-typedef enum IdemOutcome
-{
-	IDEM_CLAIMED,
-	IDEM_IN_PROGRESS,
-	IDEM_REPLAY,
-	IDEM_RECLAIMED
-} IdemOutcome;
-
 static const char *const outcome_names[] = {
 	"claimed", "in_progress", "replay", "reclaimed"
 };
@@ -911,13 +902,13 @@ get_claim_args(FunctionCallInfo fcinfo, int fingerprint_argno, Datum *args, bool
  * check_claim_args(), already checked.  A new key is inserted as processing
  * with the lease, or — complete — as completed with result and no lease; a
  * key taken over (failed, or its lease expired) is likewise left processing,
- * or completed at once.  Returns the one result row in fcinfo's tuplestore.
+ * or completed at once.  Returns the outcome and, if rsinfo is not NULL, puts
+ * the one result row in its tuplestore (set up by begin_claim_result()).
  */
-static void
-claim_key(FunctionCallInfo fcinfo, Datum *args, bool *argnulls, Interval *lease,
+static IdemOutcome
+claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 		  bool complete, Datum result, bool result_isnull)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *key = DatumGetTextPP(args[0]);
 	Datum		params[10];
 	char		paramnulls[10];
@@ -936,7 +927,6 @@ claim_key(FunctionCallInfo fcinfo, Datum *args, bool *argnulls, Interval *lease,
 	int			tries;
 	int			i;
 
-	begin_claim_result(fcinfo);
 	relid = begin_as_owner(&save_userid, &save_sec_context);
 
 	for (i = 0; i < 6; i++)
@@ -1103,12 +1093,16 @@ claim_key(FunctionCallInfo fcinfo, Datum *args, bool *argnulls, Interval *lease,
 		}
 	}
 
-	values[0] = CStringGetTextDatum(outcome_names[outcome]);
-	/* copies the values out of SPI's memory */
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	if (rsinfo != NULL)
+	{
+		values[0] = CStringGetTextDatum(outcome_names[outcome]);
+		/* copies the values out of SPI's memory */
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
 	end_as_owner(save_userid, save_sec_context, spi);
 
 	payidem_count(outcome_counters[outcome]);
+	return outcome;
 }
 
 /*
@@ -1147,7 +1141,8 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(lease)))),
 				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
 
-	claim_key(fcinfo, args, argnulls, lease, false, (Datum) 0, true);
+	begin_claim_result(fcinfo);
+	claim_key((ReturnSetInfo *) fcinfo->resultinfo, args, argnulls, lease, false, (Datum) 0, true);
 	return (Datum) 0;
 }
 
@@ -1174,8 +1169,26 @@ payidem_idem_record(PG_FUNCTION_ARGS)
 	Datum		result = result_isnull ? (Datum) 0 : PG_GETARG_DATUM(5);
 
 	get_claim_args(fcinfo, 6, args, argnulls);
-	claim_key(fcinfo, args, argnulls, NULL, true, result, result_isnull);
+	begin_claim_result(fcinfo);
+	claim_key((ReturnSetInfo *) fcinfo->resultinfo, args, argnulls, NULL, true, result, result_isnull);
 	return (Datum) 0;
+}
+
+/*
+ * idem_record() for C callers (apply_payment_result()): the key completed
+ * with result, no fingerprint; the arguments are the caller's own, valid
+ * (key and biz_type short and not empty, amount positive).  Returns the
+ * outcome only.
+ */
+IdemOutcome
+payidem_idem_record_key(text *key, text *biz_type, text *order_no, text *channel,
+						int64 amount, Datum result)
+{
+	Datum		args[6] = {PointerGetDatum(key), PointerGetDatum(biz_type),
+		PointerGetDatum(order_no), PointerGetDatum(channel), Int64GetDatum(amount), (Datum) 0};
+	bool		argnulls[6] = {false, false, order_no == NULL, channel == NULL, false, true};
+
+	return claim_key(NULL, args, argnulls, NULL, true, result, false);
 }
 
 /*

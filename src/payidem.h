@@ -56,6 +56,18 @@ extern void crypto_define_gucs(void);
 extern void recon_define_gucs(void);
 
 /* payidem.c */
+/* The outcomes of an idempotency claim, as returned and as counted in payidem.stats(). */
+typedef enum IdemOutcome
+{
+	IDEM_CLAIMED,
+	IDEM_IN_PROGRESS,
+	IDEM_REPLAY,
+	IDEM_RECLAIMED
+} IdemOutcome;
+
+extern IdemOutcome payidem_idem_record_key(text *key, text *biz_type, text *order_no,
+										   text *channel, int64 amount, Datum result);
+
 extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);
 
