@@ -55,6 +55,7 @@
 #include "nodes/makefuncs.h"
 #include "optimizer/optimizer.h"
 #include "parser/parse_func.h"
+#include "rewrite/rewriteHandler.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -93,6 +94,8 @@ typedef struct FlowTarget
 	Expr	  **checks;			/* the relation's CHECKs, planned, in relcache
 								 * order; compiled per call (an ExprState keeps
 								 * state in its query's memory) */
+	bool		generated_unaffected;	/* no stored generated column depends
+										 * on the columns this target sets */
 } FlowTarget;
 
 enum
@@ -205,6 +208,31 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 		for (i = 0; i < desc->constr->num_check; i++)
 			t->checks[i] = expression_planner((Expr *) stringToNode(check[i].ccbin));
 		t->ncheck = desc->constr->num_check;
+	}
+	/*
+	 * Whether a stored generated column reads a column we set (as
+	 * ExecInitStoredGenerated() decides for an UPDATE, from the expression
+	 * read back from the catalog on every call): if none does, nothing is
+	 * computed, and flow_update() says so without the catalog read.
+	 */
+	t->generated_unaffected = true;
+	if (desc->constr && desc->constr->has_generated_stored)
+	{
+		Bitmapset  *set = NULL;
+
+		for (i = 0; i < t->ncolumns; i++)
+			set = bms_add_member(set, t->attnos[i] - FirstLowInvalidHeapAttributeNumber);
+		for (i = 0; i < desc->natts; i++)
+		{
+			Bitmapset  *used = NULL;
+
+			if (TupleDescAttr(desc, i)->attgenerated != ATTRIBUTE_GENERATED_STORED)
+				continue;
+			pull_varattnos(build_column_default(rel, i + 1), 1, &used);
+			if (bms_overlap(used, set) ||
+				bms_is_member(InvalidAttrNumber - FirstLowInvalidHeapAttributeNumber, used))
+				t->generated_unaffected = false;
+		}
 	}
 	MemoryContextSwitchTo(oldcxt);
 	/* an invalidation that arrived meanwhile: build again next time */
@@ -371,6 +399,26 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 			rri->ri_ConstraintExprs[i] = ExecInitExpr(t->checks[i], NULL);
 		MemoryContextSwitchTo(oldcxt);
 	}
+#if PG_VERSION_NUM >= 150003 && PG_VERSION_NUM < 160000
+	/*
+	 * No stored generated column to compute (none reads a column we set, and
+	 * no BEFORE trigger may set others): what ExecInitStoredGenerated() would
+	 * conclude, set up without reading the expressions from the catalog.
+	 */
+	if (desc->constr && desc->constr->has_generated_stored && t->generated_unaffected &&
+		!(rel->trigdesc && rel->trigdesc->trig_update_before_row))
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
+		ResultRelInfoExtra *extra = palloc0(sizeof(ResultRelInfoExtra));
+
+		rri->ri_GeneratedExprs = palloc0(sizeof(ExprState *) * desc->natts);
+		rri->ri_NumGeneratedNeeded = 0;
+		extra->rinfo = rri;
+		extra->ri_extraUpdatedCols = NULL;
+		estate->es_resultrelinfo_extra = lappend(estate->es_resultrelinfo_extra, extra);
+		MemoryContextSwitchTo(oldcxt);
+	}
+#endif
 	ExecOpenIndices(rri, false);
 	EvalPlanQualInit(&epqstate, estate, NULL, NIL, -1);
 
