@@ -1,14 +1,17 @@
 /*-------------------------------------------------------------------------
  *
  * flow.c
- *		The two writes of a first successful payment result, for
- *		apply_payment_result(): the payment becomes succeeded (with its
- *		channel transaction id, paid_at and fees) and its order paid (with the
+ *		apply_payment_result(), and the two writes of a first successful
+ *		payment result: the payment becomes succeeded (with its channel
+ *		transaction id, paid_at and fees) and its order paid (with the
  *		merchant notification due).
  *
- * apply_payment_result() decides everything under the row locks it holds
- * (SELECT ... FOR UPDATE of the payment, then of the order) and then calls
- * _record_payment_success() and _record_order_paid() with the rows' ctids.
+ * apply_payment_result() (at the end of this file) decides a repeated and a
+ * first success itself and passes every other call to the PL/pgSQL
+ * _apply_payment_result().  Either decides everything under the row locks
+ * it holds (the payment, then the order, as SELECT ... FOR UPDATE) and then
+ * makes the two writes with the rows' ctids: the C part directly, the
+ * PL/pgSQL part through _record_payment_success() and _record_order_paid().
  * Each is one UPDATE of one locked row, made the way logical replication's
  * apply worker makes it (ExecSimpleRelationUpdate): BEFORE and AFTER row
  * triggers fire — among them the status_guard constraint trigger, which
