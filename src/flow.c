@@ -42,6 +42,7 @@
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/relation.h"
 #include "access/htup_details.h"
 #include "access/stratnum.h"
 #include "access/table.h"
@@ -65,6 +66,7 @@
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "storage/lmgr.h"
 #include "utils/rel.h"
 #include "utils/rls.h"
 #include "utils/syscache.h"
@@ -182,11 +184,15 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 				 errmsg("payidem.%s is not a plain table", t->relname),
 				 errhint("apply_payment_result() writes payidem.%s row by row; it cannot be partitioned or replaced by a view.",
 						 t->relname)));
-	if (t->context == NULL)
-		t->context = AllocSetContextCreate(CacheMemoryContext, "payidem flow update",
-										   ALLOCSET_SMALL_SIZES);
-	else
-		MemoryContextReset(t->context);
+	/*
+	 * What was built before may still be in use by a flow_update() further
+	 * up the stack (a trigger that applies another payment): it goes when
+	 * the transaction ends, not now.
+	 */
+	if (t->context != NULL)
+		MemoryContextSetParent(t->context, TopTransactionContext);
+	t->context = AllocSetContextCreate(CacheMemoryContext, "payidem flow update",
+									   ALLOCSET_SMALL_SIZES);
 	t->valid = false;
 
 	oldcxt = MemoryContextSwitchTo(t->context);
@@ -593,7 +599,10 @@ static struct
 	AttrNumber	o_order_no, o_merchant_no, o_status;
 	AttrNumber	m_fee_rate, c_fee_rate, b_fee_rate;
 	/* the SQL implementation, for every other case */
-	FmgrInfo	fallback;
+	FmgrInfo   *fallback;
+	Oid			fallback_oid;
+	uint32		fallback_hash;	/* of its pg_proc row, in the syscache */
+	bool		fallback_stale; /* that row changed */
 	/* the privileges and row security checked for this user */
 	Oid			checked_user;
 	bool		checked_row_security;
@@ -612,24 +621,32 @@ apply_relcache_callback(Datum arg, Oid relid)
 		relid == apply.payment_pkey.relid || relid == apply.payment_txn.relid ||
 		relid == apply.order_pkey.relid || relid == apply.merchant_pkey.relid ||
 		relid == apply.channel_pkey.relid || relid == apply.binding_pkey.relid)
+	{
 		apply.valid = false;
+		apply.checked_user = InvalidOid;
+	}
 }
 
-/* a changed function (the fallback replaced) or role: look again */
+/* a changed function (the fallback replaced?) or role: look again */
 static void
 apply_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
 	if (cacheid == PROCOID)
+	{
 		apply.valid = false;
+		if (hashvalue == 0 || hashvalue == apply.fallback_hash)
+			apply.fallback_stale = true;
+	}
 	apply.checked_user = InvalidOid;
 }
 
+/* a column, which must be of base type basetype */
 static AttrNumber
-apply_attno(Oid relid, const char *name, bool *ok)
+apply_attno(Oid relid, const char *name, Oid basetype, bool *ok)
 {
 	AttrNumber	attno = get_attnum(relid, name);
 
-	if (attno <= 0)
+	if (attno <= 0 || getBaseType(get_atttype(relid, attno)) != basetype)
 		*ok = false;
 	return attno;
 }
@@ -655,6 +672,7 @@ apply_index(ApplyIndex *ix, const char *name, Oid nsp, Oid table, AttrNumber col
 	irel = index_open(ix->relid, AccessShareLock);
 	ix->nkeys = col2 ? 2 : 1;
 	if (irel->rd_rel->relam != BTREE_AM_OID || !irel->rd_index->indisunique ||
+		!irel->rd_index->indisvalid || !irel->rd_index->indisready || !irel->rd_index->indislive ||
 		irel->rd_index->indrelid != table ||
 		irel->rd_index->indnkeyatts != ix->nkeys ||
 		RelationGetIndexPredicate(irel) != NIL ||
@@ -705,10 +723,23 @@ apply_prepare(void)
 		MemoryContextSwitchTo(old);
 	}
 
-	/* the SQL implementation must be there, whatever else is not */
+	/*
+	 * The SQL implementation must be there, whatever else is not.  Set up
+	 * again only when its pg_proc row changed (the old FmgrInfo is left
+	 * behind: a call may still be using it).
+	 */
 	fallback = LookupFuncName(list_make2(makeString("payidem"), makeString("_apply_payment_result")),
 							  7, argtypes, false);
-	fmgr_info_cxt(fallback, &apply.fallback, TopMemoryContext);
+	if (apply.fallback == NULL || apply.fallback_stale || fallback != apply.fallback_oid)
+	{
+		FmgrInfo   *f = MemoryContextAlloc(TopMemoryContext, sizeof(FmgrInfo));
+
+		apply.fallback_stale = false;
+		apply.fallback_oid = fallback;
+		apply.fallback_hash = GetSysCacheHashValue1(PROCOID, ObjectIdGetDatum(fallback));
+		fmgr_info_cxt(fallback, f, TopMemoryContext);
+		apply.fallback = f;
+	}
 
 	apply.valid = true;			/* an invalidation from here on: again */
 	apply.checked_user = InvalidOid;
@@ -723,30 +754,30 @@ apply_prepare(void)
 		apply.usable = false;
 		return;
 	}
-	apply.p_payment_no = apply_attno(apply.payment, "payment_no", &ok);
+	apply.p_payment_no = apply_attno(apply.payment, "payment_no", TEXTOID, &ok);
 	apply.p_payment_no_type = get_atttype(apply.payment, apply.p_payment_no);
-	apply.p_order_no = apply_attno(apply.payment, "order_no", &ok);
-	apply.p_channel_no = apply_attno(apply.payment, "channel_no", &ok);
-	apply.p_amount = apply_attno(apply.payment, "amount", &ok);
-	apply.p_status = apply_attno(apply.payment, "status", &ok);
-	apply.p_txn = apply_attno(apply.payment, "transaction_id", &ok);
-	apply.o_order_no = apply_attno(apply.order, "order_no", &ok);
-	apply.o_merchant_no = apply_attno(apply.order, "merchant_no", &ok);
-	apply.o_status = apply_attno(apply.order, "status", &ok);
-	apply.m_fee_rate = apply_attno(apply.merchant, "fee_rate", &ok);
-	apply.c_fee_rate = apply_attno(apply.channel, "fee_rate", &ok);
-	apply.b_fee_rate = apply_attno(apply.binding, "fee_rate", &ok);
+	apply.p_order_no = apply_attno(apply.payment, "order_no", TEXTOID, &ok);
+	apply.p_channel_no = apply_attno(apply.payment, "channel_no", TEXTOID, &ok);
+	apply.p_amount = apply_attno(apply.payment, "amount", INT8OID, &ok);
+	apply.p_status = apply_attno(apply.payment, "status", TEXTOID, &ok);
+	apply.p_txn = apply_attno(apply.payment, "transaction_id", TEXTOID, &ok);
+	apply.o_order_no = apply_attno(apply.order, "order_no", TEXTOID, &ok);
+	apply.o_merchant_no = apply_attno(apply.order, "merchant_no", TEXTOID, &ok);
+	apply.o_status = apply_attno(apply.order, "status", TEXTOID, &ok);
+	apply.m_fee_rate = apply_attno(apply.merchant, "fee_rate", NUMERICOID, &ok);
+	apply.c_fee_rate = apply_attno(apply.channel, "fee_rate", NUMERICOID, &ok);
+	apply.b_fee_rate = apply_attno(apply.binding, "fee_rate", NUMERICOID, &ok);
 	apply_index(&apply.payment_pkey, "payment_pkey", nsp, apply.payment, apply.p_payment_no, 0, &ok);
 	apply_index(&apply.payment_txn, "payment_transaction_key", nsp, apply.payment,
 				apply.p_channel_no, apply.p_txn, &ok);
 	apply_index(&apply.order_pkey, "order_pkey", nsp, apply.order, apply.o_order_no, 0, &ok);
 	apply_index(&apply.merchant_pkey, "merchant_pkey", nsp, apply.merchant,
-				apply_attno(apply.merchant, "merchant_no", &ok), 0, &ok);
+				apply_attno(apply.merchant, "merchant_no", TEXTOID, &ok), 0, &ok);
 	apply_index(&apply.channel_pkey, "channel_pkey", nsp, apply.channel,
-				apply_attno(apply.channel, "channel_no", &ok), 0, &ok);
+				apply_attno(apply.channel, "channel_no", TEXTOID, &ok), 0, &ok);
 	apply_index(&apply.binding_pkey, "merchant_channel_pkey", nsp, apply.binding,
-				apply_attno(apply.binding, "merchant_no", &ok),
-				apply_attno(apply.binding, "channel_no", &ok), &ok);
+				apply_attno(apply.binding, "merchant_no", TEXTOID, &ok),
+				apply_attno(apply.binding, "channel_no", TEXTOID, &ok), &ok);
 	/* an invalidation while we looked: apply.valid is false again */
 	apply.usable = ok;
 }
@@ -772,7 +803,7 @@ apply_allowed(void)
 			pg_class_aclcheck(reads[i], user, ACL_SELECT) == ACLCHECK_OK;
 	if (ok)
 	{
-		Relation	rel = table_open(apply.payment, RowExclusiveLock);
+		Relation	rel = table_open(apply.payment, AccessShareLock);
 
 		ok = flow_target_plain(&payment_target, rel) &&
 			pg_class_aclcheck(apply.payment, user, ACL_SELECT) == ACLCHECK_OK;
@@ -780,7 +811,7 @@ apply_allowed(void)
 	}
 	if (ok)
 	{
-		Relation	rel = table_open(apply.order, RowExclusiveLock);
+		Relation	rel = table_open(apply.order, AccessShareLock);
 
 		ok = flow_target_plain(&order_target, rel) &&
 			pg_class_aclcheck(apply.order, user, ACL_SELECT) == ACLCHECK_OK;
@@ -795,28 +826,60 @@ apply_allowed(void)
 	return ok;
 }
 
+/* the outcomes of a look-up */
+#define FETCH_FOUND		1
+#define FETCH_NONE		0
+#define FETCH_STALE		(-1)	/* what we knew of the tables changed: SQL */
+
 /*
  * The one row of heap visible to snapshot whose key in unique index ix is
- * keys[], into slot (with its tid).  False if there is none.
+ * keys[], into slot (with its tid): FETCH_FOUND, or FETCH_NONE.  FETCH_STALE
+ * if the index is gone or an invalidation processed on locking it changed
+ * what apply_prepare() found (a concurrent REINDEX CONCURRENTLY, say).
  */
-static bool
+static int
 apply_fetch(Relation heap, ApplyIndex *ix, Snapshot snapshot, Datum *keys, TupleTableSlot *slot)
 {
-	Relation	irel = index_open(ix->relid, AccessShareLock);
+	Relation	irel = try_relation_open(ix->relid, AccessShareLock);
 	IndexScanDesc scan;
 	ScanKeyData skey[2];
-	bool		found;
+	int			found;
 	int			i;
+
+	if (irel == NULL)
+		return FETCH_STALE;
+	if (!apply.valid || irel->rd_rel->relkind != RELKIND_INDEX)
+	{
+		relation_close(irel, AccessShareLock);
+		return FETCH_STALE;
+	}
 
 	for (i = 0; i < ix->nkeys; i++)
 		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
 							   ix->collation[i], ix->eqproc[i], keys[i]);
 	scan = index_beginscan(heap, irel, snapshot, ix->nkeys, 0);
 	index_rescan(scan, skey, ix->nkeys, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot) ? FETCH_FOUND : FETCH_NONE;
 	index_endscan(scan);
 	index_close(irel, NoLock);
 	return found;
+}
+
+/*
+ * Open (and lock) a table of the fast path; NULL, with nothing held, if an
+ * invalidation processed on locking it changed what apply_prepare() found.
+ */
+static Relation
+apply_open(Oid relid, LOCKMODE mode)
+{
+	Relation	rel = table_open(relid, mode);
+
+	if (!apply.valid)
+	{
+		table_close(rel, mode);
+		return NULL;
+	}
+	return rel;
 }
 
 /*
@@ -904,13 +967,25 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	ItemPointerData order_tid;
 	ApplyFast	result = APPLY_FALLBACK;
 
-	/* 1. a repeat of a success, answered from the committed row */
+	/*
+	 * 1. a repeat of a success, answered from the committed row.  The
+	 * payment is read as by a SELECT (AccessShareLock), locked as by FOR
+	 * UPDATE (RowShareLock), updated by flow_update() (RowExclusiveLock).
+	 */
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetTransactionSnapshot());
-	payment = table_open(apply.payment, RowExclusiveLock);
+	payment = apply_open(apply.payment, AccessShareLock);
+	if (payment == NULL)
+	{
+		PopActiveSnapshot();
+		return APPLY_FALLBACK;
+	}
 	pslot = table_slot_create(payment, NULL);
+	/* what the SQL function may read, and how: row security, privileges */
+	if (!apply_allowed())
+		goto done;
 	keys[0] = PointerGetDatum(payment_no);
-	if (!apply_fetch(payment, &apply.payment_pkey, GetActiveSnapshot(), keys, pslot))
+	if (apply_fetch(payment, &apply.payment_pkey, GetActiveSnapshot(), keys, pslot) != FETCH_FOUND)
 		goto done;				/* PI009 is the SQL function's to raise */
 	d = slot_getattr(pslot, apply.p_status, &isnull);
 	if (text_is(d, "succeeded") || text_is(d, "partially_refunded") || text_is(d, "refunded"))
@@ -922,11 +997,10 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 			result = APPLY_DUPLICATE;
 		goto done;				/* a refusal, or a repeat that is not the same */
 	}
-	if (!apply_allowed())
-		goto done;
 
 	/* 2. the payment, locked; then a new snapshot, as for a next statement */
-	if (!apply_lock(payment, pslot, GetActiveSnapshot()))
+	LockRelationOid(apply.payment, RowShareLock);
+	if (!apply.valid || !apply_lock(payment, pslot, GetActiveSnapshot()))
 		goto done;
 	PopActiveSnapshot();
 	CommandCounterIncrement();
@@ -951,27 +1025,30 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	if (txn != NULL && (p_txn_null || !text_datum_eq(p_txn, PointerGetDatum(txn))))
 	{
 		TupleTableSlot *xslot = table_slot_create(payment, NULL);
-		bool		taken;
+		int			taken;
 
 		keys[0] = p_channel_no;
 		keys[1] = PointerGetDatum(txn);
 		taken = apply_fetch(payment, &apply.payment_txn, GetActiveSnapshot(), keys, xslot);
-		if (taken)
+		if (taken == FETCH_FOUND)
 		{
 			d = slot_getattr(xslot, apply.p_payment_no, &isnull);
-			taken = !text_datum_eq(d, PointerGetDatum(payment_no));
+			if (text_datum_eq(d, PointerGetDatum(payment_no)))
+				taken = FETCH_NONE;
 		}
 		ExecDropSingleTupleTableSlot(xslot);
-		if (taken)
+		if (taken != FETCH_NONE)
 			goto done;			/* transaction_conflict */
 	}
 
 	/* 4. the order, locked, and pending; the rates of the fees */
-	order = table_open(apply.order, RowExclusiveLock);
+	order = apply_open(apply.order, RowShareLock);
+	if (order == NULL)
+		goto done;
 	oslot = table_slot_create(order, NULL);
 	keys[0] = p_order_no;
-	if (!apply_fetch(order, &apply.order_pkey, GetActiveSnapshot(), keys, oslot) ||
-		!apply_lock(order, oslot, GetActiveSnapshot()))
+	if (apply_fetch(order, &apply.order_pkey, GetActiveSnapshot(), keys, oslot) != FETCH_FOUND ||
+		!apply_lock(order, oslot, GetActiveSnapshot()) || !apply.valid)
 		goto done_order;
 	d = slot_getattr(oslot, apply.o_order_no, &isnull);
 	if (isnull || !text_datum_eq(d, p_order_no))
@@ -983,24 +1060,29 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	{
 		Relation	rel;
 		Datum		merchant_no = slot_getattr(oslot, apply.o_merchant_no, &isnull);
-		bool		found;
+		int			found;
 
 		/* the merchant's rate, unless its binding to the channel has one */
-		rel = table_open(apply.binding, AccessShareLock);
+		if ((rel = apply_open(apply.binding, AccessShareLock)) == NULL)
+			goto done_order;
 		rslot = table_slot_create(rel, NULL);
 		keys[0] = merchant_no;
 		keys[1] = p_channel_no;
-		if (apply_fetch(rel, &apply.binding_pkey, GetActiveSnapshot(), keys, rslot))
+		found = apply_fetch(rel, &apply.binding_pkey, GetActiveSnapshot(), keys, rslot);
+		if (found == FETCH_FOUND)
 			rate = slot_getattr(rslot, apply.b_fee_rate, &rate_null);
 		if (!rate_null)
 			rate = datumCopy(rate, false, -1);
 		ExecDropSingleTupleTableSlot(rslot);
 		table_close(rel, NoLock);
+		if (found == FETCH_STALE)
+			goto done_order;
 
-		rel = table_open(apply.merchant, AccessShareLock);
+		if ((rel = apply_open(apply.merchant, AccessShareLock)) == NULL)
+			goto done_order;
 		rslot = table_slot_create(rel, NULL);
 		found = apply_fetch(rel, &apply.merchant_pkey, GetActiveSnapshot(), keys, rslot);
-		if (found && rate_null)
+		if (found == FETCH_FOUND && rate_null)
 		{
 			rate = slot_getattr(rslot, apply.m_fee_rate, &rate_null);
 			if (!rate_null)
@@ -1008,14 +1090,15 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		}
 		ExecDropSingleTupleTableSlot(rslot);
 		table_close(rel, NoLock);
-		if (!found)
+		if (found != FETCH_FOUND)
 			goto done_order;
 
-		rel = table_open(apply.channel, AccessShareLock);
+		if ((rel = apply_open(apply.channel, AccessShareLock)) == NULL)
+			goto done_order;
 		rslot = table_slot_create(rel, NULL);
 		keys[0] = p_channel_no;
 		found = apply_fetch(rel, &apply.channel_pkey, GetActiveSnapshot(), keys, rslot);
-		if (found)
+		if (found == FETCH_FOUND)
 		{
 			cost_rate = slot_getattr(rslot, apply.c_fee_rate, &cost_rate_null);
 			if (!cost_rate_null)
@@ -1023,7 +1106,7 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		}
 		ExecDropSingleTupleTableSlot(rslot);
 		table_close(rel, NoLock);
-		if (!found)
+		if (found != FETCH_FOUND)
 			goto done_order;
 	}
 
@@ -1062,7 +1145,6 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 							text_to_cstring(payment_no_text)),
 					 errdetail("Idempotency key %s is held by a live lease.", buf.data),
 					 errhint("Answer the channel with a retryable failure; it will deliver the result again.")));
-		CommandCounterIncrement();
 	}
 
 	/* 6. the payment succeeded, the order paid: the direct updates */
@@ -1089,6 +1171,10 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		values[PAY_FEE] = apply_fee(p_amount, rate, rate_null, &nulls[PAY_FEE]);
 		set[PAY_COST] = true;
 		values[PAY_COST] = apply_fee(p_amount, cost_rate, cost_rate_null, &nulls[PAY_COST]);
+		/* each write sees what came before, as a next statement would */
+		PopActiveSnapshot();
+		CommandCounterIncrement();
+		PushActiveSnapshot(GetTransactionSnapshot());
 		if (!flow_update(&payment_target, &payment_tid, payment_no, set, values, nulls, types,
 						 keep_null, -1, NULL, true))
 			elog(ERROR, "payidem: payment %s could not be updated directly",
@@ -1114,6 +1200,8 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		values[ORD_NEXT_NOTIFY_AT] = TimestampTzGetDatum(now);
 		set[ORD_NOTIFY_ATTEMPTS] = only_if[ORD_NOTIFY_ATTEMPTS] = true;
 		values[ORD_NOTIFY_ATTEMPTS] = Int32GetDatum(0);
+		PopActiveSnapshot();
+		PushActiveSnapshot(GetTransactionSnapshot());	/* after flow_update's CCI */
 		if (!flow_update(&order_target, &order_tid, DatumGetTextPP(p_order_no), set, values, nulls,
 						 types, NULL, ORD_NOTIFY_URL, only_if, true))
 			elog(ERROR, "payidem: order %s could not be updated directly",
@@ -1194,7 +1282,9 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 	}
 
 	/* every other case: the SQL function, with the same arguments */
-	InitFunctionCallInfoData(*sql, &apply.fallback, 7, PG_GET_COLLATION(), NULL, NULL);
+	if (!apply.valid)
+		apply_prepare();
+	InitFunctionCallInfoData(*sql, apply.fallback, 7, PG_GET_COLLATION(), NULL, NULL);
 	for (i = 0; i < 7; i++)
 	{
 		sql->args[i].value = PG_GETARG_DATUM(i);
