@@ -449,17 +449,14 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 }
 
 /*
- * payidem._record_payment_success(payment_row tid, payment_no text,
- *     transaction_id text, paid_at timestamptz, fee_amount bigint,
- *     cost_amount bigint) RETURNS boolean
- *
- * The locked payment becomes succeeded, with paid_at, the fees, updated_at =
- * now() and — unless NULL — the channel's transaction id.  False: not done
- * (see flow_update), make the UPDATE in SQL.
+ * The locked payment at tid (key payment_no) becomes succeeded, with paid_at,
+ * the fees, updated_at = now() and — unless txn_null — the channel's
+ * transaction id txn (of type txn_type).  False: not done (see flow_update).
  */
-PG_FUNCTION_INFO_V1(payidem_record_payment_success);
-Datum
-payidem_record_payment_success(PG_FUNCTION_ARGS)
+static bool
+record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_null, Oid txn_type,
+					   TimestampTz paid_at, Datum fee, bool fee_null, Datum cost, bool cost_null,
+					   bool checked)
 {
 	bool		set[FLOW_MAX_COLUMNS] = {false};
 	Datum		values[FLOW_MAX_COLUMNS];
@@ -467,42 +464,37 @@ payidem_record_payment_success(PG_FUNCTION_ARGS)
 	bool		keep_null[FLOW_MAX_COLUMNS] = {false};
 	Oid			types[FLOW_MAX_COLUMNS] = {InvalidOid};
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3) || PG_ARGISNULL(4) || PG_ARGISNULL(5))
-		elog(ERROR, "payidem._record_payment_success: a required argument is NULL");
-
 	set[PAY_STATUS] = true;
 	values[PAY_STATUS] = CStringGetTextDatum("succeeded");
 	set[PAY_UPDATED_AT] = true;
 	values[PAY_UPDATED_AT] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
 	/* coalesce(transaction_id, the row's) */
 	set[PAY_TRANSACTION_ID] = keep_null[PAY_TRANSACTION_ID] = true;
-	nulls[PAY_TRANSACTION_ID] = PG_ARGISNULL(2);
-	values[PAY_TRANSACTION_ID] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
-	types[PAY_TRANSACTION_ID] = get_fn_expr_argtype(fcinfo->flinfo, 2);
+	nulls[PAY_TRANSACTION_ID] = txn_null;
+	values[PAY_TRANSACTION_ID] = txn_null ? (Datum) 0 : txn;
+	types[PAY_TRANSACTION_ID] = txn_type;
 	set[PAY_PAID_AT] = true;
-	values[PAY_PAID_AT] = PG_GETARG_DATUM(3);
+	values[PAY_PAID_AT] = TimestampTzGetDatum(paid_at);
 	set[PAY_FEE] = true;
-	values[PAY_FEE] = PG_GETARG_DATUM(4);
+	values[PAY_FEE] = fee;
+	nulls[PAY_FEE] = fee_null;
 	set[PAY_COST] = true;
-	values[PAY_COST] = PG_GETARG_DATUM(5);
+	values[PAY_COST] = cost;
+	nulls[PAY_COST] = cost_null;
 
-	PG_RETURN_BOOL(flow_update(&payment_target, (ItemPointer) PG_GETARG_POINTER(0),
-							   PG_GETARG_TEXT_PP(1), set, values, nulls, types, keep_null,
-							   -1, NULL, false));
+	return flow_update(&payment_target, tid, payment_no, set, values, nulls, types, keep_null,
+					   -1, NULL, checked);
 }
 
 /*
- * payidem._record_order_paid(order_row tid, order_no text,
- *     paid_payment_no text, paid_at timestamptz) RETURNS boolean
- *
- * The locked order becomes paid by that payment at paid_at (updated_at =
- * now()); if it has a notify_url, its merchant notification is due now
- * (notify_status pending, next_notify_at now(), no attempts yet).  False: not
- * done (see flow_update), make the UPDATE in SQL.
+ * The locked order at tid (key order_no) becomes paid by payment_no (of type
+ * payment_no_type) at paid_at (updated_at = now()); if it has a notify_url,
+ * its merchant notification is due now (notify_status pending,
+ * next_notify_at now(), no attempts yet).  False: not done (see flow_update).
  */
-PG_FUNCTION_INFO_V1(payidem_record_order_paid);
-Datum
-payidem_record_order_paid(PG_FUNCTION_ARGS)
+static bool
+record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment_no_type,
+				  TimestampTz paid_at, bool checked)
 {
 	bool		set[FLOW_MAX_COLUMNS] = {false};
 	Datum		values[FLOW_MAX_COLUMNS];
@@ -511,18 +503,15 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
 	Oid			types[FLOW_MAX_COLUMNS] = {InvalidOid};
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
-		elog(ERROR, "payidem._record_order_paid: a required argument is NULL");
-
 	set[ORD_STATUS] = true;
 	values[ORD_STATUS] = CStringGetTextDatum("paid");
 	set[ORD_UPDATED_AT] = true;
 	values[ORD_UPDATED_AT] = TimestampTzGetDatum(now);
 	set[ORD_PAID_PAYMENT_NO] = true;
-	values[ORD_PAID_PAYMENT_NO] = PG_GETARG_DATUM(2);
-	types[ORD_PAID_PAYMENT_NO] = get_fn_expr_argtype(fcinfo->flinfo, 2);
+	values[ORD_PAID_PAYMENT_NO] = payment_no;
+	types[ORD_PAID_PAYMENT_NO] = payment_no_type;
 	set[ORD_PAID_AT] = true;
-	values[ORD_PAID_AT] = PG_GETARG_DATUM(3);
+	values[ORD_PAID_AT] = TimestampTzGetDatum(paid_at);
 	/* the notification, only for an order with a notify_url */
 	set[ORD_NOTIFY_STATUS] = only_if[ORD_NOTIFY_STATUS] = true;
 	values[ORD_NOTIFY_STATUS] = CStringGetTextDatum("pending");
@@ -531,9 +520,50 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
 	set[ORD_NOTIFY_ATTEMPTS] = only_if[ORD_NOTIFY_ATTEMPTS] = true;
 	values[ORD_NOTIFY_ATTEMPTS] = Int32GetDatum(0);
 
-	PG_RETURN_BOOL(flow_update(&order_target, (ItemPointer) PG_GETARG_POINTER(0),
-							   PG_GETARG_TEXT_PP(1), set, values, nulls, types, NULL,
-							   ORD_NOTIFY_URL, only_if, false));
+	return flow_update(&order_target, tid, order_no, set, values, nulls, types, NULL,
+					   ORD_NOTIFY_URL, only_if, checked);
+}
+
+/*
+ * payidem._record_payment_success(payment_row tid, payment_no text,
+ *     transaction_id text, paid_at timestamptz, fee_amount bigint,
+ *     cost_amount bigint) RETURNS boolean
+ *
+ * record_payment_success() for the PL/pgSQL implementation.  False: not
+ * done, make the UPDATE in SQL.
+ */
+PG_FUNCTION_INFO_V1(payidem_record_payment_success);
+Datum
+payidem_record_payment_success(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3) || PG_ARGISNULL(4) || PG_ARGISNULL(5))
+		elog(ERROR, "payidem._record_payment_success: a required argument is NULL");
+
+	PG_RETURN_BOOL(record_payment_success((ItemPointer) PG_GETARG_POINTER(0), PG_GETARG_TEXT_PP(1),
+										  PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2),
+										  PG_ARGISNULL(2), get_fn_expr_argtype(fcinfo->flinfo, 2),
+										  PG_GETARG_TIMESTAMPTZ(3),
+										  PG_GETARG_DATUM(4), false, PG_GETARG_DATUM(5), false,
+										  false));
+}
+
+/*
+ * payidem._record_order_paid(order_row tid, order_no text,
+ *     paid_payment_no text, paid_at timestamptz) RETURNS boolean
+ *
+ * record_order_paid() for the PL/pgSQL implementation.  False: not done,
+ * make the UPDATE in SQL.
+ */
+PG_FUNCTION_INFO_V1(payidem_record_order_paid);
+Datum
+payidem_record_order_paid(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
+		elog(ERROR, "payidem._record_order_paid: a required argument is NULL");
+
+	PG_RETURN_BOOL(record_order_paid((ItemPointer) PG_GETARG_POINTER(0), PG_GETARG_TEXT_PP(1),
+									 PG_GETARG_DATUM(2), get_fn_expr_argtype(fcinfo->flinfo, 2),
+									 PG_GETARG_TIMESTAMPTZ(3), false));
 }
 
 /*
@@ -917,6 +947,35 @@ text_is(Datum d, const char *s)
 	return VARSIZE_ANY_EXHDR(t) == len && memcmp(VARDATA_ANY(t), s, len) == 0;
 }
 
+/*
+ * A rate: column attno of the row of table relid whose key in index ix is
+ * keys[], copied out (*isnull if NULL or no row).  FETCH_FOUND, FETCH_NONE
+ * or FETCH_STALE as for apply_fetch().
+ */
+static int
+apply_fetch_rate(Oid relid, ApplyIndex *ix, Datum *keys, AttrNumber attno,
+				 Datum *value, bool *isnull)
+{
+	Relation	rel = apply_open(relid, AccessShareLock);
+	TupleTableSlot *slot;
+	int			found;
+
+	*isnull = true;
+	if (rel == NULL)
+		return FETCH_STALE;
+	slot = table_slot_create(rel, NULL);
+	found = apply_fetch(rel, ix, GetActiveSnapshot(), keys, slot);
+	if (found == FETCH_FOUND)
+	{
+		*value = slot_getattr(slot, attno, isnull);
+		if (!*isnull)
+			*value = datumCopy(*value, false, -1);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, NoLock);
+	return found;
+}
+
 /* round(amount * rate)::bigint, as the SQL does it; NULL for a NULL rate */
 static Datum
 apply_fee(int64 amount, Datum rate, bool rate_null, bool *isnull)
@@ -949,7 +1008,6 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	Relation	order;
 	TupleTableSlot *pslot;
 	TupleTableSlot *oslot;
-	TupleTableSlot *rslot;
 	Datum		keys[2];
 	Datum		d;
 	bool		isnull;
@@ -1058,55 +1116,26 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		goto done_order;		/* paid_after_close, duplicate_payment */
 	order_tid = oslot->tts_tid;
 	{
-		Relation	rel;
 		Datum		merchant_no = slot_getattr(oslot, apply.o_merchant_no, &isnull);
-		int			found;
+		Datum		merchant_rate;
+		bool		merchant_rate_null;
 
 		/* the merchant's rate, unless its binding to the channel has one */
-		if ((rel = apply_open(apply.binding, AccessShareLock)) == NULL)
-			goto done_order;
-		rslot = table_slot_create(rel, NULL);
 		keys[0] = merchant_no;
 		keys[1] = p_channel_no;
-		found = apply_fetch(rel, &apply.binding_pkey, GetActiveSnapshot(), keys, rslot);
-		if (found == FETCH_FOUND)
-			rate = slot_getattr(rslot, apply.b_fee_rate, &rate_null);
-		if (!rate_null)
-			rate = datumCopy(rate, false, -1);
-		ExecDropSingleTupleTableSlot(rslot);
-		table_close(rel, NoLock);
-		if (found == FETCH_STALE)
+		if (apply_fetch_rate(apply.binding, &apply.binding_pkey, keys, apply.b_fee_rate,
+							 &rate, &rate_null) == FETCH_STALE ||
+			apply_fetch_rate(apply.merchant, &apply.merchant_pkey, keys, apply.m_fee_rate,
+							 &merchant_rate, &merchant_rate_null) != FETCH_FOUND)
 			goto done_order;
-
-		if ((rel = apply_open(apply.merchant, AccessShareLock)) == NULL)
-			goto done_order;
-		rslot = table_slot_create(rel, NULL);
-		found = apply_fetch(rel, &apply.merchant_pkey, GetActiveSnapshot(), keys, rslot);
-		if (found == FETCH_FOUND && rate_null)
+		if (rate_null)
 		{
-			rate = slot_getattr(rslot, apply.m_fee_rate, &rate_null);
-			if (!rate_null)
-				rate = datumCopy(rate, false, -1);
+			rate = merchant_rate;
+			rate_null = merchant_rate_null;
 		}
-		ExecDropSingleTupleTableSlot(rslot);
-		table_close(rel, NoLock);
-		if (found != FETCH_FOUND)
-			goto done_order;
-
-		if ((rel = apply_open(apply.channel, AccessShareLock)) == NULL)
-			goto done_order;
-		rslot = table_slot_create(rel, NULL);
 		keys[0] = p_channel_no;
-		found = apply_fetch(rel, &apply.channel_pkey, GetActiveSnapshot(), keys, rslot);
-		if (found == FETCH_FOUND)
-		{
-			cost_rate = slot_getattr(rslot, apply.c_fee_rate, &cost_rate_null);
-			if (!cost_rate_null)
-				cost_rate = datumCopy(cost_rate, false, -1);
-		}
-		ExecDropSingleTupleTableSlot(rslot);
-		table_close(rel, NoLock);
-		if (found != FETCH_FOUND)
+		if (apply_fetch_rate(apply.channel, &apply.channel_pkey, keys, apply.c_fee_rate,
+							 &cost_rate, &cost_rate_null) != FETCH_FOUND)
 			goto done_order;
 	}
 
@@ -1147,63 +1176,33 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 					 errhint("Answer the channel with a retryable failure; it will deliver the result again.")));
 	}
 
-	/* 6. the payment succeeded, the order paid: the direct updates */
+	/*
+	 * 6. the payment succeeded, the order paid: the direct updates, each
+	 * seeing what came before, as a next statement would
+	 */
 	{
-		bool		set[FLOW_MAX_COLUMNS] = {false};
-		Datum		values[FLOW_MAX_COLUMNS];
-		bool		nulls[FLOW_MAX_COLUMNS] = {false};
-		bool		keep_null[FLOW_MAX_COLUMNS] = {false};
-		bool		only_if[FLOW_MAX_COLUMNS] = {false};
-		Oid			types[FLOW_MAX_COLUMNS] = {InvalidOid};
-		TimestampTz now = GetCurrentTransactionStartTimestamp();
+		Datum		fee;
+		Datum		cost;
+		bool		fee_null;
+		bool		cost_null;
 
-		set[PAY_STATUS] = true;
-		values[PAY_STATUS] = CStringGetTextDatum("succeeded");
-		set[PAY_UPDATED_AT] = true;
-		values[PAY_UPDATED_AT] = TimestampTzGetDatum(now);
-		set[PAY_TRANSACTION_ID] = keep_null[PAY_TRANSACTION_ID] = true;
-		nulls[PAY_TRANSACTION_ID] = (txn == NULL);
-		values[PAY_TRANSACTION_ID] = PointerGetDatum(txn);
-		types[PAY_TRANSACTION_ID] = TEXTOID;
-		set[PAY_PAID_AT] = true;
-		values[PAY_PAID_AT] = TimestampTzGetDatum(paid_at);
-		set[PAY_FEE] = true;
-		values[PAY_FEE] = apply_fee(p_amount, rate, rate_null, &nulls[PAY_FEE]);
-		set[PAY_COST] = true;
-		values[PAY_COST] = apply_fee(p_amount, cost_rate, cost_rate_null, &nulls[PAY_COST]);
-		/* each write sees what came before, as a next statement would */
+		fee = apply_fee(p_amount, rate, rate_null, &fee_null);
+		cost = apply_fee(p_amount, cost_rate, cost_rate_null, &cost_null);
 		PopActiveSnapshot();
 		CommandCounterIncrement();
 		PushActiveSnapshot(GetTransactionSnapshot());
-		if (!flow_update(&payment_target, &payment_tid, payment_no, set, values, nulls, types,
-						 keep_null, -1, NULL, true))
+		if (!record_payment_success(&payment_tid, payment_no, PointerGetDatum(txn), txn == NULL,
+									TEXTOID, paid_at, fee, fee_null, cost, cost_null, true))
 			elog(ERROR, "payidem: payment %s could not be updated directly",
 				 text_to_cstring(payment_no));
-
-		memset(set, 0, sizeof(set));
-		memset(nulls, 0, sizeof(nulls));
-		memset(types, 0, sizeof(types));
-		set[ORD_STATUS] = true;
-		values[ORD_STATUS] = CStringGetTextDatum("paid");
-		set[ORD_UPDATED_AT] = true;
-		values[ORD_UPDATED_AT] = TimestampTzGetDatum(now);
-		/* the payment's own number, of its column's type (a domain): as
-		 * SET paid_payment_no = p.payment_no, not checked again */
-		set[ORD_PAID_PAYMENT_NO] = true;
-		values[ORD_PAID_PAYMENT_NO] = p_payment_no;
-		types[ORD_PAID_PAYMENT_NO] = apply.p_payment_no_type;
-		set[ORD_PAID_AT] = true;
-		values[ORD_PAID_AT] = TimestampTzGetDatum(paid_at);
-		set[ORD_NOTIFY_STATUS] = only_if[ORD_NOTIFY_STATUS] = true;
-		values[ORD_NOTIFY_STATUS] = CStringGetTextDatum("pending");
-		set[ORD_NEXT_NOTIFY_AT] = only_if[ORD_NEXT_NOTIFY_AT] = true;
-		values[ORD_NEXT_NOTIFY_AT] = TimestampTzGetDatum(now);
-		set[ORD_NOTIFY_ATTEMPTS] = only_if[ORD_NOTIFY_ATTEMPTS] = true;
-		values[ORD_NOTIFY_ATTEMPTS] = Int32GetDatum(0);
 		PopActiveSnapshot();
 		PushActiveSnapshot(GetTransactionSnapshot());	/* after flow_update's CCI */
-		if (!flow_update(&order_target, &order_tid, DatumGetTextPP(p_order_no), set, values, nulls,
-						 types, NULL, ORD_NOTIFY_URL, only_if, true))
+		/*
+		 * the payment's own number, of its column's type (a domain): as SET
+		 * paid_payment_no = p.payment_no, not checked again
+		 */
+		if (!record_order_paid(&order_tid, DatumGetTextPP(p_order_no), p_payment_no,
+							   apply.p_payment_no_type, paid_at, true))
 			elog(ERROR, "payidem: order %s could not be updated directly",
 				 TextDatumGetCString(p_order_no));
 	}
