@@ -589,12 +589,16 @@ log_insert_prepare(Relation rel)
 	MemoryContext oldcxt;
 	int			i;
 
-	if (log_insert.context == NULL)
-		log_insert.context = AllocSetContextCreate(CacheMemoryContext,
-												   "payidem status_log insert",
-												   ALLOCSET_SMALL_SIZES);
-	else
-		MemoryContextReset(log_insert.context);
+	/*
+	 * What was built before may still be in use by an append_status_log()
+	 * further up the stack (a trigger that changes another status): it goes
+	 * when the transaction ends, not now.
+	 */
+	if (log_insert.context != NULL)
+		MemoryContextSetParent(log_insert.context, TopTransactionContext);
+	log_insert.context = AllocSetContextCreate(CacheMemoryContext,
+											   "payidem status_log insert",
+											   ALLOCSET_SMALL_SIZES);
 	log_insert.relid = InvalidOid;
 
 	oldcxt = MemoryContextSwitchTo(log_insert.context);
