@@ -929,16 +929,6 @@ apply_lock(Relation rel, TupleTableSlot *slot, Snapshot snapshot)
 }
 
 static bool
-text_datum_eq(Datum a, Datum b)
-{
-	text	   *ta = DatumGetTextPP(a);
-	text	   *tb = DatumGetTextPP(b);
-
-	return VARSIZE_ANY_EXHDR(ta) == VARSIZE_ANY_EXHDR(tb) &&
-		memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), VARSIZE_ANY_EXHDR(ta)) == 0;
-}
-
-static bool
 text_is(Datum d, const char *s)
 {
 	text	   *t = DatumGetTextPP(d);
@@ -1051,7 +1041,7 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		p_amount = DatumGetInt64(slot_getattr(pslot, apply.p_amount, &isnull));
 		p_txn = slot_getattr(pslot, apply.p_txn, &p_txn_null);
 		if ((amount_null || amount == p_amount) &&
-			(txn == NULL || (!p_txn_null && text_datum_eq(PointerGetDatum(txn), p_txn))))
+			(txn == NULL || (!p_txn_null && payidem_text_equal(PointerGetDatum(txn), p_txn))))
 			result = APPLY_DUPLICATE;
 		goto done;				/* a refusal, or a repeat that is not the same */
 	}
@@ -1064,7 +1054,7 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	p_payment_no = slot_getattr(pslot, apply.p_payment_no, &isnull);
-	if (isnull || !text_datum_eq(p_payment_no, PointerGetDatum(payment_no)))
+	if (isnull || !payidem_text_equal(p_payment_no, PointerGetDatum(payment_no)))
 		goto done;
 	d = slot_getattr(pslot, apply.p_status, &isnull);
 	if (isnull || !text_is(d, "pending"))
@@ -1080,7 +1070,7 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	p_txn_null = pslot->tts_isnull[apply.p_txn - 1];
 
 	/* 3. a transaction id another payment of the channel has */
-	if (txn != NULL && (p_txn_null || !text_datum_eq(p_txn, PointerGetDatum(txn))))
+	if (txn != NULL && (p_txn_null || !payidem_text_equal(p_txn, PointerGetDatum(txn))))
 	{
 		TupleTableSlot *xslot = table_slot_create(payment, NULL);
 		int			taken;
@@ -1091,7 +1081,7 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		if (taken == FETCH_FOUND)
 		{
 			d = slot_getattr(xslot, apply.p_payment_no, &isnull);
-			if (text_datum_eq(d, PointerGetDatum(payment_no)))
+			if (payidem_text_equal(d, PointerGetDatum(payment_no)))
 				taken = FETCH_NONE;
 		}
 		ExecDropSingleTupleTableSlot(xslot);
@@ -1109,7 +1099,7 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		!apply_lock(order, oslot, GetActiveSnapshot()) || !apply.valid)
 		goto done_order;
 	d = slot_getattr(oslot, apply.o_order_no, &isnull);
-	if (isnull || !text_datum_eq(d, p_order_no))
+	if (isnull || !payidem_text_equal(d, p_order_no))
 		goto done_order;
 	d = slot_getattr(oslot, apply.o_status, &isnull);
 	if (isnull || !text_is(d, "pending"))

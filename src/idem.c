@@ -702,18 +702,6 @@ get_key_arg(FunctionCallInfo fcinfo, int argno)
 	return key;
 }
 
-/* Equal as stored bytes (text equality under a deterministic collation). */
-static bool
-text_equal(Datum a, Datum b)
-{
-	text	   *ta = DatumGetTextPP(a);
-	text	   *tb = DatumGetTextPP(b);
-	int			la = VARSIZE_ANY_EXHDR(ta);
-
-	return la == VARSIZE_ANY_EXHDR(tb) &&
-		memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), la) == 0;
-}
-
 /* A text value for an error message: quoted and cut, or NULL. */
 static char *
 show_text(Datum d, bool isnull)
@@ -768,7 +756,7 @@ check_same_request(text *key, Datum *args, bool *argnulls, HeapTuple row, TupleD
 		if (stored_null || given_null)
 			same = fields[i].nulls_match_any || (stored_null && given_null);
 		else if (fields[i].is_text)
-			same = text_equal(stored, given);
+			same = payidem_text_equal(stored, given);
 		else
 			same = DatumGetInt64(stored) == DatumGetInt64(given);
 		if (same)
@@ -1024,13 +1012,13 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 
 		status = SPI_getbinval(row, desc, SEL_STATUS, &isnull);
 		now = GetCurrentTimestamp();
-		if (text_equal(status, CStringGetTextDatum("completed")))
+		if (payidem_text_equal(status, CStringGetTextDatum("completed")))
 			outcome = IDEM_REPLAY;
 		else
 		{
 			Datum		until = SPI_getbinval(row, desc, SEL_LOCKED_UNTIL, &isnull);
 
-			outcome = text_equal(status, CStringGetTextDatum("processing")) &&
+			outcome = payidem_text_equal(status, CStringGetTextDatum("processing")) &&
 				!isnull && DatumGetTimestampTz(until) > now
 				? IDEM_IN_PROGRESS : IDEM_RECLAIMED;
 		}

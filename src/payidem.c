@@ -65,3 +65,15 @@ payidem_quote_value(const char *value, int len)
 		appendStringInfo(&buf, "... (%d bytes)", len);
 	return buf.data;
 }
+
+/* Equal as stored bytes (text equality under a deterministic collation). */
+bool
+payidem_text_equal(Datum a, Datum b)
+{
+	text	   *ta = DatumGetTextPP(a);
+	text	   *tb = DatumGetTextPP(b);
+	int			la = VARSIZE_ANY_EXHDR(ta);
+
+	return la == VARSIZE_ANY_EXHDR(tb) &&
+		memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), la) == 0;
+}

@@ -70,5 +70,6 @@ extern IdemOutcome payidem_idem_record_key(text *key, text *biz_type, text *orde
 
 extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);
+extern bool payidem_text_equal(Datum a, Datum b);
 
 #endif							/* PAYIDEM_H */
