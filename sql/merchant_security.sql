@@ -80,6 +80,55 @@ SET ROLE regress_payidem_report;
 SELECT count(*) AS rows_after_unmap FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
 RESET ROLE;
 
+-------------------------------------------- roles are kept by OID, not name
+-- A role dropped the usual way (DROP OWNED BY revokes its grants) and created
+-- again under the same name is a new role: it must not inherit the old one's
+-- auditor access, nor another merchant's mapping.
+CREATE ROLE regress_payidem_reused;
+SELECT payidem.grant_auditor('regress_payidem_reused');
+DROP OWNED BY regress_payidem_reused;
+DROP ROLE regress_payidem_reused;
+CREATE ROLE regress_payidem_reused;
+SELECT payidem.map_merchant_role('regress_payidem_reused', :'m2');
+SET ROLE regress_payidem_reused;
+SELECT out_trade_no FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%' ORDER BY 1;
+RESET ROLE;
+-- the dropped role's row is gone (removed when a mapping changed)
+SELECT count(*) AS auditor_rows_of_dropped_roles
+  FROM payidem.auditor_role a WHERE NOT EXISTS (SELECT 1 FROM pg_roles u WHERE u.oid = a.role);
+-- a name that needs quoting is mapped and unmapped alike
+CREATE ROLE "Regress-Payidem Report";
+SELECT payidem.map_merchant_role('"Regress-Payidem Report"', :'m1');
+SELECT role, merchant_no = :'m1' AS is_m1 FROM payidem.merchant_role WHERE role = '"Regress-Payidem Report"'::regrole;
+SELECT payidem.unmap_merchant_role('"Regress-Payidem Report"', :'m1');
+SET ROLE "Regress-Payidem Report";
+SELECT count(*) AS rows_after_unmap FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
+RESET ROLE;
+\set VERBOSITY sqlstate
+SELECT payidem.unmap_merchant_role('"Regress-Payidem Report"', :'m1');
+\set VERBOSITY terse
+-- revoke_auditor undoes grant_auditor; a merchant mapping of the same role stays
+SELECT payidem.grant_auditor('regress_payidem_reused');
+SET ROLE regress_payidem_reused;
+SELECT count(*) AS auditor_sees FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
+RESET ROLE;
+SELECT payidem.revoke_auditor('regress_payidem_reused');
+SET ROLE regress_payidem_reused;
+SELECT out_trade_no AS still_mapped_to_m2 FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
+SELECT count(*) FROM payidem.merchant;
+RESET ROLE;
+\set VERBOSITY sqlstate
+SELECT payidem.revoke_auditor('regress_payidem_reused');
+\set VERBOSITY terse
+SELECT payidem.revoke_auditor('regress_payidem_auditor');
+SET ROLE regress_payidem_auditor;
+SELECT count(*) AS former_auditor_sees FROM payidem."order";
+RESET ROLE;
+-- the application role does not load bills (grant load_bill explicitly)
+SET ROLE regress_payidem_app;
+SELECT payidem.load_bill('SEC_WX', '2026-01-01', '');
+RESET ROLE;
+
 ------------------------------------------- look-alike functions and operators
 -- A hostile role plants functions and operators in public that shadow
 -- pg_catalog's (CVE-2018-1058).  payidem's functions pin their search_path,
@@ -137,6 +186,7 @@ REVOKE CREATE ON SCHEMA public FROM regress_payidem_hostile;
 DELETE FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
 DELETE FROM payidem.auditor_role;
 DELETE FROM payidem.merchant_role;
-DROP OWNED BY regress_payidem_app, regress_payidem_auditor, regress_payidem_report;
+DROP OWNED BY regress_payidem_app, regress_payidem_auditor, regress_payidem_report, regress_payidem_reused,
+	"Regress-Payidem Report";
 DROP ROLE regress_payidem_app, regress_payidem_auditor, regress_payidem_report,
-          regress_payidem_plain, regress_payidem_hostile;
+          regress_payidem_plain, regress_payidem_hostile, regress_payidem_reused, "Regress-Payidem Report";

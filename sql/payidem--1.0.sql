@@ -1477,49 +1477,66 @@ COMMENT ON FUNCTION payidem.reencrypt_secrets() IS
 -- Roles: application, auditor, merchant-scoped reporting (row-level security)
 ------------------------------------------------------------------------------
 
+-- Roles are kept by OID (regrole), not by name: a role dropped and created
+-- again under the same name is a new role and inherits nothing.  pg_dump
+-- writes regrole values as role names, so a restore maps them to the roles of
+-- the target cluster (restore the roles first, as for any GRANT).
 CREATE TABLE payidem.merchant_role (
-	role_name	name		NOT NULL,
+	role		regrole		NOT NULL,
 	merchant_no	text		NOT NULL,
 	created_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
-	CONSTRAINT merchant_role_pkey PRIMARY KEY (role_name, merchant_no),
+	CONSTRAINT merchant_role_pkey PRIMARY KEY (role, merchant_no),
 	CONSTRAINT merchant_role_merchant_fkey FOREIGN KEY (merchant_no)
 		REFERENCES payidem.merchant (merchant_no)
 );
 COMMENT ON TABLE payidem.merchant_role IS
-	'Reporting roles mapped to merchants: such a role reads only its merchants'' orders, payments, refunds and anomalies (row-level security). Managed with map_merchant_role()/unmap_merchant_role().';
+	'Reporting roles mapped to merchants: such a role reads only its merchants'' orders, payments, refunds and anomalies (row-level security). Managed with map_merchant_role()/unmap_merchant_role(); a role is kept by OID, so a new role with a dropped one''s name inherits nothing.';
 
 CREATE TABLE payidem.auditor_role (
-	role_name	name		NOT NULL,
+	role		regrole		NOT NULL,
 	created_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
-	CONSTRAINT auditor_role_pkey PRIMARY KEY (role_name)
+	CONSTRAINT auditor_role_pkey PRIMARY KEY (role)
 );
 COMMENT ON TABLE payidem.auditor_role IS
-	'Roles granted read access to all merchants'' rows (without secrets) by grant_auditor().';
+	'Roles granted read access to all merchants'' rows (without secrets) by grant_auditor(), until revoke_auditor(); kept by OID.';
 
--- Used by the row-level security policies, which pass the querying role (the
--- policy expression runs as that role; inside this SECURITY DEFINER function
--- CURRENT_USER would be the owner).  Runs as the extension's owner, so the
--- mapping tables need no grants.
-CREATE FUNCTION payidem._row_visible(p_merchant_no text, p_role name)
+-- Used by the row-level security policies, which pass the querying role's
+-- OID (the policy expression runs as that role; inside this SECURITY DEFINER
+-- function CURRENT_USER would be the owner).  Runs as the extension's owner,
+-- so the mapping tables need no grants.
+CREATE FUNCTION payidem._row_visible(p_merchant_no text, p_role regrole)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role_name = p_role)
+RETURN EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role = p_role)
 	OR EXISTS (SELECT 1 FROM payidem.merchant_role r
-				WHERE r.role_name = p_role AND r.merchant_no = p_merchant_no);
+				WHERE r.role = p_role AND r.merchant_no = p_merchant_no);
+
+-- Rows of roles that no longer exist (a role is dropped with DROP OWNED BY,
+-- which revokes the grants but cannot see these rows): removed whenever a
+-- mapping is changed, so that they are not left behind for good.
+CREATE FUNCTION payidem._forget_dropped_roles()
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	DELETE FROM payidem.auditor_role a
+	 WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = a.role::oid);
+	DELETE FROM payidem.merchant_role r
+	 WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = r.role::oid);
+END;
 
 ALTER TABLE payidem."order" ENABLE ROW LEVEL SECURITY;
 ALTER TABLE payidem.payment ENABLE ROW LEVEL SECURITY;
 ALTER TABLE payidem.refund ENABLE ROW LEVEL SECURITY;
 ALTER TABLE payidem.anomaly ENABLE ROW LEVEL SECURITY;
 CREATE POLICY merchant_rows ON payidem."order" FOR SELECT
-	USING (payidem._row_visible(merchant_no, CURRENT_USER));
+	USING (payidem._row_visible(merchant_no, (SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
 CREATE POLICY merchant_rows ON payidem.payment FOR SELECT
-	USING (payidem._row_visible(merchant_no, CURRENT_USER));
+	USING (payidem._row_visible(merchant_no, (SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
 CREATE POLICY merchant_rows ON payidem.refund FOR SELECT
-	USING (payidem._row_visible(merchant_no, CURRENT_USER));
+	USING (payidem._row_visible(merchant_no, (SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
 CREATE POLICY merchant_rows ON payidem.anomaly FOR SELECT
 	USING (payidem._row_visible((SELECT o.merchant_no FROM payidem."order" o WHERE o.order_no = anomaly.order_no),
-								CURRENT_USER));
+								(SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
 
 CREATE FUNCTION payidem._check_role(role regrole)
 RETURNS name
@@ -1554,7 +1571,7 @@ BEGIN ATOMIC
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
-						 'reconcile', 'resolve_diff', 'load_bill');
+						 'reconcile', 'resolve_diff');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -1582,16 +1599,43 @@ DECLARE
 	v_role name := payidem._check_role(role);
 BEGIN
 	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, name) TO %I', v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
 	EXECUTE format('GRANT SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
 				   'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.status_log, '
 				   'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
 				   'payidem.reconciliation, payidem.recon_summary TO %I', v_role);
-	INSERT INTO payidem.auditor_role (role_name) VALUES (v_role) ON CONFLICT DO NOTHING;
+	PERFORM payidem._forget_dropped_roles();
+	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
 END
 $$;
 COMMENT ON FUNCTION payidem.grant_auditor(regrole) IS
 	'Read-only access to every merchant''s business rows; never to merchant_secret, channel_config or idempotency results.';
+
+CREATE FUNCTION payidem.revoke_auditor(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	PERFORM payidem._forget_dropped_roles();
+	DELETE FROM payidem.auditor_role a WHERE a.role = revoke_auditor.role;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'role % is not an auditor', role USING
+			ERRCODE = 'PI009',
+			HINT = 'payidem.auditor_role lists the roles grant_auditor() has made auditors.';
+	END IF;
+	-- what grant_auditor() granted, except what a merchant mapping still needs
+	EXECUTE format('REVOKE SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
+				   'payidem.status_log, payidem.state, payidem.transition, payidem.channel_bill, '
+				   'payidem.recon_batch, payidem.reconciliation, payidem.recon_summary FROM %I', v_role);
+	IF NOT EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE r.role = revoke_auditor.role) THEN
+		EXECUTE format('REVOKE SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly FROM %I',
+					   v_role);
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.revoke_auditor(regrole) IS
+	'Undo grant_auditor(): the role no longer sees every merchant''s rows (a merchant mapping it has stays).';
 
 CREATE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
 RETURNS void
@@ -1601,10 +1645,11 @@ DECLARE
 BEGIN
 	PERFORM payidem._merchant_for_update(map_merchant_role.merchant_no);
 	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, name) TO %I', v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
 	EXECUTE format('GRANT SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly TO %I', v_role);
-	INSERT INTO payidem.merchant_role (role_name, merchant_no)
-	VALUES (v_role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
+	PERFORM payidem._forget_dropped_roles();
+	INSERT INTO payidem.merchant_role (role, merchant_no)
+	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
 END
 $$;
 COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
@@ -1614,8 +1659,9 @@ CREATE FUNCTION payidem.unmap_merchant_role(role regrole, merchant_no text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._forget_dropped_roles();
 	DELETE FROM payidem.merchant_role r
-	 WHERE r.role_name = role::text::name AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
+	 WHERE r.role = unmap_merchant_role.role AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'role % is not mapped to merchant %', role,
 			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL') USING

@@ -142,16 +142,24 @@ load_key(MasterKey *mk, const char *setting, const char *path, bool required)
 	}
 	if (stat(path, &st) != 0)
 		key_error(setting, path, "the file does not exist or cannot be read");
-	if (mk->loaded && strcmp(mk->path, path) == 0 &&
-		mk->st.st_ino == st.st_ino && mk->st.st_dev == st.st_dev &&
-		mk->st.st_size == st.st_size && mk->st.st_mtime == st.st_mtime)
-		return mk;
-
-	mk->loaded = false;
+	/* checked on every use, also when the key is cached: a chmod counts at once */
 	if (!S_ISREG(st.st_mode))
 		key_error(setting, path, "it is not a regular file");
 	if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
 		key_error(setting, path, "the file is accessible to other users (chmod 600 it)");
+	/*
+	 * The cached key is the file's as long as nothing about the file changed:
+	 * same inode and size, and the same modification and status-change times
+	 * to the nanosecond (an overwrite in place within one second changes them).
+	 */
+	if (mk->loaded && strcmp(mk->path, path) == 0 &&
+		mk->st.st_ino == st.st_ino && mk->st.st_dev == st.st_dev &&
+		mk->st.st_size == st.st_size &&
+		mk->st.st_mtim.tv_sec == st.st_mtim.tv_sec && mk->st.st_mtim.tv_nsec == st.st_mtim.tv_nsec &&
+		mk->st.st_ctim.tv_sec == st.st_ctim.tv_sec && mk->st.st_ctim.tv_nsec == st.st_ctim.tv_nsec)
+		return mk;
+
+	mk->loaded = false;
 
 	f = AllocateFile(path, "r");
 	if (f == NULL)
