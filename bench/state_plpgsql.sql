@@ -43,7 +43,7 @@ BEGIN
 	END IF;
 	IF v = 'plpgsql' THEN
 		CREATE CONSTRAINT TRIGGER bench_plpgsql_guard
-			AFTER INSERT OR UPDATE OF status ON payidem."order"
+			AFTER INSERT OR UPDATE ON payidem."order"
 			FOR EACH ROW EXECUTE FUNCTION bench_plpgsql_guard('order');
 	END IF;
 	RETURN v;

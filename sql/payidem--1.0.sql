@@ -806,6 +806,81 @@ CREATE TRIGGER whitelist_changed
 	FOR EACH STATEMENT EXECUTE FUNCTION payidem.whitelist_changed();
 ALTER TABLE payidem.transition ENABLE ALWAYS TRIGGER whitelist_changed;
 
+-- What the whitelist tables refuse:
+--   * changing or deleting a built-in row (payidem's own functions rely on
+--     them, and pg_dump does not keep them: CREATE EXTENSION recreates them on
+--     restore, so an edit would silently come undone), or making a row
+--     built-in;
+--   * a transition that leaves a terminal status, and making a status
+--     terminal while transitions leave it.
+-- ENABLE ALWAYS like whitelist_changed: a restore loads only your own rows.
+CREATE FUNCTION payidem._whitelist_guard()
+RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF TG_OP = 'TRUNCATE' THEN
+		RAISE EXCEPTION 'payidem.% cannot be truncated', TG_TABLE_NAME USING
+			ERRCODE = 'insufficient_privilege',
+			DETAIL = 'It holds the built-in state machines that payidem''s functions rely on.',
+			HINT = 'Delete your own rows: DELETE FROM payidem.' || TG_TABLE_NAME || ' WHERE NOT builtin.';
+	END IF;
+	IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.builtin THEN
+		RAISE EXCEPTION 'built-in rows of payidem.% cannot be changed or deleted', TG_TABLE_NAME USING
+			ERRCODE = 'insufficient_privilege',
+			DETAIL = format('%s row %s is built in: payidem''s functions rely on it, and CREATE EXTENSION recreates it on a restore.',
+							TG_TABLE_NAME, to_jsonb(OLD) - 'builtin'),
+			HINT = 'Add statuses and transitions of your own; only rows with builtin = false can be changed or deleted.';
+	END IF;
+	IF TG_OP = 'DELETE' THEN
+		RETURN OLD;
+	END IF;
+	IF NEW.builtin THEN
+		RAISE EXCEPTION 'only CREATE EXTENSION installs built-in rows' USING
+			ERRCODE = 'insufficient_privilege',
+			DETAIL = format('%s row %s has builtin = true.', TG_TABLE_NAME, to_jsonb(NEW) - 'builtin'),
+			HINT = 'Insert it with builtin = false (the default), so that pg_dump keeps it.';
+	END IF;
+	IF TG_TABLE_NAME = 'transition' THEN
+		IF EXISTS (SELECT 1 FROM payidem.state s
+					WHERE s.entity = NEW.entity AND s.status = NEW.from_status AND s.terminal) THEN
+			RAISE EXCEPTION 'a transition cannot leave a terminal status' USING
+				ERRCODE = 'check_violation',
+				DETAIL = format('%s: ''%s'' is terminal in payidem.state; the transition was ''%s'' -> ''%s''.',
+								NEW.entity, NEW.from_status, NEW.from_status, NEW.to_status),
+				HINT = 'Leave from a status that is not terminal, or add your own status for the new path.';
+		END IF;
+	ELSIF NEW.terminal THEN
+		IF EXISTS (SELECT 1 FROM payidem.transition t
+					WHERE t.entity = NEW.entity AND t.from_status = NEW.status) THEN
+			RAISE EXCEPTION 'a status that transitions leave cannot be terminal' USING
+				ERRCODE = 'check_violation',
+				DETAIL = format('%s: transitions in payidem.transition leave ''%s''.', NEW.entity, NEW.status),
+				HINT = 'Delete those transitions first, or keep the status non-terminal.';
+		END IF;
+	END IF;
+	RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION payidem._whitelist_guard() IS
+	'Trigger on payidem.state and payidem.transition: built-in rows are fixed; no transition leaves a terminal status.';
+
+CREATE TRIGGER whitelist_guard
+	BEFORE INSERT OR UPDATE OR DELETE ON payidem.state
+	FOR EACH ROW EXECUTE FUNCTION payidem._whitelist_guard();
+CREATE TRIGGER whitelist_guard_truncate
+	BEFORE TRUNCATE ON payidem.state
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._whitelist_guard();
+CREATE TRIGGER whitelist_guard
+	BEFORE INSERT OR UPDATE OR DELETE ON payidem.transition
+	FOR EACH ROW EXECUTE FUNCTION payidem._whitelist_guard();
+CREATE TRIGGER whitelist_guard_truncate
+	BEFORE TRUNCATE ON payidem.transition
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._whitelist_guard();
+ALTER TABLE payidem.state ENABLE ALWAYS TRIGGER whitelist_guard;
+ALTER TABLE payidem.state ENABLE ALWAYS TRIGGER whitelist_guard_truncate;
+ALTER TABLE payidem.transition ENABLE ALWAYS TRIGGER whitelist_guard;
+ALTER TABLE payidem.transition ENABLE ALWAYS TRIGGER whitelist_guard_truncate;
+
 -- The guard: no INSERT in a non-initial status, no status change outside
 -- payidem.transition, whoever runs it; every accepted one is logged.
 -- Ordinary (ENABLE ORIGIN) triggers: a restore run with
@@ -818,13 +893,13 @@ COMMENT ON FUNCTION payidem.status_guard() IS
 	'Constraint trigger (entity, key column): refuses inserts in a non-initial status and status changes not in payidem.transition (PI002); logs accepted ones in status_log.';
 
 CREATE CONSTRAINT TRIGGER status_guard
-	AFTER INSERT OR UPDATE OF status ON payidem."order"
+	AFTER INSERT OR UPDATE ON payidem."order"
 	FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('order', 'order_no');
 CREATE CONSTRAINT TRIGGER status_guard
-	AFTER INSERT OR UPDATE OF status ON payidem.payment
+	AFTER INSERT OR UPDATE ON payidem.payment
 	FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('payment', 'payment_no');
 CREATE CONSTRAINT TRIGGER status_guard
-	AFTER INSERT OR UPDATE OF status ON payidem.refund
+	AFTER INSERT OR UPDATE ON payidem.refund
 	FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('refund', 'refund_no');
 
 -- status_log is append-only, for every role, also under

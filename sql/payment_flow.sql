@@ -386,6 +386,7 @@ SELECT payidem.create_order(:'m1', 'T-0020', 700, 'Oolong', 'https://shop.exampl
 SELECT payidem.begin_payment(:'o20', 'FLOW_WX') AS p20 \gset
 -- the whitelist: without pending -> succeeded for payments, the success is PI002
 BEGIN;
+ALTER TABLE payidem.transition DISABLE TRIGGER whitelist_guard;  -- built-in rows are fixed otherwise
 DELETE FROM payidem.transition WHERE entity = 'payment' AND from_status = 'pending' AND to_status = 'succeeded';
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
                                  :'p20', 'callback', 'succeeded', 'WX-T-0020'));

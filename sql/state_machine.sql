@@ -360,6 +360,68 @@ SELECT a.name, a.value > b.value AS increased
   FROM payidem.stats() a JOIN stats_before b USING (name)
  WHERE a.name LIKE 'transitions%' ORDER BY 1;
 
+--
+-- 11. Around the guard: a number that changes, a BEFORE trigger, the
+--     whitelist's own rules, NULLs and other tables
+--
+-- The number is the row's identity: renaming it would move a status without a
+-- transition (two renames swap a failed and a succeeded payment).
+SELECT pg_temp.bring('order', 20, 'closed') AS k20 \gset
+SELECT pg_temp.try(format($$UPDATE payidem."order" SET order_no = %L WHERE order_no = %L$$,
+                          pg_temp.key('order', 99), :'k20'));
+SELECT pg_temp.bring('payment', 21, 'failed') AS k21 \gset
+SELECT pg_temp.try(format($$UPDATE payidem.payment SET payment_no = %L WHERE payment_no = %L$$,
+                          pg_temp.key('payment', 99), :'k21'));
+-- A BEFORE trigger may change the status of an UPDATE that does not name it:
+-- checked (closed -> paid is PI002) and logged (pending -> paid) all the same.
+CREATE FUNCTION pg_temp.sneak() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN NEW.status := 'paid'; RETURN NEW; END $$;
+CREATE TRIGGER sneak BEFORE UPDATE ON payidem."order" FOR EACH ROW WHEN (NEW.subject = 'sneak')
+  EXECUTE FUNCTION pg_temp.sneak();
+SELECT pg_temp.try(format($$UPDATE payidem."order" SET subject = 'sneak' WHERE order_no = %L$$, :'k20'));
+SELECT pg_temp.make('order', 22) AS k22 \gset
+UPDATE payidem."order" SET subject = 'sneak' WHERE order_no = :'k22';
+SELECT from_status, to_status FROM payidem.status_log WHERE entity_no = :'k22' ORDER BY log_id;
+DROP TRIGGER sneak ON payidem."order";
+-- Built-in whitelist rows are fixed (payidem's functions rely on them, and a
+-- restore recreates them); only CREATE EXTENSION makes rows built in.
+SELECT pg_temp.try($$DELETE FROM payidem.transition WHERE entity = 'order' AND from_status = 'pending' AND to_status = 'closed'$$);
+SELECT pg_temp.try($$UPDATE payidem.state SET terminal = false WHERE entity = 'order' AND status = 'closed'$$);
+SELECT pg_temp.try($$TRUNCATE payidem.transition$$);
+SELECT pg_temp.try($$INSERT INTO payidem.state (entity, status, builtin) VALUES ('order', 'lost', true)$$);
+-- No transition leaves a terminal status, built in or not.
+SELECT pg_temp.try($$INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'refunded', 'paid')$$);
+SELECT pg_temp.try($$INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'completed', 'paid')$$);
+INSERT INTO payidem.state (entity, status) VALUES ('order', 'on_hold');
+INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'paid', 'on_hold'), ('order', 'on_hold', 'paid');
+SELECT pg_temp.try($$UPDATE payidem.state SET terminal = true WHERE entity = 'order' AND status = 'on_hold'$$);
+DELETE FROM payidem.transition WHERE entity = 'order' AND from_status = 'on_hold';
+SELECT pg_temp.try($$UPDATE payidem.state SET terminal = true WHERE entity = 'order' AND status = 'on_hold'$$);
+DELETE FROM payidem.transition WHERE entity = 'order' AND to_status = 'on_hold';
+DELETE FROM payidem.state WHERE entity = 'order' AND status = 'on_hold';
+-- A table of your own: its key and status must not be NULL (nothing to log
+-- them under, nothing to check a change against).
+INSERT INTO payidem.state (entity, status, initial, terminal) VALUES
+	('ticket', 'open', true, false), ('ticket', 'done', false, true);
+INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('ticket', 'open', 'done');
+CREATE TABLE public.ticket (ticket_no text, status text DEFAULT 'open');
+CREATE CONSTRAINT TRIGGER status_guard AFTER INSERT OR UPDATE ON ticket
+  FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('ticket', 'ticket_no');
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES (NULL)$$);
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no, status) VALUES ('T-1', NULL)$$);
+INSERT INTO ticket (ticket_no) VALUES ('T-1');
+SELECT pg_temp.try($$UPDATE ticket SET status = NULL$$);
+UPDATE ticket SET status = 'done';
+SELECT from_status, to_status FROM payidem.status_log WHERE entity = 'ticket' ORDER BY log_id;
+-- The built-in entities are guarded on payidem's own tables only: a trigger
+-- elsewhere cannot write history for a real order.
+CREATE TABLE public.fake_order (order_no text, status text);
+CREATE CONSTRAINT TRIGGER status_guard AFTER INSERT OR UPDATE ON fake_order
+  FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('order', 'order_no');
+SELECT pg_temp.try(format($$INSERT INTO fake_order VALUES (%L, 'pending')$$, :'k20'));
+SELECT count(*) AS k20_log_rows FROM payidem.status_log WHERE entity_no = :'k20';
+DROP TABLE ticket, fake_order;
+
 -- DROP EXTENSION still works (no trigger stands in the way)
 DROP EXTENSION payidem;
 CREATE EXTENSION payidem;

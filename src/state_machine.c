@@ -16,8 +16,11 @@
  * CacheInvalidateRelcacheByRelid(): the change is seen by the next command
  * of the changing transaction (CommandCounterIncrement processes local
  * invalidations), undone locally if it aborts, and broadcast to every other
- * backend at commit, which processes it when its next statement takes its
- * first lock.  The cache is read with a fresh snapshot (GetLatestSnapshot),
+ * backend at commit.  Each use of the cache first processes the
+ * invalidations that arrived (AcceptInvalidationMessages: a read of one flag
+ * when there are none), so a transaction that already holds its locks — a
+ * PL/pgSQL loop, a prepared UPDATE — sees another session's committed change
+ * at its next row too, not only at its next lock.  The cache is read with a fresh snapshot (GetLatestSnapshot),
  * not the transaction snapshot, so a backend in a REPEATABLE READ transaction
  * cannot cache a whitelist older than the invalidations it has processed.
  * The relcache callback only marks the cache stale; memory is released when
@@ -34,11 +37,13 @@
  *
  * Privileges: the whitelist is read as the owner of payidem.state
  * (SetUserIdAndSecContext, as the RI triggers do) and the log row is written
- * by trusted C code with no permission check, so an application role needs
- * UPDATE on "order" but no right on state, transition or status_log — it
- * cannot forge history.  changed_by records the role that made the change.
- * transit_*() run as the caller: its UPDATE rights and row-level policies
- * apply (a row it cannot see is "not found").
+ * by trusted C code with no permission check, so a role that may update
+ * "order" needs no right on state, transition or status_log — it cannot
+ * forge history.  changed_by records the role that made the change (the
+ * caller of a SECURITY DEFINER function, GetOuterUserId).  transit_*() run
+ * their UPDATE as the tables' owner, like payidem's SECURITY DEFINER
+ * functions: the caller needs EXECUTE only, and row-level policies for
+ * reporting roles do not hide rows from them.
  *
  * Locking: transit_*() relies on the row lock its UPDATE takes.  Under READ
  * COMMITTED a concurrent change of the same row makes the UPDATE wait, then
@@ -418,6 +423,7 @@ whitelist_get(void)
 		CacheRegisterRelcacheCallback(whitelist_relcache_callback, (Datum) 0);
 		callback_registered = true;
 	}
+	AcceptInvalidationMessages();
 
 	while (whitelist == NULL)
 	{
@@ -800,13 +806,64 @@ tuple_text_column(Relation rel, HeapTuple tuple, const char *colname, bool *isnu
 	return CStringGetTextDatum(SPI_getvalue(tuple, tupdesc, attnum));
 }
 
+/* the key of a row, quoted for a message */
+static char *
+quote_key(Datum key)
+{
+	text	   *t = DatumGetTextPP(key);
+
+	return payidem_quote_value(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+}
+
+/* a NULL status or key: nothing to check a transition against or log under */
+static void
+guard_null_column(Relation rel, const char *entity, const char *colname)
+{
+	payidem_count(PAYIDEM_TRANSITIONS_REJECTED);
+	ereport(ERROR,
+			(errcode(ERRCODE_NOT_NULL_VIOLATION),
+			 errmsg("column \"%s\" of relation \"%s\" must not be NULL in the %s state machine",
+					colname, RelationGetRelationName(rel), entity),
+			 errdetail("payidem.status_guard('%s', ...) checks every status change and logs it under the row's key.",
+					   entity),
+			 errhint("Declare column \"%s\" NOT NULL.", colname)));
+}
+
+/*
+ * The built-in entities belong to payidem's own tables: a trigger on another
+ * table (made by a role given EXECUTE on status_guard for its own entities)
+ * must not write history for real orders, payments or refunds.
+ */
+static void
+guard_check_table(Relation rel, const char *entity)
+{
+	static Oid	payidem_nsp = InvalidOid;
+
+	if (strcmp(entity, "order") != 0 && strcmp(entity, "payment") != 0 &&
+		strcmp(entity, "refund") != 0)
+		return;
+	if (RelationGetNamespace(rel) != payidem_nsp)
+		payidem_nsp = get_namespace_oid("payidem", true);	/* first call, or a new schema */
+	if (RelationGetNamespace(rel) != payidem_nsp || strcmp(RelationGetRelationName(rel), entity) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("entity '%s' is guarded only on table payidem.%s", entity,
+						quote_identifier(entity)),
+				 errdetail("A status_guard trigger on relation \"%s\" names entity '%s'.",
+						   RelationGetRelationName(rel), entity),
+				 errhint("Use an entity name of your own for your own table, with its rows in payidem.state and payidem.transition.")));
+}
+
 /*
  * payidem.status_guard(entity, key_column) — constraint trigger
- *		AFTER INSERT OR UPDATE OF status ... FOR EACH ROW on "order", payment
- *		and refund.  An insert must use the entity's initial status; a status
- *		change must be a row of payidem.transition.  Anything else is PI002.
- *		Every accepted insert or change appends one row to status_log.
- *		Runs on the cached whitelist: no query per row except the log insert.
+ *		AFTER INSERT OR UPDATE ... FOR EACH ROW on "order", payment and
+ *		refund.  An insert must use the entity's initial status; a status
+ *		change must be a row of payidem.transition; the key (the row's number)
+ *		never changes.  Anything else is PI002.  It fires for every updated
+ *		row, not only for UPDATE OF status: a BEFORE trigger may change the
+ *		status of a row whose UPDATE did not name it.  Every accepted insert
+ *		or change appends one row to status_log.  Runs on the cached
+ *		whitelist: no query per row except the log insert.
  */
 PG_FUNCTION_INFO_V1(payidem_status_guard);
 Datum
@@ -818,6 +875,7 @@ payidem_status_guard(PG_FUNCTION_ARGS)
 	const char *keycol;
 	WhitelistCache *cache;
 	WhitelistEntity *ent;
+	Relation	rel;
 	HeapTuple	newtuple;
 	Datum		key;
 	Datum		new_status;
@@ -847,12 +905,17 @@ payidem_status_guard(PG_FUNCTION_ARGS)
 				 errhint("For example: EXECUTE FUNCTION payidem.status_guard('order', 'order_no').")));
 	entity = trigger->tgargs[0];
 	keycol = trigger->tgargs[1];
+	rel = trigdata->tg_relation;
+	guard_check_table(rel, entity);
 
 	newtuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event)
 		? trigdata->tg_newtuple : trigdata->tg_trigtuple;
-	new_status = tuple_text_column(trigdata->tg_relation, newtuple, "status", &isnull);
+	new_status = tuple_text_column(rel, newtuple, "status", &isnull);
 	if (isnull)
-		return PointerGetDatum(NULL);	/* NOT NULL / foreign key will refuse it */
+		guard_null_column(rel, entity, "status");
+	key = tuple_text_column(rel, newtuple, keycol, &isnull);
+	if (isnull)
+		guard_null_column(rel, entity, keycol);
 	new_s = text_datum_cstring(new_status, &new_len);
 
 	cache = whitelist_get();
@@ -863,12 +926,8 @@ payidem_status_guard(PG_FUNCTION_ARGS)
 		if (ent == NULL || ent->initial == NULL ||
 			ent->initial->len != new_len || memcmp(ent->initial->status, new_s, new_len) != 0)
 		{
-			char	   *quoted;
+			char	   *quoted = quote_key(key);
 
-			key = tuple_text_column(trigdata->tg_relation, newtuple, keycol, &isnull);
-			quoted = isnull ? pstrdup("NULL")
-				: payidem_quote_value(VARDATA_ANY(DatumGetTextPP(key)),
-									  VARSIZE_ANY_EXHDR(DatumGetTextPP(key)));
 			payidem_count(PAYIDEM_TRANSITIONS_REJECTED);
 			if (ent == NULL || ent->initial == NULL)
 				ereport(ERROR,
@@ -885,31 +944,40 @@ payidem_status_guard(PG_FUNCTION_ARGS)
 					 errhint("Insert it as '%s', then change its status through the allowed transitions.",
 							 ent->initial->status)));
 		}
-		key = tuple_text_column(trigdata->tg_relation, newtuple, keycol, &isnull);
 		append_status_log(entity, key, (Datum) 0, true, new_status);
 	}
 	else
 	{
 		Datum		old_status;
+		Datum		old_key;
 		char	   *old_s;
 		int			old_len;
 
-		old_status = tuple_text_column(trigdata->tg_relation, trigdata->tg_trigtuple, "status", &isnull);
+		/*
+		 * The number is the row's identity in status_log: renaming it would
+		 * move a status (and its history) to another number without any
+		 * transition — two renames swap a failed and a succeeded payment.
+		 */
+		old_key = tuple_text_column(rel, trigdata->tg_trigtuple, keycol, &isnull);
+		if (isnull || !payidem_text_equal(old_key, key))
+		{
+			payidem_count(PAYIDEM_TRANSITIONS_REJECTED);
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+					 errmsg("%s %s cannot be renumbered", entity, isnull ? "NULL" : quote_key(old_key)),
+					 errdetail("The update sets %s to %s; a row's status and its status_log history belong to its number.",
+							   keycol, quote_key(key)),
+					 errhint("Create a new %s instead.", entity)));
+		}
+		old_status = tuple_text_column(rel, trigdata->tg_trigtuple, "status", &isnull);
 		if (isnull)
-			return PointerGetDatum(NULL);
+			guard_null_column(rel, entity, "status");
 		old_s = text_datum_cstring(old_status, &old_len);
 		if (old_len == new_len && memcmp(old_s, new_s, new_len) == 0)
-			return PointerGetDatum(NULL);	/* status listed in SET but unchanged */
+			return PointerGetDatum(NULL);	/* an update that leaves the status as it is */
 
-		key = tuple_text_column(trigdata->tg_relation, newtuple, keycol, &isnull);
 		if (ent == NULL || !transition_allowed(ent, old_s, old_len, new_s, new_len))
-		{
-			char	   *quoted = isnull ? pstrdup("NULL")
-				: payidem_quote_value(VARDATA_ANY(DatumGetTextPP(key)),
-									  VARSIZE_ANY_EXHDR(DatumGetTextPP(key)));
-
-			report_illegal_change(ent, entity, quoted, old_s, new_s);
-		}
+			report_illegal_change(ent, entity, quote_key(key), old_s, new_s);
 		append_status_log(entity, key, old_status, false, new_status);
 	}
 	payidem_count(PAYIDEM_TRANSITIONS_APPLIED);
