@@ -356,6 +356,28 @@ SELECT s.name, s.value - b.value AS delta
   FROM payidem.stats() s JOIN stats_before b USING (name)
  ORDER BY s.name;
 
+--
+-- read-only transactions: a recorded key is answered, a new one is not written
+--
+SELECT outcome FROM payidem.idem_record('rt:ro:1', 'pay', 'PO1', NULL, 1, '{"ok": 1}');
+BEGIN READ ONLY;
+SELECT outcome, status, result FROM payidem.idem_claim('rt:ro:1', 'pay', 'PO1', NULL, 1);
+SELECT * FROM payidem.idem_claim('rt:ro:2', 'pay', 'PO1', NULL, 1);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN READ ONLY;
+SELECT * FROM payidem.idem_record('rt:ro:3', 'pay', 'PO1', NULL, 1, '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SELECT count(*) AS read_only_keys_written FROM payidem.idempotency WHERE idem_key IN ('rt:ro:2', 'rt:ro:3');
+
+--
+-- a lease or a retention beyond any timestamp
+--
+SELECT * FROM payidem.idem_claim('rt:lease:1', 'pay', 'PO1', NULL, 1, NULL, '1000 years');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT payidem.idem_purge('7000 years') AS purged_beyond_any_key;
+
 DELETE FROM payidem.idempotency WHERE idem_key LIKE 'rt:%';
 DROP VIEW rt_rows;
 DROP TABLE stats_before;

@@ -61,6 +61,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -93,6 +94,10 @@
 #define IDEM_BIZ_TYPE_MAX_CHARS	64
 /* a claim whose key keeps vanishing or changing under it gives up after this */
 #define IDEM_MAX_TRIES			10
+/* a lease longer than this is a mistake (and now + it could overflow) */
+#define IDEM_MAX_LEASE_YEARS		100
+/* older than any key: now - it cannot underflow */
+#define IDEM_MAX_RETENTION_YEARS	1000
 
 /* saved plans, prepared on first use in a backend */
 static SPIPlanPtr insert_plan = NULL;
@@ -958,6 +963,26 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 			 */
 			int			inserted;
 
+			/*
+			 * The direct insert below bypasses the executor's read-only
+			 * check: make it here (a key already recorded is still answered
+			 * in a read-only transaction and on a standby).
+			 */
+			if (RecoveryInProgress())
+				ereport(ERROR,
+						(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+						 errmsg("cannot record a new idempotency key during recovery"),
+						 errdetail("Key %s is not recorded yet; recording it writes a row, which a standby cannot do.",
+								   payidem_quote_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))),
+						 errhint("Claim new keys on the primary.")));
+			if (XactReadOnly)
+				ereport(ERROR,
+						(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+						 errmsg("cannot record a new idempotency key in a read-only transaction"),
+						 errdetail("Key %s is not recorded yet; recording it writes a row.",
+								   payidem_quote_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))),
+						 errhint("Claim keys in a read-write transaction.")));
+
 			now = GetCurrentTimestamp();
 			params[6] = complete ? (Datum) 0 :
 				DirectFunctionCall2(timestamptz_pl_interval,
@@ -1109,6 +1134,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 {
 	Interval   *lease;
 	Interval	zero;
+	Interval	max;
 	Datum		args[6];
 	bool		argnulls[6];
 
@@ -1120,6 +1146,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
 	lease = PG_GETARG_INTERVAL_P(6);
 	memset(&zero, 0, sizeof(zero));
+	max = zero;
 	if (!DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease),
 										  IntervalPGetDatum(&zero))))
 		ereport(ERROR,
@@ -1127,6 +1154,15 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 				 errmsg("lease must be positive"),
 				 errdetail("The lease was %s.",
 						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(lease)))),
+				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
+	max.month = IDEM_MAX_LEASE_YEARS * MONTHS_PER_YEAR;
+	if (DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease), IntervalPGetDatum(&max))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease is too long"),
+				 errdetail("The lease was %s; it may be at most %d years.",
+						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(lease))),
+						   IDEM_MAX_LEASE_YEARS),
 				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
 
 	begin_claim_result(fcinfo);
@@ -1282,6 +1318,7 @@ payidem_idem_purge(PG_FUNCTION_ARGS)
 {
 	Interval   *older_than;
 	Interval	zero;
+	Interval	max;
 	Datum		params[1];
 	Oid			purge_types[1] = {TIMESTAMPTZOID};
 	Oid			save_userid;
@@ -1306,6 +1343,11 @@ payidem_idem_purge(PG_FUNCTION_ARGS)
 						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(older_than)))),
 				 errhint("Pass how long finished keys are kept, e.g. '7 days'.")));
 
+	/* no key is older than this: a longer retention keeps everything */
+	max = zero;
+	max.month = IDEM_MAX_RETENTION_YEARS * MONTHS_PER_YEAR;
+	if (DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(older_than), IntervalPGetDatum(&max))))
+		PG_RETURN_INT64(0);
 	params[0] = DirectFunctionCall2(timestamptz_mi_interval,
 									TimestampTzGetDatum(GetCurrentTimestamp()),
 									IntervalPGetDatum(older_than));
