@@ -1101,7 +1101,8 @@ BEGIN
 	SELECT * INTO m FROM payidem.merchant WHERE merchant_no OPERATOR(pg_catalog.=) p_merchant_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(p_merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.merchant has no row with that merchant_no.';
 	END IF;
 	RETURN m;
 END
@@ -1117,7 +1118,8 @@ BEGIN
 	SELECT * INTO c FROM payidem.channel WHERE channel_no OPERATOR(pg_catalog.=) p_channel_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'channel % does not exist', coalesce(quote_literal(left(p_channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.channel has no row with that channel_no.';
 	END IF;
 	RETURN c;
 END
@@ -1222,10 +1224,14 @@ BEGIN
 	 WHERE ms.merchant_no OPERATOR(pg_catalog.=) sign.merchant_no AND ms.valid_until IS NULL;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(sign.merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.merchant has no row with that merchant_no.';
 	END IF;
 	IF payload IS NULL THEN
-		RAISE EXCEPTION 'payload to sign must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+		RAISE EXCEPTION 'payload to sign must not be NULL' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'payload was NULL.',
+			HINT = 'Pass the exact text that will be sent, e.g. the JSON body.';
 	END IF;
 	RETURN payidem._hmac_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
 							  s.key_version, s.nonce, s.ciphertext, s.auth_tag, payload);
@@ -1469,11 +1475,13 @@ BEGIN
 	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) route_channel.merchant_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(route_channel.merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.merchant has no row with that merchant_no.';
 	END IF;
 	IF m.status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
 			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status %s.', m.merchant_no, m.status),
 			HINT = 'Only active merchants take payments.';
 	END IF;
 	-- effective weight: channel weight x binding weight
@@ -1836,7 +1844,8 @@ BEGIN
 	SELECT m.status INTO v_status FROM payidem.merchant m WHERE m.merchant_no = v_merchant_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(v_merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.merchant has no row with that merchant_no.';
 	END IF;
 	IF v_status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', v_merchant_no, v_status USING
@@ -1882,6 +1891,27 @@ $$;
 COMMENT ON FUNCTION payidem.create_order(text, text, bigint, text, text, text, interval, text) IS
 	'New pending order (order_no = gen_order_no(''PO'')). Idempotent on (merchant_no, out_trade_no): the same amount and subject return the existing order_no, others raise PI001. PI009 unknown merchant, PI004 merchant not active, 22023 bad input.';
 
+-- REPEATABLE READ and the checks that read other sessions' rows after a lock:
+-- under READ COMMITTED each statement sees what committed before it, so a sum
+-- read after taking a row lock counts the rows of whoever held it; under
+-- SERIALIZABLE a race ends in 40001.  A REPEATABLE READ snapshot would miss
+-- them (two refunds above the paid amount, a daily limit passed, a pending
+-- attempt left on a closed order): refused instead.
+CREATE FUNCTION payidem._refuse_repeatable_read(fn text, reads text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF current_setting('transaction_isolation') = 'repeatable read' THEN
+		RAISE EXCEPTION '%() cannot run in a REPEATABLE READ transaction', fn USING
+			ERRCODE = 'feature_not_supported',
+			DETAIL = format('It checks %s after taking a row lock; a REPEATABLE READ snapshot does not show what other sessions committed meanwhile.', reads),
+			HINT = 'Call it in READ COMMITTED (the default) or SERIALIZABLE (retry on SQLSTATE 40001).';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._refuse_repeatable_read(text, text) IS
+	'Internal to begin_payment(), close_order() and refund(): raises 0A000 inside a REPEATABLE READ transaction.';
+
 CREATE FUNCTION payidem.begin_payment(order_no text, channel_no text)
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1898,12 +1928,16 @@ DECLARE
 	v_used bigint;
 	v_payment_no text;
 BEGIN
+	IF current_setting('transaction_isolation') = 'repeatable read' THEN
+		PERFORM payidem._refuse_repeatable_read('begin_payment', 'the order''s pending attempt and the daily limit');
+	END IF;
 	PERFORM payidem._require('channel_no', begin_payment.channel_no);
 	PERFORM payidem._check_number('order', begin_payment.order_no);
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem."order" has no row with that order_no.';
 	END IF;
 	IF o.status <> 'pending' THEN
 		RAISE EXCEPTION 'order % cannot take a payment', o.order_no USING
@@ -1923,16 +1957,19 @@ BEGIN
 	IF m.status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
 			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status %s.', m.merchant_no, m.status),
 			HINT = 'Only active merchants take payments.';
 	END IF;
 	SELECT * INTO c FROM payidem.channel x WHERE x.channel_no = v_channel_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'channel % does not exist', coalesce(quote_literal(left(v_channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.channel has no row with that channel_no.';
 	END IF;
 	IF c.status <> 'active' THEN
 		RAISE EXCEPTION 'channel % is %', c.channel_no, c.status USING
 			ERRCODE = 'PI004',
+			DETAIL = format('Channel %s has status %s.', c.channel_no, c.status),
 			HINT = 'Route the payment to an active channel (payidem.route_channel()).';
 	END IF;
 	SELECT * INTO b FROM payidem.merchant_channel x
@@ -2005,7 +2042,7 @@ COMMENT ON FUNCTION payidem.begin_payment(text, text) IS
 -- The argument checks of apply_payment_result(), run only when its one-expression
 -- test finds something wrong: each raises its own error.
 CREATE FUNCTION payidem._check_payment_result_args(payment_no text, source text, status text,
-	transaction_id text, amount bigint)
+	transaction_id text, amount bigint, paid_at timestamptz)
 RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -2035,9 +2072,15 @@ BEGIN
 			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
 							quote_literal(left(transaction_id, 64)));
 	END IF;
+	IF NOT isfinite(paid_at) THEN
+		RAISE EXCEPTION 'invalid paid_at' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; it must be a real point in time, or NULL for now.', paid_at),
+			HINT = 'Pass the time the channel reports the payment was made.';
+	END IF;
 END
 $$;
-COMMENT ON FUNCTION payidem._check_payment_result_args(text, text, text, text, bigint) IS
+COMMENT ON FUNCTION payidem._check_payment_result_args(text, text, text, text, bigint, timestamptz) IS
 	'Internal to apply_payment_result(): raises the error (22023, or PI009/22023 from _check_number) for the first invalid argument.';
 
 -- The two writes of a first success, as direct executor updates of the rows
@@ -2107,8 +2150,10 @@ BEGIN
 	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no)
 		OR v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close')
 		OR v_status IS NULL OR v_status NOT IN ('succeeded', 'failed', 'closed')
-		OR v_amount <= 0 OR v_txn !~ '^[[:graph:]]+$' OR length(v_txn) > 64 THEN
-		PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount);
+		OR v_amount <= 0 OR v_txn !~ '^[[:graph:]]+$' OR length(v_txn) > 64
+		OR NOT isfinite(_apply_payment_result.paid_at) THEN
+		PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount,
+												   _apply_payment_result.paid_at);
 	END IF;
 
 	-- lock order: the payment, then (only for a success that is not a
@@ -2117,7 +2162,8 @@ BEGIN
 	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.payment has no row with that payment_no.';
 	END IF;
 
 	IF v_status = 'succeeded' THEN
@@ -2300,6 +2346,9 @@ DECLARE
 	v_locked text;
 	o payidem."order";
 BEGIN
+	IF current_setting('transaction_isolation') = 'repeatable read' THEN
+		PERFORM payidem._refuse_repeatable_read('close_order', 'for a pending attempt of the order');
+	END IF;
 	PERFORM payidem._check_number('order', close_order.order_no);
 	-- lock order is payment before order: lock the pending attempt first
 	SELECT x.payment_no INTO v_locked FROM payidem.payment x
@@ -2310,7 +2359,8 @@ BEGIN
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem."order" has no row with that order_no.';
 	END IF;
 	IF o.status = 'closed' THEN
 		RETURN false;
@@ -2345,6 +2395,9 @@ DECLARE
 	p payidem.payment;
 	r payidem.refund;
 BEGIN
+	IF current_setting('transaction_isolation') = 'repeatable read' THEN
+		PERFORM payidem._refuse_repeatable_read('refund', 'the refunded total of the payment');
+	END IF;
 	PERFORM payidem._check_number('payment', refund.payment_no);
 	IF v_amount IS NULL OR v_amount <= 0 THEN
 		RAISE EXCEPTION 'invalid refund amount' USING
@@ -2368,7 +2421,8 @@ BEGIN
 	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.payment has no row with that payment_no.';
 	END IF;
 
 	<<attempt>>
@@ -2453,7 +2507,8 @@ BEGIN
 	SELECT x.payment_no INTO v_payment_no FROM payidem.refund x WHERE x.refund_no = v_refund_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'refund % does not exist', coalesce(quote_literal(left(v_refund_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.refund has no row with that refund_no.';
 	END IF;
 	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
 	SELECT * INTO r FROM payidem.refund x WHERE x.refund_no = v_refund_no FOR UPDATE;
@@ -2553,7 +2608,8 @@ BEGIN
 		payload := jsonb_build_object('order_no', n.order_no, 'out_trade_no', n.out_trade_no,
 									  'merchant_no', n.merchant_no, 'amount', n.amount,
 									  'currency', n.currency, 'status', n.status,
-									  'paid_at', n.paid_at::text);
+									  'paid_at', to_char(n.paid_at AT TIME ZONE 'UTC',
+														 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'));
 		signature := payidem.sign(n.merchant_no, payload::text);
 		attempt := n.notify_attempts + 1;
 		RETURN NEXT;
@@ -2576,12 +2632,16 @@ DECLARE
 BEGIN
 	PERFORM payidem._check_number('order', notify_result.order_no);
 	IF ok IS NULL THEN
-		RAISE EXCEPTION 'notification result must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+		RAISE EXCEPTION 'notification result must not be NULL' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'ok was NULL.',
+			HINT = 'Pass true if the merchant acknowledged the notification, false otherwise.';
 	END IF;
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = notify_result.order_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(notify_result.order_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem."order" has no row with that order_no.';
 	END IF;
 	IF o.notify_status <> 'pending' THEN
 		RETURN;			-- already sent or given up: a late or repeated report changes nothing
@@ -2775,7 +2835,8 @@ BEGIN
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
 		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.channel has no row with that channel_no.';
 	END IF;
 	v_day_text := to_char(v_day, 'YYYY-MM-DD');
 	PERFORM pg_advisory_xact_lock(hashtext('payidem.reconcile'), hashtext(v_channel));
@@ -2931,7 +2992,8 @@ BEGIN
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
 		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
-			ERRCODE = 'PI009';
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.channel has no row with that channel_no.';
 	END IF;
 	-- the bill day, midnight to midnight in the channel's zone
 	v_from := timezone(v_tz, v_day::timestamp);
@@ -2994,12 +3056,19 @@ BEGIN
 		  FROM unnest(l_rows) AS u
 	),
 	-- a bill line without a payment of the day: ours from another day (a
-	-- midnight straddle), ours but not paid, or unknown
+	-- midnight straddle), ours but not paid, or unknown.  It is ours and paid
+	-- (x_paid) when the payment has this transaction id — or has none, and is
+	-- the one whose number the channel echoes — and no other day's bill lists
+	-- the transaction with the same status (that would be billing it twice).
 	bo AS (
 		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status,
 			   x.payment_no AS x_no, x.order_no AS x_order, x.amount AS x_amount, x.status AS x_status,
-			   coalesce(x.by_txn AND x.status IN ('succeeded', 'partially_refunded', 'refunded'), false) AS x_paid,
-			   CASE WHEN x.by_txn THEN payidem._refunded_by(x.payment_no, x.status, v_to) ELSE false END AS x_refunded
+			   coalesce(x.by_txn AND x.status IN ('succeeded', 'partially_refunded', 'refunded'), false)
+			   AND NOT EXISTS (SELECT 1 FROM payidem.channel_bill cb
+								WHERE cb.channel_no = v_channel AND cb.transaction_id = r.b_txn
+								  AND cb.bill_date <> v_day AND cb.status = r.b_status) AS x_paid,
+			   CASE WHEN x.by_txn THEN payidem._refunded_by(x.payment_no, x.status, v_to) ELSE false END AS x_refunded,
+			   coalesce(x.paid_at >= v_from AND x.paid_at < v_to, false) AS x_of_the_day
 		  FROM r
 		 -- (LIMIT 1, the line is unique: a look-up per line, never a hash
 		 -- join against the whole bill)
@@ -3009,18 +3078,22 @@ BEGIN
 				 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day AND cb.transaction_id = r.b_txn
 				 LIMIT 1) bn
 		  LEFT JOIN LATERAL (
-				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn
+				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn, pay.paid_at
 				  FROM payidem.payment pay
 				 WHERE pay.channel_no = v_channel AND pay.transaction_id = r.b_txn
 				UNION ALL
-				-- else the payment number the channel echoes (for the record only)
-				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, false
+				-- else the payment number the channel echoes: the same payment
+				-- if ours has no transaction id (a success reported without
+				-- one), otherwise for the record only
+				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, pay.transaction_id IS NULL, pay.paid_at
 				  FROM payidem.payment pay
 				 WHERE pay.payment_no = bn.b_no AND pay.channel_no = v_channel
 				LIMIT 1) x ON true
 		 WHERE r.kind = 'bill_only'
 	),
 	-- a payment of the day missing from the bill: in the bill of another day?
+	-- (One without a transaction id is in this bill if a line echoing its
+	-- number was matched to it above.)
 	po AS (
 		SELECT r.p_no, r.p_txn, r.p_amount, r.p_status,
 			   EXISTS (SELECT 1 FROM payidem.channel_bill cb
@@ -3028,6 +3101,7 @@ BEGIN
 						  AND cb.bill_date <> v_day) AS elsewhere
 		  FROM r
 		 WHERE r.kind = 'platform_only'
+		   AND NOT (r.p_txn IS NULL AND EXISTS (SELECT 1 FROM bo WHERE bo.x_no = r.p_no AND bo.x_paid))
 	),
 	found AS MATERIALIZED (
 		SELECT r.kind AS diff_type, r.p_txn AS transaction_id, r.p_no AS payment_no,
@@ -3059,7 +3133,9 @@ BEGIN
 			   note = format('found in the bill of %s (%s)', to_char(v_day, 'YYYY-MM-DD'), v_batch),
 			   updated_at = now()
 		 WHERE rc.channel_no = v_channel
-		   AND rc.transaction_id = ANY (ARRAY(SELECT bo.b_txn FROM bo WHERE bo.x_paid))
+		   AND (rc.transaction_id = ANY (ARRAY(SELECT bo.b_txn FROM bo WHERE bo.x_paid))
+				OR (rc.transaction_id IS NULL
+					AND rc.payment_no = ANY (ARRAY(SELECT bo.x_no FROM bo WHERE bo.x_paid))))
 		   AND rc.diff_type = 'platform_only' AND rc.handle_status = 'open'
 		   AND rc.bill_date <> v_day
 		RETURNING rc.recon_id
@@ -3087,6 +3163,17 @@ BEGIN
 							  AND (f.transaction_id IS NULL) = (rc.transaction_id IS NULL)
 							  AND coalesce(f.transaction_id, f.payment_no) = coalesce(rc.transaction_id, rc.payment_no))
 		RETURNING rc.recon_id
+	),
+	-- the anomaly of a channel_only difference that is gone goes with it
+	settled AS (
+		UPDATE payidem.anomaly a
+		   SET handle_status = 'handled', handled_at = now(), handled_by = 'payidem.reconcile',
+			   note = format('its difference is gone in %s (the bill no longer shows it)', v_batch),
+			   updated_at = now()
+		 WHERE a.kind = 'channel_only' AND a.handle_status = 'open' AND a.channel_no = v_channel
+		   AND a.detail ->> 'bill_date' = to_char(v_day, 'YYYY-MM-DD')
+		   AND (a.detail ->> 'recon_id')::bigint IN (SELECT d.recon_id FROM dropped d)
+		RETURNING a.anomaly_id
 	),
 	-- new ones; one a person handled or ignored is not opened again
 	added AS (
@@ -3131,7 +3218,7 @@ BEGIN
 			 WHERE bo.x_paid AND bo.x_amount = bo.b_amount
 			   AND NOT ((bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
 						OR (bo.b_status = 'succeeded' AND bo.x_refunded))) AS matched_across,
-		   (SELECT count(*) FROM bo WHERE bo.x_paid)
+		   (SELECT count(*) FROM bo WHERE bo.x_paid AND NOT bo.x_of_the_day)
 			 + (SELECT count(*) FROM po WHERE po.elsewhere) AS straddled,
 		   (SELECT count(*) FROM auto) AS auto_resolved,
 		   (SELECT count(*) FROM kept) + (SELECT count(*) FROM dropped)

@@ -150,6 +150,7 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, amount => 0)', :'p1', 'callback', 'succeeded'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L)', :'p1', 'callback', 'succeeded', 'has space'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', 'PY202401010000000000000093', 'callback', 'succeeded'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, paid_at => %L)', :'p1', 'callback', 'succeeded', 'infinity'));
 
 -- amount mismatch: rejected + anomaly, nothing else changes; a repeat adds no second anomaly
 SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1200,
@@ -261,6 +262,13 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L, repeat(%L, 
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', 'PY202401010000000000000093', 'R-0001'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', :'p5', 'R-0001'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 1251, %L)', :'p1', 'R-0001'));
+-- REPEATABLE READ: refused (its snapshot would not show a concurrent refund);
+-- so are begin_payment and close_order
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT * FROM pg_temp.try(format('SELECT payidem.refund(%L, 100, %L)', :'p1', 'R-0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o1', 'FLOW_WX'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.close_order(%L)', :'o1'));
+ROLLBACK;
 -- partial: 250 of 1250
 SELECT payidem.refund(:'p1', 250, 'R-0001', 'one box damaged') AS r1 \gset
 SELECT :'r1' ~ '^RF[0-9]{24}$' AS refund_no_format, payidem.order_no_valid(:'r1') AS check_digits_ok;
@@ -310,7 +318,12 @@ SELECT count(*) AS pending_notifications FROM payidem."order" WHERE merchant_no 
 SELECT payidem.create_order(:'m1', 'T-0009', 990, 'Matcha', 'http://shop.example/n') AS o9 \gset
 SELECT payidem.apply_payment_result(payidem.begin_payment(:'o9', 'FLOW_ALI'), 'callback', 'succeeded', 'ALI-0009', 990,
                                     '2026-11-29 09:00:00+00') AS o9_paid;
+-- (paid_at in the payload is UTC ISO 8601 whatever the worker's DateStyle and TimeZone)
+SET datestyle = 'SQL, DMY';
+SET timezone = 'Asia/Shanghai';
 CREATE TEMP TABLE handed AS SELECT * FROM payidem.notify_due(100) WHERE merchant_no = :'m1';
+RESET datestyle;
+RESET timezone;
 SELECT order_no = :'o1' AS is_o1, order_no = :'o9' AS is_o9, notify_url, attempt,
        payload - 'order_no' - 'merchant_no' AS payload, payload ->> 'order_no' = order_no AS payload_order,
        payload ->> 'merchant_no' = :'m1' AS payload_merchant,

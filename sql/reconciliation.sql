@@ -255,6 +255,41 @@ SELECT * FROM payidem.reconcile('RECON_UP', '2024-05-03');
 SELECT diff_type, transaction_id, platform_status, channel_status
   FROM payidem.reconciliation WHERE channel_no = 'RECON_UP';
 
+---------------------------------------------------------------- billed twice, no transaction id, a corrected bill
+INSERT INTO payidem.channel (channel_no, channel_type, fee_rate) VALUES ('RECON_JD', 'epay', 0.0030);
+SELECT count(*) AS payments FROM (VALUES
+	(pg_temp.paid(40, 'RECON_JD', 'JD-T40', 4000, '2024-05-05 10:00:00+00')),
+	(pg_temp.paid(41, 'RECON_JD', NULL,     4100, '2024-05-05 11:00:00+00'))   -- success reported without a transaction id
+) v(p);
+SELECT payidem.order_no_make('PY', '2024-05-01 00:00:00+00', 0, 41) AS p41 \gset
+-- the line that echoes payment 41's number is payment 41 (ours has no
+-- transaction id): matched, neither platform_only nor channel_only, no anomaly
+SELECT payidem.load_bill('RECON_JD', '2024-05-05',
+	format(E'RECON_JD,2024-05-05,JD-T40,,4000,12,succeeded,2024-05-05 18:00:00\n'
+		   'RECON_JD,2024-05-05,JD-T41,%s,4100,12,succeeded,2024-05-05 19:00:00\n', :'p41'));
+SELECT * FROM payidem.reconcile('RECON_JD', '2024-05-05');
+-- 05-06 lists JD-T40 (already billed, and matched, on 05-05) again as
+-- succeeded: billed twice, a channel_only difference with its anomaly, like
+-- the unknown JD-T42
+SELECT payidem.load_bill('RECON_JD', '2024-05-06',
+	E'RECON_JD,2024-05-06,JD-T40,,4000,12,succeeded,2024-05-06 10:00:00\n'
+	 'RECON_JD,2024-05-06,JD-T42,,500,2,succeeded,2024-05-06 10:00:00\n');
+SELECT * FROM payidem.reconcile('RECON_JD', '2024-05-06');
+SELECT bill_date, diff_type, transaction_id, platform_status, channel_status, handle_status
+  FROM payidem.reconciliation WHERE channel_no = 'RECON_JD' ORDER BY bill_date, transaction_id;
+SELECT detail ->> 'transaction_id' AS txn, handle_status FROM payidem.anomaly WHERE channel_no = 'RECON_JD' ORDER BY 1;
+-- the channel corrects the 05-06 bill (JD-T40 was listed by mistake): its
+-- difference is gone, and its anomaly is closed with it
+SELECT payidem.load_bill('RECON_JD', '2024-05-06', E'RECON_JD,2024-05-06,JD-T42,,500,2,succeeded,2024-05-06 10:00:00\n');
+SELECT * FROM payidem.reconcile('RECON_JD', '2024-05-06');
+SELECT bill_date, diff_type, transaction_id, handle_status
+  FROM payidem.reconciliation WHERE channel_no = 'RECON_JD' ORDER BY bill_date, transaction_id;
+SELECT detail ->> 'transaction_id' AS txn, handle_status, handled_by, note ~ '^its difference is gone' AS noted
+  FROM payidem.anomaly WHERE channel_no = 'RECON_JD' ORDER BY 1;
+-- a refund the channel lists on a later day (status refunded) is not billing twice
+SELECT payidem.load_bill('RECON_JD', '2024-05-07', E'RECON_JD,2024-05-07,JD-T40,,4000,0,refunded,2024-05-07 09:00:00\n');
+SELECT channel_only FROM payidem.reconcile('RECON_JD', '2024-05-07');
+
 ---------------------------------------------------------------- bad arguments
 SELECT * FROM pg_temp.try($$SELECT payidem.reconcile('NO_SUCH', '2024-05-01')$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.reconcile(NULL, '2024-05-01')$$);

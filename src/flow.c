@@ -1250,7 +1250,8 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 		(text_is(PG_GETARG_DATUM(1), "callback") || text_is(PG_GETARG_DATUM(1), "query") ||
 		 text_is(PG_GETARG_DATUM(1), "close")) &&
 		(PG_ARGISNULL(3) || plain_txn(PG_GETARG_TEXT_PP(3))) &&
-		(PG_ARGISNULL(4) || PG_GETARG_INT64(4) > 0))
+		(PG_ARGISNULL(4) || PG_GETARG_INT64(4) > 0) &&
+		(PG_ARGISNULL(5) || !TIMESTAMP_NOT_FINITE(PG_GETARG_TIMESTAMPTZ(5))))
 	{
 		text	   *payment_no = PG_GETARG_TEXT_PP(0);
 		OrderNoParts parts;
