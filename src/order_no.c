@@ -19,7 +19,12 @@
  * seconds and never under the spinlock.  When shared memory is new (server
  * start, or rebuilt after a crashed backend) the first call in a database
  * reads the mark and moves the logical second up to it, so numbers continue
- * above everything issued before, committed or not.
+ * above everything issued before, committed or not.  Every reservation also
+ * raises a server-wide mark, the file ORDER_NO_MARK_FILE in the data
+ * directory (written and fsynced before any number under it is used), which
+ * shared memory starts from: after a crash, a database whose own mark is
+ * older, or one whose extension was dropped and created again, still issues
+ * above every number of the server.
  *
  * Locking: OrderNoShared.mutex (spinlock) for the (second, seq) state, the
  * counters and the reservation slots — held for a few instructions, never
@@ -39,7 +44,9 @@
 #include "catalog/pg_class.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "storage/fd.h"
 #include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/fmgrprotos.h"
@@ -87,11 +94,120 @@ order_no_define_gucs(void)
 							NULL, NULL, NULL);
 }
 
+/*
+ * The server-wide mark as ORDER_NO_MARK_FILE holds it; 0 if there is none
+ * yet.  Runs in the postmaster when shared memory is (re)built.
+ */
+static int64
+read_mark_file(void)
+{
+	FILE	   *f = AllocateFile(ORDER_NO_MARK_FILE, "r");
+	char		buf[64];
+	char	   *end;
+	int64		mark;
+
+	if (f == NULL)
+	{
+		if (errno != ENOENT)
+			ereport(WARNING,
+					(errcode_for_file_access(),
+					 errmsg("could not read file \"%s\": %m", ORDER_NO_MARK_FILE),
+					 errdetail("Order numbers continue above each database's own mark only.")));
+		return 0;
+	}
+	if (fgets(buf, sizeof(buf), f) == NULL)
+		buf[0] = '\0';
+	FreeFile(f);
+	errno = 0;
+	mark = strtoi64(buf, &end, 10);
+	if (errno != 0 || end == buf || (*end != '\n' && *end != '\0') || mark < 0)
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("file \"%s\" does not hold a high-water mark", ORDER_NO_MARK_FILE),
+				 errdetail("Order numbers continue above each database's own mark only."),
+				 errhint("The next reservation writes the file again.")));
+		return 0;
+	}
+	return mark;
+}
+
+/* Write the server-wide mark durably: a new file, fsynced, renamed over the old. */
+static void
+write_mark_file(int64 mark)
+{
+	const char *tmp = ORDER_NO_MARK_FILE ".tmp";
+	char		buf[32];
+	int			len = snprintf(buf, sizeof(buf), INT64_FORMAT "\n", mark);
+	int			fd = OpenTransientFile(tmp, O_WRONLY | O_CREAT | O_TRUNC | PG_BINARY);
+
+	if (fd < 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not create file \"%s\": %m", tmp)));
+	errno = 0;
+	if (write(fd, buf, len) != len)
+	{
+		if (errno == 0)
+			errno = ENOSPC;
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not write file \"%s\": %m", tmp)));
+	}
+	if (pg_fsync(fd) != 0)
+		ereport(data_sync_elevel(ERROR),
+				(errcode_for_file_access(),
+				 errmsg("could not fsync file \"%s\": %m", tmp)));
+	if (CloseTransientFile(fd) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not close file \"%s\": %m", tmp)));
+	(void) durable_rename(tmp, ORDER_NO_MARK_FILE, ERROR);
+}
+
+/*
+ * Raise the server-wide mark to at least `target` before numbers under it
+ * are used.  One writer at a time in the whole server: a transaction-level
+ * advisory lock of database 0, which no SQL-level advisory lock can take.
+ */
+static void
+raise_server_mark(int64 target)
+{
+	OrderNoShared *s = &payidem_shared->order_no;
+	LOCKTAG		tag;
+	int64		current;
+
+	SpinLockAcquire(&s->mutex);
+	current = s->server_mark;
+	SpinLockRelease(&s->mutex);
+	if (current >= target)
+		return;
+
+	SET_LOCKTAG_ADVISORY(tag, InvalidOid, 0x70617969, 0x64656d00, 3);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	SpinLockAcquire(&s->mutex);
+	current = s->server_mark;
+	SpinLockRelease(&s->mutex);
+	if (current < target)
+	{
+		write_mark_file(target);
+		SpinLockAcquire(&s->mutex);
+		if (s->server_mark < target)
+			s->server_mark = target;
+		SpinLockRelease(&s->mutex);
+	}
+	LockRelease(&tag, ExclusiveLock, false);
+}
+
 void
 order_no_shmem_init(OrderNoShared *state)
 {
+	int64		mark = read_mark_file();
+
 	SpinLockInit(&state->mutex);
-	state->last_second = 0;
+	/* every number issued before in this data directory is below the mark */
+	state->server_mark = mark;
+	state->last_second = mark;
 	state->last_seq = -1;
 	state->last_wall = 0;
 	state->issued = 0;
@@ -305,13 +421,20 @@ reserve(int64 wanted)
 	covered = s->slots[slot].reserved_until;
 	needed = Max(Max(wanted, now), s->last_second);
 	SpinLockRelease(&s->mutex);
-	target = needed + ORDER_NO_RESERVE_SECONDS;
+	/*
+	 * Reserve ahead of the clock, not of the logical second: after a crash
+	 * the logical second starts at the old mark, ahead of the clock, and a
+	 * reservation measured from it would push each later mark (and the lead
+	 * after the next crash) further ahead.
+	 */
+	target = Max(needed + 1, now + ORDER_NO_RESERVE_SECONDS);
 
 	if (covered <= needed)
 	{
 		/* setval() WAL-logs at once; flush before any number under it is used */
 		DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqoid), Int64GetDatum(target));
 		XLogFlush(XactLastRecEnd);
+		raise_server_mark(target);
 
 		SpinLockAcquire(&s->mutex);
 		if (s->slots[slot].dboid == MyDatabaseId && s->slots[slot].reserved_until < target)

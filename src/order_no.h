@@ -17,6 +17,12 @@
 #define ORDER_NO_RESERVE_SECONDS	10
 
 /*
+ * The server-wide high-water mark, in the data directory: the highest
+ * reservation of any database, read when shared memory is (re)built.
+ */
+#define ORDER_NO_MARK_FILE		"payidem_order_no.mark"
+
+/*
  * Per-database reservation.  Every number issued in database dboid has a
  * logical second < reserved_until, and reserved_until is durable (WAL-logged
  * and flushed) in that database's sequence payidem.order_no_hwm before any
@@ -39,6 +45,7 @@ typedef struct OrderNoShared
 	uint64		rollbacks;		/* clock rollbacks absorbed */
 	uint64		borrowed;		/* seconds moved ahead of the clock (seq used up) */
 	uint64		reservations;	/* durable high-water marks written */
+	int64		server_mark;	/* what ORDER_NO_MARK_FILE durably holds */
 	OrderNoDbSlot slots[ORDER_NO_MAX_DATABASES];
 } OrderNoShared;
 

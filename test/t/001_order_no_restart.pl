@@ -38,6 +38,15 @@ sub issue
 	return split /\n/, $out;
 }
 
+# The same in another database of the server.
+sub issue_in
+{
+	my ($node, $db, $count) = @_;
+	my $out = $node->safe_psql($db,
+		"SELECT payidem.gen_order_no() FROM generate_series(1, $count)");
+	return split /\n/, $out;
+}
+
 # Same through an open background psql session (no commit implied).
 sub issue_bg
 {
@@ -142,6 +151,13 @@ $node->safe_psql('postgres',
 
 is(stat_value($node, 'order_no_reservations'),
 	0, 'fresh server: no reservation made yet');
+
+# a second database, whose own mark is written now and never again until
+# phase 5b: numbers there must still continue above every later phase's
+$node->safe_psql('postgres', 'CREATE DATABASE other');
+$node->safe_psql('other', 'CREATE EXTENSION payidem');
+my @p0 = issue_in($node, 'other', 50);
+check_phase('phase 0 (another database, at the start)', 50, @p0);
 
 ############################################################################
 # Phase 1: numbers in a transaction that never commits, then an immediate stop
@@ -252,6 +268,43 @@ my @p5 = issue($node, 500, 'RF');
 check_phase('phase 5 (after the second killed backend, prefix RF)', 500,
 	@p5);
 check_mark($node, 'phase 5');
+
+############################################################################
+# Phase 5b: after a crash, another database is used first, then the
+# extension is dropped and created again (a new, empty mark)
+############################################################################
+
+# Kill an idle backend and wait until the server is back.
+sub crash
+{
+	my ($node, $what) = @_;
+	my $session = $node->background_psql('postgres');
+	my $pid = $session->query_safe('SELECT pg_backend_pid()');
+	chomp $pid;
+	my $offset = -s $node->logfile;
+	kill('KILL', $pid);
+	$node->wait_for_log(
+		qr/all server processes terminated; reinitializing/, $offset);
+	ok($node->poll_query_until('postgres', 'SELECT true'),
+		"server accepts connections again after $what");
+	drop_session($session);
+	return;
+}
+
+crash($node, 'the crash before phase 5b');
+# the numbers of phase 5 ran ahead of the clock (the logical second started
+# at the mark after the crash before them); 'other' only knows its old mark
+my @p5b_other = issue_in($node, 'other', 300);
+check_phase('phase 5b (another database, first after a crash)', 300, @p5b_other);
+
+$node->safe_psql('postgres', 'DROP EXTENSION payidem');
+crash($node, 'a crash with the extension dropped');
+$node->safe_psql('postgres', 'CREATE EXTENSION payidem');
+my @p5b_new = issue($node, 300);
+check_phase('phase 5b (extension created again after a crash)', 300, @p5b_new);
+check_mark($node, 'phase 5b (new extension)');
+ok(-s $node->data_dir . '/payidem_order_no.mark',
+	'the server-wide mark file is in the data directory');
 
 ############################################################################
 # Phase 6: streaming standby, promoted after the primary stops abruptly
