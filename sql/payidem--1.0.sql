@@ -2184,6 +2184,20 @@ BEGIN
 		END IF;
 		-- (a transaction id the payment already has is no other's: unique)
 		IF v_txn IS NOT NULL AND v_txn IS DISTINCT FROM p.transaction_id THEN
+			-- two deliveries carrying one transaction id for two payments:
+			-- the second waits until the first commits, then (READ
+			-- COMMITTED: a new snapshot per statement) finds its row below.
+			-- The C path of apply_payment_result() takes the same lock.
+			IF NOT pg_try_advisory_xact_lock(hashtext('payidem.transaction_id'), hashtext(p.channel_no || '/' || v_txn)) THEN
+				PERFORM pg_advisory_xact_lock(hashtext('payidem.transaction_id'), hashtext(p.channel_no || '/' || v_txn));
+				IF current_setting('transaction_isolation') <> 'read committed' THEN
+					RAISE EXCEPTION 'transaction id % is being applied to another payment at the same time', quote_literal(v_txn) USING
+						ERRCODE = 'serialization_failure',
+						DETAIL = format('Payment %s waited for another delivery of %s on channel %s; this transaction''s snapshot cannot see its outcome.',
+										p.payment_no, quote_literal(v_txn), p.channel_no),
+						HINT = 'Retry the transaction, or apply results in READ COMMITTED.';
+				END IF;
+			END IF;
 			SELECT x.payment_no INTO v_other FROM payidem.payment x
 			 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
 			IF FOUND THEN

@@ -52,6 +52,7 @@
 #include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "fmgr.h"
@@ -67,6 +68,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "utils/rel.h"
 #include "utils/rls.h"
 #include "utils/syscache.h"
@@ -990,6 +992,38 @@ typedef enum ApplyFast
  * The fast path, with the arguments already found to be of its kind (a
  * valid success report).  Writes nothing unless it returns APPLY_APPLIED.
  */
+
+/*
+ * The transaction-level advisory lock pg_advisory_xact_lock(
+ * hashtext('payidem.transaction_id'), hashtext(channel_no || '/' || txn))
+ * of _apply_payment_result(), without waiting: false if another delivery
+ * holds it.
+ */
+static bool
+lock_transaction_id(Datum channel_no, text *txn)
+{
+	static const char label[] = "payidem.transaction_id";
+	text	   *channel = DatumGetTextPP(channel_no);
+	int			clen = VARSIZE_ANY_EXHDR(channel);
+	int			tlen = VARSIZE_ANY_EXHDR(txn);
+	char	   *buf = palloc(clen + 1 + tlen);
+	int32		key1;
+	int32		key2;
+	LOCKTAG		tag;
+	LockAcquireResult res;
+
+	memcpy(buf, VARDATA_ANY(channel), clen);
+	buf[clen] = '/';
+	memcpy(buf + clen + 1, VARDATA_ANY(txn), tlen);
+	key1 = DatumGetInt32(hash_any((const unsigned char *) label, sizeof(label) - 1));
+	key2 = DatumGetInt32(hash_any((const unsigned char *) buf, clen + 1 + tlen));
+	pfree(buf);
+	/* as pg_advisory_xact_lock(int4, int4) sets it (SET_LOCKTAG_INT32) */
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) key1, (uint32) key2, 2);
+	res = LockAcquire(&tag, ExclusiveLock, false, true);
+	return res != LOCKACQUIRE_NOT_AVAIL;
+}
+
 static ApplyFast
 apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		   TimestampTz paid_at)
@@ -1069,15 +1103,27 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	p_txn = pslot->tts_values[apply.p_txn - 1];
 	p_txn_null = pslot->tts_isnull[apply.p_txn - 1];
 
-	/* 3. a transaction id another payment of the channel has */
+	/*
+	 * 3. a transaction id another payment of the channel has.  Under the
+	 * lock that the SQL path takes too, read with the latest snapshot: a
+	 * delivery of the same id for another payment that committed a moment
+	 * ago is seen (not met as a unique violation at the update).  A
+	 * delivery still holding the lock goes to SQL, which waits for it.
+	 */
 	if (txn != NULL && (p_txn_null || !payidem_text_equal(p_txn, PointerGetDatum(txn))))
 	{
-		TupleTableSlot *xslot = table_slot_create(payment, NULL);
+		TupleTableSlot *xslot;
+		Snapshot	latest;
 		int			taken;
 
+		if (!lock_transaction_id(p_channel_no, txn))
+			goto done;
+		xslot = table_slot_create(payment, NULL);
 		keys[0] = p_channel_no;
 		keys[1] = PointerGetDatum(txn);
-		taken = apply_fetch(payment, &apply.payment_txn, GetActiveSnapshot(), keys, xslot);
+		latest = RegisterSnapshot(GetLatestSnapshot());
+		taken = apply_fetch(payment, &apply.payment_txn, latest, keys, xslot);
+		UnregisterSnapshot(latest);
 		if (taken == FETCH_FOUND)
 		{
 			d = slot_getattr(xslot, apply.p_payment_no, &isnull);
