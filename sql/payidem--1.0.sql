@@ -2014,7 +2014,7 @@ BEGIN
 		-- serialize the day's sum of this merchant on this channel
 		PERFORM 1 FROM payidem.merchant_channel x
 		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no FOR UPDATE;
-		v_tz := coalesce(nullif(current_setting('payidem.bill_timezone', true), ''), 'UTC');
+		v_tz := coalesce(nullif(current_setting('payidem.limit_timezone', true), ''), 'UTC');
 		v_day_start := date_trunc('day', now() AT TIME ZONE v_tz) AT TIME ZONE v_tz;
 		SELECT coalesce(sum(x.amount), 0) INTO v_used FROM payidem.payment x
 		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no

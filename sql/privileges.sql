@@ -22,6 +22,10 @@ INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order',
 TRUNCATE payidem.status_log;
 UPDATE payidem.idempotency SET status = 'completed';
 SELECT nextval('payidem.status_log_log_id_seq');
+-- the day of a daily limit does not move with the caller's session
+SET payidem.limit_timezone = 'Pacific/Kiritimati';
+SET payidem.bill_timezone = 'Asia/Shanghai';
+RESET payidem.bill_timezone;
 RESET ROLE;
 
 -- no ACL entry for PUBLIC (grantee 0) on any table, sequence or function

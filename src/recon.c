@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * recon.c
- *		Reconciliation settings: payidem.bill_timezone.
+ *		Reconciliation and limit settings: payidem.bill_timezone,
+ *		payidem.limit_timezone.
  *
  * Reconciliation itself is set-based SQL (payidem.reconcile() in the
  * install script).  The only C part is the setting that says where a
@@ -22,6 +23,13 @@
 
 /* payidem.bill_timezone: the zone in which channels cut their bill days */
 char	   *payidem_bill_timezone = NULL;
+
+/*
+ * payidem.limit_timezone: the zone in which begin_payment() cuts the day of a
+ * daily limit.  Superuser-only: a risk limit must not move with the caller's
+ * session (bill_timezone is set per reconciliation job, by any user).
+ */
+char	   *payidem_limit_timezone = NULL;
 
 /*
  * check_bill_timezone
@@ -70,6 +78,15 @@ recon_define_gucs(void)
 							   &payidem_bill_timezone,
 							   "UTC",
 							   PGC_USERSET,
+							   0,
+							   check_bill_timezone, NULL, NULL);
+	DefineCustomStringVariable("payidem.limit_timezone",
+							   gettext_noop("Time zone in which the day of a daily limit starts (payidem.begin_payment)."),
+							   gettext_noop("A merchant's daily limit on a channel counts the attempts created since "
+											"midnight in this zone.  Only superusers can change it."),
+							   &payidem_limit_timezone,
+							   "UTC",
+							   PGC_SUSET,
 							   0,
 							   check_bill_timezone, NULL, NULL);
 }
