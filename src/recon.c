@@ -5,12 +5,12 @@
  *		payidem.limit_timezone.
  *
  * Reconciliation itself is set-based SQL (payidem.reconcile() in the
- * install script).  The only C part is the setting that says where a
- * channel's bill day starts and ends: the extension reserves the "payidem."
- * prefix, so the setting must be defined here for SET / ALTER DATABASE /
- * postgresql.conf to accept it.  The check hook refuses a value that is not
- * a time zone PostgreSQL knows, so a typo fails at SET time instead of in
- * the middle of the nightly reconciliation.
+ * install script).  The only C parts are the settings that say where a
+ * channel's bill day, and the day of a daily limit, start and end: the
+ * extension reserves the "payidem." prefix, so the settings must be defined
+ * here for SET / ALTER DATABASE / postgresql.conf to accept them.  The check
+ * hook refuses a value that is not a time zone PostgreSQL knows, so a typo
+ * fails at SET time instead of in the middle of the nightly reconciliation.
  *
  *-------------------------------------------------------------------------
  */
