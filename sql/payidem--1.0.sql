@@ -2273,7 +2273,9 @@ BEGIN
 		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
 		VALUES ('success_after_failure', p.order_no, p.payment_no, p.channel_no, p.amount,
 				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
-								   'order_status', v_order_status, 'raw', payidem._flow_raw(raw)));
+								   'order_status', v_order_status,
+								   'action', 'refund this payment through the channel (it stays failed, so refund() does not take it)',
+								   'raw', payidem._flow_raw(raw)));
 	ELSE
 		-- pending or closed -> succeeded: the channel's word wins.
 		-- The status and the fields in one update of the row we hold locked

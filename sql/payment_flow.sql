@@ -202,7 +202,7 @@ SELECT status, paid_payment_no = :'p3b' AS paid_by_alipay FROM payidem."order" W
 -- a success reported for the failed attempt: failed is terminal -> anomaly, no status change
 SELECT payidem.apply_payment_result(:'p3', 'query', 'succeeded', 'WX-T-0003') AS success_after_failure;
 SELECT payidem.apply_payment_result(:'p3', 'query', 'succeeded', 'WX-T-0003') AS success_after_failure_again;
-SELECT kind, amount FROM payidem.anomaly WHERE payment_no = :'p3' ORDER BY anomaly_id;
+SELECT kind, amount, detail ->> 'transaction_id' AS transaction_id, detail ->> 'action' AS action FROM payidem.anomaly WHERE payment_no = :'p3' ORDER BY anomaly_id;
 SELECT status, transaction_id FROM payidem.payment WHERE payment_no = :'p3';
 SELECT * FROM pg_temp.history(:'o3');
 
