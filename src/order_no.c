@@ -207,6 +207,7 @@ order_no_shmem_init(OrderNoShared *state)
 	SpinLockInit(&state->mutex);
 	/* every number issued before in this data directory is below the mark */
 	state->server_mark = mark;
+	state->start_mark = mark;
 	state->last_second = mark;
 	state->last_seq = -1;
 	state->last_wall = 0;
@@ -395,8 +396,16 @@ reserve(int64 wanted)
 				slot = claim_slot(s, MyDatabaseId);
 			s->slots[slot].seqoid = seqoid;
 			s->slots[slot].reserved_until = mark;
-			/* every earlier number of this database is below the mark */
-			if (s->last_second < mark)
+			/*
+			 * Every earlier number of this database is below its mark.  If
+			 * the server-wide mark shared memory started from covers it, so
+			 * does the logical second already (numbers of this lifetime are
+			 * below it too): moving it up would only put the time part ahead
+			 * of the clock, e.g. whenever a slot is reloaded after being
+			 * recycled.  A higher mark (a promoted standby: the file is not
+			 * replicated) moves it up.
+			 */
+			if (s->last_second < mark && mark > s->start_mark)
 			{
 				s->last_second = mark;
 				s->last_seq = -1;

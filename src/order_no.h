@@ -46,6 +46,7 @@ typedef struct OrderNoShared
 	uint64		borrowed;		/* seconds moved ahead of the clock (seq used up) */
 	uint64		reservations;	/* durable high-water marks written */
 	int64		server_mark;	/* what ORDER_NO_MARK_FILE durably holds */
+	int64		start_mark;		/* what it held when shared memory was made */
 	OrderNoDbSlot slots[ORDER_NO_MAX_DATABASES];
 } OrderNoShared;
 
