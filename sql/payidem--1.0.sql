@@ -3073,16 +3073,20 @@ BEGIN
 	),
 	-- a bill line without a payment of the day: ours from another day (a
 	-- midnight straddle), ours but not paid, or unknown.  It is ours and paid
-	-- (x_paid) when the payment has this transaction id — or has none, and is
-	-- the one whose number the channel echoes — and no other day's bill lists
-	-- the transaction with the same status (that would be billing it twice).
+	-- (x_paid) when the payment has this transaction id — or has none, was
+	-- paid this bill day, and is the one whose number this line alone of the
+	-- day's unmatched lines echoes — and no earlier day's bill lists the
+	-- transaction with the same status (that would be billing it twice; a
+	-- later day's line is the repeat, so re-running this day changes nothing).
 	bo AS (
 		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status,
 			   x.payment_no AS x_no, x.order_no AS x_order, x.amount AS x_amount, x.status AS x_status,
 			   coalesce(x.by_txn AND x.status IN ('succeeded', 'partially_refunded', 'refunded'), false)
+			   AND NOT (coalesce(x.by_no, false)
+						AND count(*) OVER (PARTITION BY x.by_no, x.payment_no) > 1)
 			   AND NOT EXISTS (SELECT 1 FROM payidem.channel_bill cb
 								WHERE cb.channel_no = v_channel AND cb.transaction_id = r.b_txn
-								  AND cb.bill_date <> v_day AND cb.status = r.b_status) AS x_paid,
+								  AND cb.bill_date < v_day AND cb.status = r.b_status) AS x_paid,
 			   CASE WHEN x.by_txn THEN payidem._refunded_by(x.payment_no, x.status, v_to) ELSE false END AS x_refunded,
 			   coalesce(x.paid_at >= v_from AND x.paid_at < v_to, false) AS x_of_the_day
 		  FROM r
@@ -3094,14 +3098,17 @@ BEGIN
 				 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day AND cb.transaction_id = r.b_txn
 				 LIMIT 1) bn
 		  LEFT JOIN LATERAL (
-				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn, pay.paid_at
+				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn, false AS by_no,
+					   pay.paid_at
 				  FROM payidem.payment pay
 				 WHERE pay.channel_no = v_channel AND pay.transaction_id = r.b_txn
 				UNION ALL
 				-- else the payment number the channel echoes: the same payment
 				-- if ours has no transaction id (a success reported without
-				-- one), otherwise for the record only
-				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, pay.transaction_id IS NULL, pay.paid_at
+				-- one) and was paid this bill day, otherwise for the record only
+				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status,
+					   pay.transaction_id IS NULL AND pay.paid_at >= v_from AND pay.paid_at < v_to,
+					   pay.transaction_id IS NULL, pay.paid_at
 				  FROM payidem.payment pay
 				 WHERE pay.payment_no = bn.b_no AND pay.channel_no = v_channel
 				LIMIT 1) x ON true
@@ -3221,8 +3228,14 @@ BEGIN
 		  FROM added a
 		  JOIN bo ON bo.b_txn = a.transaction_id
 		 WHERE a.diff_type = 'channel_only'
+		-- one per channel, day and transaction; one that a run closed because
+		-- its difference was gone is opened again now that it is back (one a
+		-- person handled stays as the person left it)
 		ON CONFLICT (channel_no, (detail ->> 'bill_date'), (detail ->> 'transaction_id'))
-			WHERE kind = 'channel_only' DO NOTHING
+			WHERE kind = 'channel_only'
+			DO UPDATE SET handle_status = 'open', handled_at = NULL, handled_by = NULL, note = NULL,
+						  amount = EXCLUDED.amount, detail = EXCLUDED.detail, updated_at = now()
+			WHERE anomaly.handled_by = 'payidem.reconcile' AND anomaly.handle_status <> 'open'
 		RETURNING anomaly_id
 	)
 	SELECT (SELECT count(*) FROM r WHERE r.kind = 'matched') AS matched_candidates,
@@ -3641,8 +3654,12 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.recon_batch', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.reconciliation', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.reconciliation_recon_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.order_no_hwm', '');
-SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_role', '');
-SELECT pg_catalog.pg_extension_config_dump('payidem.auditor_role', '');
+-- (rows of roles that no longer exist are left out: pg_dump would write their
+-- regrole as a bare OID, which in another cluster may be some other role)
+SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_role',
+	'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)');
+SELECT pg_catalog.pg_extension_config_dump('payidem.auditor_role',
+	'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)');
 
 ------------------------------------------------------------------------------
 -- Privileges: nothing for PUBLIC.  Grant to your application and operator

@@ -289,6 +289,31 @@ SELECT detail ->> 'transaction_id' AS txn, handle_status, handled_by, note ~ '^i
 -- a refund the channel lists on a later day (status refunded) is not billing twice
 SELECT payidem.load_bill('RECON_JD', '2024-05-07', E'RECON_JD,2024-05-07,JD-T40,,4000,0,refunded,2024-05-07 09:00:00\n');
 SELECT channel_only FROM payidem.reconcile('RECON_JD', '2024-05-07');
+-- the 05-06 line of JD-T40 comes back: its difference, and the anomaly the
+-- run had closed, are open again
+SELECT payidem.load_bill('RECON_JD', '2024-05-06',
+	E'RECON_JD,2024-05-06,JD-T40,,4000,12,succeeded,2024-05-06 10:00:00\n'
+	 'RECON_JD,2024-05-06,JD-T42,,500,2,succeeded,2024-05-06 10:00:00\n');
+SELECT channel_only FROM payidem.reconcile('RECON_JD', '2024-05-06');
+SELECT detail ->> 'transaction_id' AS txn, handle_status, handled_by FROM payidem.anomaly
+ WHERE channel_no = 'RECON_JD' ORDER BY 1;
+-- a straddle billed on the next day and again on the day after: the first
+-- line is the match, the later one the repeat, and re-running the first day
+-- keeps it so
+SELECT pg_temp.paid(43, 'RECON_JD', 'JD-T43', 4300, '2024-05-08 23:59:59+00') IS NOT NULL AS paid;
+SELECT payidem.load_bill('RECON_JD', '2024-05-09', E'RECON_JD,2024-05-09,JD-T43,,4300,13,succeeded,2024-05-09 00:00:01\n');
+SELECT matched, channel_only FROM payidem.reconcile('RECON_JD', '2024-05-09');
+SELECT payidem.load_bill('RECON_JD', '2024-05-10', E'RECON_JD,2024-05-10,JD-T43,,4300,13,succeeded,2024-05-10 00:00:01\n');
+SELECT matched, channel_only FROM payidem.reconcile('RECON_JD', '2024-05-10');
+SELECT matched, channel_only FROM payidem.reconcile('RECON_JD', '2024-05-09');
+-- a payment without a transaction id whose number two lines of its day echo:
+-- neither line is trusted
+SELECT pg_temp.paid(44, 'RECON_JD', NULL, 4400, '2024-05-11 10:00:00+00') IS NOT NULL AS paid;
+SELECT payidem.order_no_make('PY', '2024-05-01 00:00:00+00', 0, 44) AS p44 \gset
+SELECT payidem.load_bill('RECON_JD', '2024-05-11',
+	format(E'RECON_JD,2024-05-11,JD-T44A,%s,4400,13,succeeded,2024-05-11 10:00:00\n'
+		   'RECON_JD,2024-05-11,JD-T44B,%s,4400,13,succeeded,2024-05-11 10:00:01\n', :'p44', :'p44'));
+SELECT matched, platform_only, channel_only FROM payidem.reconcile('RECON_JD', '2024-05-11');
 
 ---------------------------------------------------------------- bad arguments
 SELECT * FROM pg_temp.try($$SELECT payidem.reconcile('NO_SUCH', '2024-05-01')$$);

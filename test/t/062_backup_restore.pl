@@ -48,6 +48,13 @@ SELECT payidem.bind_channel(merchant_no, 'BK_ALI', 0.005, 1000000, 100000000) FR
 -- a flow a DBA added: paid -> shipping
 INSERT INTO payidem.state (entity, status) VALUES ('order', 'shipping');
 INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'paid', 'shipping');
+-- a reporting role mapped to the merchant, then dropped the usual way: its
+-- row stays in merchant_role until the next mapping call, and must not reach
+-- the dump (its regrole would be written as a bare OID)
+CREATE ROLE bk_gone;
+SELECT payidem.map_merchant_role('bk_gone', merchant_no) FROM bk_merchant;
+DROP OWNED BY bk_gone;
+DROP ROLE bk_gone;
 
 CREATE TABLE bk_order AS
 SELECT i, payidem.create_order(m.merchant_no, 'BK-' || i, 100 + i, 'backup ' || i,
@@ -93,7 +100,7 @@ my $sums_sql = q{
 	            WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum) p,
 	  LATERAL query_to_xml(format('SELECT count(*) AS n, md5(coalesce(string_agg(x::text, E''\n'' ORDER BY %s), '''')) AS s FROM payidem.%I x',
 	                              coalesce(p.pk, 'x::text'), c.relname), false, false, '') x
-	 WHERE n.nspname = 'payidem' AND c.relkind = 'r'
+	 WHERE n.nspname = 'payidem' AND c.relkind = 'r' AND c.relname <> 'merchant_role'
 	 ORDER BY c.relname};
 my $sums_src = $src->safe_psql('shop', $sums_sql);
 my %src_rows = map { my @f = split /\|/; ($f[0] => $f[1]) } split /\n/, $sums_src;
@@ -119,6 +126,10 @@ $dst->safe_psql('postgres', 'CREATE DATABASE shop_restored');
 }
 
 my $sums_dst = $dst->safe_psql('shop_restored', $sums_sql);
+is($src->safe_psql('shop', q{SELECT count(*) FROM payidem.merchant_role}), '1',
+	'source: the dropped role is still mapped (by OID)');
+is($dst->safe_psql('shop_restored', q{SELECT count(*) FROM payidem.merchant_role}), '0',
+	'restored: the dropped role\'s mapping was left out of the dump');
 is($sums_dst, $sums_src, "all $tables payidem tables: same row counts and checksums after the restore");
 if ($sums_dst ne $sums_src)
 {
