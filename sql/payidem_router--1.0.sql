@@ -16,8 +16,10 @@
  * two.  Routing:
  *
  *	 create_order                    hashtext(merchant_no): a merchant's orders live on one shard
+ *	                                 (a NULL key is hashed as '': the shard refuses it with 22023)
  *	 calls keyed by an order,        the shard digits inside the number (characters 17-18),
- *	   payment or refund number      checked first: a malformed number is 22023 here
+ *	   payment or refund number      checked first: a malformed number is 22023 here, a
+ *	                                 well-formed one naming no partition PI009
  *	 sign, route_channel             hashtext(merchant_no) (any shard would do: same data)
  *	 verify_signature                hashtext(api_key)
  *	 get_channel_config              hashtext(channel_no)
@@ -111,8 +113,10 @@ BEGIN
 	END IF;
 	v_shard := substr(number, 17, 2)::integer;
 	IF v_shard >= payidem.cluster_partitions() THEN
+		-- a well-formed number that names no row of this cluster: not found,
+		-- as a single database answers for a number it never issued
 		RAISE EXCEPTION '% number % names shard %, which is not a partition of this cluster', kind, number, v_shard USING
-			ERRCODE = 'invalid_parameter_value',
+			ERRCODE = 'PI009',
 			DETAIL = format('Server payidem has %s partitions (0 to %s).',
 							payidem.cluster_partitions(), payidem.cluster_partitions() - 1),
 			HINT = 'The number comes from another cluster, or a shard''s payidem.shard_id is not its partition number (see payidem.cluster_check()).';
@@ -121,7 +125,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.partition_of(text, text) IS
-	'Partition holding an order (kind order), payment or refund number: its shard digits (characters 17-18). 22023 for a malformed number, wrong prefix, bad check digits or a shard outside the cluster.';
+	'Partition holding an order (kind order), payment or refund number: its shard digits (characters 17-18). 22023 for a malformed number, wrong prefix or bad check digits; PI009 for a shard outside the cluster.';
 
 CREATE FUNCTION payidem.order_partition(order_no text) RETURNS integer
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -139,11 +143,16 @@ CREATE FUNCTION payidem.recon_partition(recon_id bigint)
 RETURNS integer
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-	IF recon_id IS NULL OR recon_id <= 0 OR recon_id / 1000000000000000 >= payidem.cluster_partitions() THEN
+	IF recon_id IS NULL OR recon_id <= 0 THEN
 		RAISE EXCEPTION 'invalid reconciliation difference id' USING
 			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The id was %s; on a cluster of %s partitions ids run from 1 to %s * 10^15.',
-							coalesce(recon_id::text, 'NULL'), payidem.cluster_partitions(), payidem.cluster_partitions());
+			DETAIL = format('The id was %s; ids are positive.', coalesce(recon_id::text, 'NULL'));
+	END IF;
+	IF recon_id / 1000000000000000 >= payidem.cluster_partitions() THEN
+		RAISE EXCEPTION 'reconciliation difference % does not exist', recon_id USING
+			ERRCODE = 'PI009',
+			DETAIL = format('On a cluster of %s partitions ids run from 1 to %s * 10^15.',
+							payidem.cluster_partitions(), payidem.cluster_partitions());
 	END IF;
 	RETURN (recon_id / 1000000000000000)::integer;
 END
@@ -315,14 +324,14 @@ CREATE FUNCTION payidem.sign(merchant_no text, payload text)
 RETURNS text
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(merchant_no);
+	RUN ON hashtext(coalesce(merchant_no, ''));
 $$;
 
 CREATE FUNCTION payidem.verify_signature(api_key text, payload text, signature text)
 RETURNS boolean
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(api_key);
+	RUN ON hashtext(coalesce(api_key, ''));
 $$;
 
 CREATE FUNCTION payidem._set_merchant_status_all(merchant_no text, status text)
@@ -417,7 +426,7 @@ CREATE FUNCTION payidem.get_channel_config(channel_no text)
 RETURNS jsonb
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(channel_no);
+	RUN ON hashtext(coalesce(channel_no, ''));
 $$;
 
 CREATE FUNCTION payidem._bind_channel_all(merchant_no text, channel_no text, fee_rate numeric, single_limit bigint, daily_limit bigint)
@@ -459,7 +468,7 @@ CREATE FUNCTION payidem.route_channel(merchant_no text, channel_type text)
 RETURNS text
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(merchant_no);
+	RUN ON hashtext(coalesce(merchant_no, ''));
 $$;
 
 ------------------------------------------------------------------------------
@@ -472,7 +481,7 @@ CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount
 RETURNS text
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(merchant_no);
+	RUN ON hashtext(coalesce(merchant_no, ''));
 $$;
 
 CREATE FUNCTION payidem.begin_payment(order_no text, channel_no text)
@@ -633,9 +642,57 @@ $$;
 
 ------------------------------------------------------------------------------
 -- Privileges: nothing for PUBLIC.  An application role needs EXECUTE on the
--- API functions, USAGE on schema payidem and on FOREIGN SERVER payidem, and a
--- user mapping (docs/scale-out.md).
+-- API functions and on the routing functions they call, USAGE on schema
+-- payidem and on FOREIGN SERVER payidem, and a user mapping
+-- (docs/scale-out.md): grant_app() gives the first three.
 ------------------------------------------------------------------------------
+
+-- The application's API on the router, as on a single database (no merchant,
+-- channel or secret administration, no load_bill), plus the routing
+-- functions those call as the caller.
+CREATE FUNCTION payidem.app_functions()
+RETURNS SETOF regprocedure
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT p.oid::regprocedure
+	  FROM pg_catalog.pg_proc p
+	 WHERE p.pronamespace = 'payidem'::regnamespace
+	   AND p.proname IN ('sign', 'verify_signature', 'route_channel', 'get_channel_config',
+						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
+						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_due_on',
+						 'notify_result', 'reconcile', 'resolve_diff',
+						 'cluster_partitions', 'check_partition', 'partition_of', 'order_partition',
+						 'payment_partition', 'refund_partition', 'recon_partition',
+						 '_notify_due_split', '_reconcile_all');
+END;
+COMMENT ON FUNCTION payidem.app_functions() IS
+	'Router: the functions grant_app() lets an application role execute (the API and the routing functions it calls).';
+
+CREATE FUNCTION payidem.grant_app(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	r pg_catalog.pg_roles;
+	f regprocedure;
+BEGIN
+	SELECT * INTO r FROM pg_catalog.pg_roles u WHERE u.oid = role;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'role does not exist' USING ERRCODE = 'undefined_object';
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_foreign_server s WHERE s.srvname = 'payidem') THEN
+		RAISE EXCEPTION 'the PL/Proxy cluster payidem is not defined' USING
+			ERRCODE = 'object_not_in_prerequisite_state',
+			HINT = 'CREATE SERVER payidem FOREIGN DATA WRAPPER plproxy OPTIONS (p0 ''...'', ...) first, see docs/scale-out.md.';
+	END IF;
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', r.rolname);
+	EXECUTE format('GRANT USAGE ON FOREIGN SERVER payidem TO %I', r.rolname);
+	FOR f IN SELECT * FROM payidem.app_functions() LOOP
+		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, r.rolname);
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION payidem.grant_app(regrole) IS
+	'Router: let an application role call the payidem API through the router (USAGE on schema and server, EXECUTE on payidem.app_functions()); it still needs a user mapping for server payidem.';
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
 REVOKE ALL ON SCHEMA payidem FROM PUBLIC;

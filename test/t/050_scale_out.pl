@@ -209,13 +209,42 @@ sub run_cluster
 		[ "begin_payment('PO123', 'WX_001')", qr/invalid order number/, 'too short' ],
 		[ "begin_payment('$bad_check', 'WX_001')", qr/check digits .* do not match/, 'bad check digits' ],
 		[ "apply_payment_result('$good', 'callback', 'succeeded')", qr/invalid payment number/, 'order number as payment number' ],
-		[ "close_order('$far_shard')", qr/names shard 99, which is not a partition/, 'shard outside the cluster' ],
 		[ "apply_refund_result(NULL, 'succeeded')", qr/invalid refund number/, 'NULL' ])
 	{
 		($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.$case->[0]");
 		ok(!$ok && $err =~ $case->[1] && $err =~ /22023/, "$tag: router refuses a malformed number ($case->[2]) with 22023")
 		  or diag($err);
 	}
+	# a well-formed number of a shard this cluster does not have: not found,
+	# as a single database says of a number it never issued
+	($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.close_order('$far_shard')");
+	ok(!$ok && $err =~ /names shard 99, which is not a partition/ && $err =~ /PI009/,
+		"$tag: a number of a shard outside the cluster is PI009") or diag($err);
+	# NULL routing keys reach a shard, which words the error (not PL/Proxy's XX000)
+	($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.create_order(NULL, 'T-NULL', 100, 's')");
+	ok(!$ok && $err =~ /22023/ && $err !~ /Hash function returned NULL/, "$tag: create_order with a NULL merchant is 22023")
+	  or diag($err);
+	is($router->safe_psql('postgres', "SELECT payidem.verify_signature(NULL, 'x', 'y')"), 'f',
+		"$tag: verify_signature with a NULL api_key is false, as on one database");
+
+	# ---- an application role: grant_app() on the router is enough for the API,
+	# and gives no administration
+	$router->safe_psql('postgres', "DROP ROLE IF EXISTS rt_app; CREATE ROLE rt_app; SELECT payidem.grant_app('rt_app')");
+	my $app_order = $router->safe_psql('postgres',
+		"SET ROLE rt_app; SELECT payidem.create_order('$home{0}{no}', 'T-APP-$tag', 700, 'app')");
+	like($app_order, qr/^PO\d{24}$/, "$tag: the application role creates an order through the router");
+	is($router->safe_psql('postgres',
+			"SET ROLE rt_app; SELECT payidem.begin_payment('$app_order', 'WX_001') ~ '^PY'"),
+		't', "$tag: ... and begins its payment (routed by the number)");
+	is($router->safe_psql('postgres', "SET ROLE rt_app; SELECT payidem.close_order('$app_order')"),
+		't', "$tag: ... and closes it again");
+	for my $admin ("create_merchant('Evil', 'retail', 0)", "load_bill('WX_001', '2026-11-28', '')")
+	{
+		($ok, $out, $err) = try_sql($router, "SET ROLE rt_app;\nSELECT payidem.$admin");
+		ok(!$ok && $err =~ /permission denied for function/, "$tag: the application role may not call $admin")
+		  or diag($err);
+	}
+	$router->safe_psql('postgres', "DROP OWNED BY rt_app; DROP ROLE rt_app");
 
 	# ---- reconciliation: the bill is split by payment number, counts summed
 	my @lines;
