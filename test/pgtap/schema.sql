@@ -1207,7 +1207,7 @@ $$, $$ VALUES
 	('order', ''), ('payment', ''), ('refund', ''),
 	('idempotency', ''), ('anomaly', ''), ('anomaly_anomaly_id_seq', ''),
 	('channel_bill', ''), ('recon_batch', ''), ('reconciliation', ''), ('reconciliation_recon_id_seq', ''), ('order_no_hwm', ''),
-	('merchant_role', ''), ('auditor_role', '')
+	('merchant_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)'), ('auditor_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)')
 $$, 'extconfig lists the 18 tables and 4 sequences, with their dump conditions');
 SELECT set_eq($$
 	SELECT c.relname::text, cfg.cond
@@ -1215,8 +1215,9 @@ SELECT set_eq($$
 	     unnest(e.extconfig, e.extcondition) AS cfg(reloid, cond)
 	JOIN pg_catalog.pg_class c ON c.oid = cfg.reloid
 	WHERE e.extname = 'payidem' AND cfg.cond <> ''
-$$, $$ VALUES ('state', 'WHERE NOT builtin'), ('transition', 'WHERE NOT builtin') $$,
-	'extconfig: only state and transition are filtered, by WHERE NOT builtin');
+$$, $$ VALUES ('state', 'WHERE NOT builtin'), ('transition', 'WHERE NOT builtin'),
+	('merchant_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)'), ('auditor_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)') $$,
+	'extconfig: only the built-in whitelist rows and the mappings of dropped roles are left out');
 SELECT is_empty($$
 	SELECT c.relname
 	FROM pg_catalog.pg_class c
