@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <openssl/evp.h>
 
+#include "access/htup_details.h"
 #include "common/cryptohash.h"
 #include "common/hmac.h"
 #include "funcapi.h"
@@ -40,8 +41,8 @@
 #define GCM_TAG_LEN		16
 #define SHA256_LEN		32
 
-char	   *payidem_master_key_file = NULL;
-char	   *payidem_previous_master_key_file = NULL;
+static char *payidem_master_key_file = NULL;
+static char *payidem_previous_master_key_file = NULL;
 
 typedef struct MasterKey
 {

@@ -101,8 +101,6 @@ typedef struct FlowTarget
 	Expr	  **checks;			/* the relation's CHECKs, planned, in relcache
 								 * order; compiled per call (an ExprState keeps
 								 * state in its query's memory) */
-	bool		generated_unaffected;	/* no stored generated column depends
-										 * on the columns this target sets */
 } FlowTarget;
 
 enum
@@ -217,33 +215,9 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 
 		t->checks = palloc(sizeof(Expr *) * desc->constr->num_check);
 		for (i = 0; i < desc->constr->num_check; i++)
-			t->checks[i] = expression_planner((Expr *) stringToNode(check[i].ccbin));
+			t->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
+				expression_planner((Expr *) stringToNode(check[i].ccbin)) : NULL;
 		t->ncheck = desc->constr->num_check;
-	}
-	/*
-	 * Whether a stored generated column reads a column we set (as
-	 * ExecInitStoredGenerated() decides for an UPDATE, from the expression
-	 * read back from the catalog on every call): if none does, nothing is
-	 * computed, and flow_update() says so without the catalog read.
-	 */
-	t->generated_unaffected = true;
-	if (desc->constr && desc->constr->has_generated_stored)
-	{
-		Bitmapset  *set = NULL;
-
-		for (i = 0; i < t->ncolumns; i++)
-			set = bms_add_member(set, t->attnos[i] - FirstLowInvalidHeapAttributeNumber);
-		for (i = 0; i < desc->natts; i++)
-		{
-			Bitmapset  *used = NULL;
-
-			if (TupleDescAttr(desc, i)->attgenerated != ATTRIBUTE_GENERATED_STORED)
-				continue;
-			pull_varattnos(build_column_default(rel, i + 1), 1, &used);
-			if (bms_overlap(used, set) ||
-				bms_is_member(InvalidAttrNumber - FirstLowInvalidHeapAttributeNumber, used))
-				t->generated_unaffected = false;
-		}
 	}
 	MemoryContextSwitchTo(oldcxt);
 	/* an invalidation that arrived meanwhile: build again next time */
@@ -292,7 +266,6 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	Relation	rel;
 	TupleDesc	desc;
 	EState	   *estate;
-	RangeTblEntry *rte;
 	ResultRelInfo *rri;
 	EPQState	epqstate;
 	TupleTableSlot *oldslot;
@@ -372,27 +345,11 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	}
 	ExecStoreVirtualTuple(newslot);
 
-	/* what a one-row UPDATE of those columns would set up */
-	rte = makeNode(RangeTblEntry);
-	rte->rtekind = RTE_RELATION;
-	rte->relid = t->relid;
-	rte->relkind = rel->rd_rel->relkind;
-	rte->rellockmode = RowExclusiveLock;
-	/* updatedCols: for UPDATE OF triggers and the indexes' unchanged hints */
-#if PG_VERSION_NUM >= 160000
-	{
-		RTEPermissionInfo *perminfo = makeNode(RTEPermissionInfo);
-
-		perminfo->relid = t->relid;
-		perminfo->requiredPerms = ACL_UPDATE;
-		perminfo->updatedCols = updated;
-		rte->perminfoindex = 1;
-		ExecInitRangeTable(estate, list_make1(rte), list_make1(perminfo));
-	}
-#else
-	rte->updatedCols = updated;
-	ExecInitRangeTable(estate, list_make1(rte));
-#endif
+	/*
+	 * what a one-row UPDATE of those columns would set up; the updated
+	 * columns are for UPDATE OF triggers and the indexes' unchanged hints
+	 */
+	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_UPDATE, NULL, updated);
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	/* the trigger machinery finds it here instead of opening its own */
@@ -405,33 +362,13 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
 
-		rri->ri_ConstraintExprs = palloc(sizeof(ExprState *) * t->ncheck);
+		ResultRelInfoCheckExprs(rri) = palloc(sizeof(ExprState *) * t->ncheck);
 		for (i = 0; i < t->ncheck; i++)
-			rri->ri_ConstraintExprs[i] = ExecInitExpr(t->checks[i], NULL);
+			ResultRelInfoCheckExprs(rri)[i] = ExecInitExpr(t->checks[i], NULL);
 		MemoryContextSwitchTo(oldcxt);
 	}
-#if PG_VERSION_NUM >= 150003 && PG_VERSION_NUM < 160000
-	/*
-	 * No stored generated column to compute (none reads a column we set, and
-	 * no BEFORE trigger may set others): what ExecInitStoredGenerated() would
-	 * conclude, set up without reading the expressions from the catalog.
-	 */
-	if (desc->constr && desc->constr->has_generated_stored && t->generated_unaffected &&
-		!(rel->trigdesc && rel->trigdesc->trig_update_before_row))
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
-		ResultRelInfoExtra *extra = palloc0(sizeof(ResultRelInfoExtra));
-
-		rri->ri_GeneratedExprs = palloc0(sizeof(ExprState *) * desc->natts);
-		rri->ri_NumGeneratedNeeded = 0;
-		extra->rinfo = rri;
-		extra->ri_extraUpdatedCols = NULL;
-		estate->es_resultrelinfo_extra = lappend(estate->es_resultrelinfo_extra, extra);
-		MemoryContextSwitchTo(oldcxt);
-	}
-#endif
 	ExecOpenIndices(rri, false);
-	EvalPlanQualInit(&epqstate, estate, NULL, NIL, -1);
+	EvalPlanQualInitCompat(&epqstate, estate);
 
 	AfterTriggerBeginQuery();
 	ExecSimpleRelationUpdate(rri, estate, &epqstate, oldslot, newslot);
@@ -889,7 +826,7 @@ apply_fetch(Relation heap, ApplyIndex *ix, Snapshot snapshot, Datum *keys, Tuple
 	for (i = 0; i < ix->nkeys; i++)
 		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
 							   ix->collation[i], ix->eqproc[i], keys[i]);
-	scan = index_beginscan(heap, irel, snapshot, ix->nkeys, 0);
+	scan = index_beginscan_compat(heap, irel, snapshot, ix->nkeys);
 	index_rescan(scan, skey, ix->nkeys, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, slot) ? FETCH_FOUND : FETCH_NONE;
 	index_endscan(scan);

@@ -310,7 +310,7 @@ lookup_key(Oid relid, text *key, TupleDesc *desc)
 	int			i;
 
 	rel = table_open(relid, AccessShareLock);
-	pkey = RelationGetPrimaryKeyIndex(rel);
+	pkey = RelationGetPrimaryKeyIndexCompat(rel);
 	if (!OidIsValid(pkey))
 		elog(ERROR, "payidem.idempotency has no primary key");
 	idx = index_open(pkey, AccessShareLock);
@@ -350,7 +350,7 @@ lookup_key(Oid relid, text *key, TupleDesc *desc)
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
 						   idx->rd_indcollation[0], F_TEXTEQ, PointerGetDatum(key));
-	scan = index_beginscan(rel, idx, snapshot, 1, 0);
+	scan = index_beginscan_compat(rel, idx, snapshot, 1);
 	index_rescan(scan, &skey, 1, NULL, 0);
 	slot = table_slot_create(rel, NULL);
 	if (index_getnext_slot(scan, ForwardScanDirection, slot))
@@ -461,7 +461,8 @@ prepare_direct_insert(Relation rel)
 		for (i = 0; i < insert_ncheck; i++)
 		{
 			ConstrCheck *check = &desc->constr->check[i];
-			Expr	   *expr = expression_planner((Expr *) stringToNode(check->ccbin));
+			Expr	   *expr = ConstrCheckIsEnforced(check) ?
+				expression_planner((Expr *) stringToNode(check->ccbin)) : NULL;
 
 			insert_check_states[i] = ExecInitExpr(expr, NULL);
 			insert_check_names[i] = pstrdup(check->ccname);
@@ -534,7 +535,7 @@ direct_insert(Oid relid, Datum *values, bool *isnull)
 	rel = table_open(relid, RowExclusiveLock);
 	if (insert_generation != idem_generation)
 		prepare_direct_insert(rel);
-	pkey = RelationGetPrimaryKeyIndex(rel);
+	pkey = RelationGetPrimaryKeyIndexCompat(rel);
 	if (!insert_direct || !OidIsValid(pkey))
 	{
 		table_close(rel, NoLock);
@@ -582,7 +583,7 @@ direct_insert(Oid relid, Datum *values, bool *isnull)
 	}
 
 	arbiters = list_make1_oid(pkey);
-	if (!ExecCheckIndexConstraints(rri, slot, estate, &conflict_tid, arbiters))
+	if (!ExecCheckIndexConstraintsCompat(rri, slot, estate, &conflict_tid, arbiters))
 	{
 		check_conflict_visible(rel, &conflict_tid, estate->es_snapshot);
 		result = 0;
@@ -592,7 +593,7 @@ direct_insert(Oid relid, Datum *values, bool *isnull)
 		xid = GetCurrentTransactionId();
 		spec_token = SpeculativeInsertionLockAcquire(xid);
 		table_tuple_insert_speculative(rel, slot, estate->es_output_cid, 0, NULL, spec_token);
-		list_free(ExecInsertIndexTuples(rri, slot, estate, false, true, &spec_conflict, arbiters));
+		list_free(ExecInsertIndexTuplesNoDupErrCompat(rri, slot, estate, &spec_conflict, arbiters));
 		table_tuple_complete_speculative(rel, slot, spec_token, !spec_conflict);
 		SpeculativeInsertionLockRelease(xid);
 		/* lost a race after the pre-check: like a conflict, read the winner */

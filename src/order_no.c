@@ -38,6 +38,7 @@
 
 #include <time.h>
 
+#include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
@@ -55,6 +56,7 @@
 #include "utils/lsyscache.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
+#include "utils/tuplestore.h"
 
 #include "order_no_codec.h"
 #include "payidem.h"

@@ -12,6 +12,7 @@
 #include "port/atomics.h"
 #include "storage/spin.h"
 
+#include "compat.h"
 #include "errcodes.h"
 #include "order_no.h"
 

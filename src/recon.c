@@ -22,14 +22,14 @@
 #include "payidem.h"
 
 /* payidem.bill_timezone: the zone in which channels cut their bill days */
-char	   *payidem_bill_timezone = NULL;
+static char *payidem_bill_timezone = NULL;
 
 /*
  * payidem.limit_timezone: the zone in which begin_payment() cuts the day of a
  * daily limit.  Superuser-only: a risk limit must not move with the caller's
  * session (bill_timezone is set per reconciliation job, by any user).
  */
-char	   *payidem_limit_timezone = NULL;
+static char *payidem_limit_timezone = NULL;
 
 /*
  * check_bill_timezone

@@ -652,7 +652,8 @@ log_insert_prepare(Relation rel)
 
 		log_insert.checks = palloc(sizeof(Expr *) * desc->constr->num_check);
 		for (i = 0; i < desc->constr->num_check; i++)
-			log_insert.checks[i] = expression_planner((Expr *) stringToNode(check[i].ccbin));
+			log_insert.checks[i] = ConstrCheckIsEnforced(&check[i]) ?
+				expression_planner((Expr *) stringToNode(check[i].ccbin)) : NULL;
 		log_insert.ncheck = desc->constr->num_check;
 	}
 	MemoryContextSwitchTo(oldcxt);
@@ -681,7 +682,6 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 	Relation	rel = table_open(status_log_relid, RowExclusiveLock);
 	TupleDesc	desc = RelationGetDescr(rel);
 	EState	   *estate = CreateExecutorState();
-	RangeTblEntry *rte = makeNode(RangeTblEntry);
 	ResultRelInfo *rri = makeNode(ResultRelInfo);
 	TupleTableSlot *slot;
 	MemoryContext oldcxt;
@@ -698,23 +698,15 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 		log_insert.natts != desc->natts)
 		log_insert_prepare(rel);
 
-	rte->rtekind = RTE_RELATION;
-	rte->relid = status_log_relid;
-	rte->relkind = rel->rd_rel->relkind;
-	rte->rellockmode = RowExclusiveLock;
-#if PG_VERSION_NUM >= 160000
-	ExecInitRangeTable(estate, list_make1(rte), NIL);
-#else
-	ExecInitRangeTable(estate, list_make1(rte));
-#endif
+	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
 	if (log_insert.ncheck > 0)
 	{
 		oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
-		rri->ri_ConstraintExprs = palloc(sizeof(ExprState *) * log_insert.ncheck);
+		ResultRelInfoCheckExprs(rri) = palloc(sizeof(ExprState *) * log_insert.ncheck);
 		for (i = 0; i < log_insert.ncheck; i++)
-			rri->ri_ConstraintExprs[i] = ExecInitExpr(log_insert.checks[i], NULL);
+			ResultRelInfoCheckExprs(rri)[i] = ExecInitExpr(log_insert.checks[i], NULL);
 		MemoryContextSwitchTo(oldcxt);
 	}
 	estate->es_output_cid = GetCurrentCommandId(true);

@@ -1,0 +1,163 @@
+/*-------------------------------------------------------------------------
+ *
+ * compat.h
+ *	  Every difference between the PostgreSQL majors payidem supports
+ *	  (15, 16, 17, 18, 19), in one place.
+ *
+ * Each shim is named by what changed and says in which major; the call sites
+ * use the shim and carry no version test of their own.  A shim tests the
+ * major only (PG_VERSION_NUM / 10000), never a minor release: a build for a
+ * major must load into every minor of it, so nothing here depends on a struct
+ * or a field that only some minors have.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef PAYIDEM_COMPAT_H
+#define PAYIDEM_COMPAT_H
+
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/tupdesc.h"
+#include "executor/executor.h"
+#include "nodes/execnodes.h"
+#include "nodes/parsenodes.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
+
+#define PAYIDEM_PG_MAJOR (PG_VERSION_NUM / 10000)
+
+#if PAYIDEM_PG_MAJOR < 15
+#error "payidem needs PostgreSQL 15 or later"
+#endif
+
+/*
+ * The range table of a one-relation INSERT or UPDATE made without a plan.
+ *
+ * 16 moved the permission fields of RangeTblEntry (requiredPerms,
+ * insertedCols, updatedCols) into an RTEPermissionInfo of their own, in a
+ * list beside the range table: an entry without one (perminfoindex 0) fails
+ * when the executor reports a CHECK violation.  18 added the set of range
+ * table indexes that survived pruning (here: the one relation).
+ *
+ * No permission is checked through these (the caller has); they say what the
+ * statement writes, for UPDATE OF triggers, unchanged-index hints and the
+ * columns an error may show.
+ */
+static inline void
+ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockmode,
+									AclMode perms, Bitmapset *inserted_cols,
+									Bitmapset *updated_cols)
+{
+	RangeTblEntry *rte = makeNode(RangeTblEntry);
+
+	rte->rtekind = RTE_RELATION;
+	rte->relid = RelationGetRelid(rel);
+	rte->relkind = rel->rd_rel->relkind;
+	rte->rellockmode = lockmode;
+#if PAYIDEM_PG_MAJOR >= 16
+	{
+		RTEPermissionInfo *perminfo = makeNode(RTEPermissionInfo);
+
+		perminfo->relid = RelationGetRelid(rel);
+		perminfo->requiredPerms = perms;
+		perminfo->insertedCols = inserted_cols;
+		perminfo->updatedCols = updated_cols;
+		rte->perminfoindex = 1;
+#if PAYIDEM_PG_MAJOR >= 18
+		ExecInitRangeTable(estate, list_make1(rte), list_make1(perminfo), bms_make_singleton(1));
+#else
+		ExecInitRangeTable(estate, list_make1(rte), list_make1(perminfo));
+#endif
+	}
+#else
+	rte->requiredPerms = perms;
+	rte->insertedCols = inserted_cols;
+	rte->updatedCols = updated_cols;
+	ExecInitRangeTable(estate, list_make1(rte));
+#endif
+}
+
+/* 16 added the result relations that an EvalPlanQual recheck may lock. */
+#if PAYIDEM_PG_MAJOR >= 16
+#define EvalPlanQualInitCompat(epqstate, estate) \
+	EvalPlanQualInit((epqstate), (estate), NULL, NIL, -1, NIL)
+#else
+#define EvalPlanQualInitCompat(epqstate, estate) \
+	EvalPlanQualInit((epqstate), (estate), NULL, NIL, -1)
+#endif
+
+/*
+ * The index entries of a newly inserted row (never a HOT update: every index,
+ * not only the summarizing ones), checking the arbiter indexes for a
+ * conflict instead of raising a unique violation.
+ *
+ * 16 added onlySummarizing (true: only BRIN-like indexes, after a HOT
+ * update).  19 folded update, noDupErr and onlySummarizing into flags.
+ */
+#if PAYIDEM_PG_MAJOR >= 19
+#define ExecInsertIndexTuplesNoDupErrCompat(rri, slot, estate, spec_conflict, arbiters) \
+	ExecInsertIndexTuples((rri), (estate), EIIT_NO_DUPE_ERROR, (slot), (arbiters), (spec_conflict))
+#elif PAYIDEM_PG_MAJOR >= 16
+#define ExecInsertIndexTuplesNoDupErrCompat(rri, slot, estate, spec_conflict, arbiters) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, true, (spec_conflict), (arbiters), false)
+#else
+#define ExecInsertIndexTuplesNoDupErrCompat(rri, slot, estate, spec_conflict, arbiters) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, true, (spec_conflict), (arbiters))
+#endif
+
+/*
+ * Whether a row to insert conflicts in one of the arbiter indexes (false:
+ * the conflicting row's tid in *conflict_tid).  18 added the tid of the row
+ * being updated, for ON CONFLICT's exclusion checks; an insert has none.
+ */
+#if PAYIDEM_PG_MAJOR >= 18
+#define ExecCheckIndexConstraintsCompat(rri, slot, estate, conflict_tid, arbiters) \
+	ExecCheckIndexConstraints((rri), (slot), (estate), (conflict_tid), NULL, (arbiters))
+#else
+#define ExecCheckIndexConstraintsCompat(rri, slot, estate, conflict_tid, arbiters) \
+	ExecCheckIndexConstraints((rri), (slot), (estate), (conflict_tid), (arbiters))
+#endif
+
+/*
+ * An index scan with keys and no ordering.  18 added the instrumentation a
+ * scan may report to EXPLAIN (none here); 19 added flags (none).
+ */
+#if PAYIDEM_PG_MAJOR >= 19
+#define index_beginscan_compat(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), NULL, (nkeys), 0, SO_NONE)
+#elif PAYIDEM_PG_MAJOR >= 18
+#define index_beginscan_compat(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), NULL, (nkeys), 0)
+#else
+#define index_beginscan_compat(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), (nkeys), 0)
+#endif
+
+/*
+ * The table's primary key index, InvalidOid if it has none that is checked
+ * immediately.  18 made a deferrable primary key visible here on request;
+ * before, one was never returned.
+ */
+#if PAYIDEM_PG_MAJOR >= 18
+#define RelationGetPrimaryKeyIndexCompat(rel) RelationGetPrimaryKeyIndex((rel), false)
+#else
+#define RelationGetPrimaryKeyIndexCompat(rel) RelationGetPrimaryKeyIndex(rel)
+#endif
+
+/*
+ * The CHECK constraints of a result relation, compiled, one per entry of the
+ * relation's TupleConstr check array: the executor compiles them from the
+ * catalog only while this is NULL.  18 renamed the field
+ * (ri_CheckConstraintExprs) and added NOT ENFORCED constraints, which are
+ * never evaluated and have a NULL entry.
+ */
+#if PAYIDEM_PG_MAJOR >= 18
+#define ResultRelInfoCheckExprs(rri) ((rri)->ri_CheckConstraintExprs)
+#define ConstrCheckIsEnforced(check) ((check)->ccenforced)
+#else
+#define ResultRelInfoCheckExprs(rri) ((rri)->ri_ConstraintExprs)
+#define ConstrCheckIsEnforced(check) ((void) (check), true)
+#endif
+
+#endif							/* PAYIDEM_COMPAT_H */
