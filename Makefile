@@ -2,10 +2,13 @@
 #
 #   make                 build the module
 #   make install         install it into the PostgreSQL found by $(PG_CONFIG)
-#   make installcheck    pg_regress + isolation + TAP against a running server that
-#                        already preloads payidem (developer use)
+#   make installcheck    every suite against the running server libpq's PGHOST/PGPORT
+#                        name, which already preloads payidem (after make install)
 #   make test            everything, on a throwaway cluster it starts and stops itself
 #                        (installs missing packages when run as root); see scripts/test
+#   make test PG=17      the same against another major (17, 18, 19), in a Debian
+#                        chroot the scripts make once and reuse (root); see scripts/chroot
+#   make test-matrix     make test on every major .ci/run tests (15, 17, 18, 19)
 #   make demo            the guided tour (examples/demo.sql) on a throwaway cluster
 
 EXTENSION  = payidem payidem_router
@@ -48,7 +51,11 @@ ISOLATION_OPTS = --inputdir=test
 # TAP tests (PostgreSQL::Test::Cluster): test/t/*.pl
 TAP_TESTS = 1
 PROVE_TESTS = $(wildcard test/t/*.pl)
-PROVE_FLAGS = -I $(srcdir)/test/perl
+
+# `make installcheck` is scripts/test against the running server: every suite
+# runs even when one fails, and the TAP tests find test/perl (PGXS' own target
+# stops at the first failing suite and resets PROVE_FLAGS).
+NO_INSTALLCHECK = 1
 
 PG_CPPFLAGS = -I$(srcdir)/src
 # -Wall comes with PGXS; -Wextra minus the warnings PostgreSQL's own headers trip.
@@ -61,9 +68,16 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-.PHONY: test demo version bench bench-check
+.PHONY: test test-matrix installcheck demo version bench bench-check
+# PG=17 (18, 19): against that major, in its chroot
 test:
-	@bash scripts/test
+	@PG="$(PG)" bash scripts/test
+
+test-matrix:
+	@bash scripts/matrix
+
+installcheck:
+	@INSTALLCHECK=1 PG_CONFIG="$(PG_CONFIG)" PG_MAJOR=$(MAJORVERSION) bash scripts/test
 
 # every benchmark in bench/ (QUICK=1 for a short run); see docs/benchmarks.md
 bench:

@@ -7,16 +7,53 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# The PostgreSQL majors payidem supports and the Debian suite that carries each
+# (DESIGN §1).  The first is this machine's own (Debian 12); the others run in a
+# chroot of their suite (scripts/chroot).  "a+b": suite a, the server from b.
+PG_SUITES=(15:bookworm 17:trixie 18:forky 19:sid+experimental)
+# The majors .ci/run tests, in order; a failure in any of them fails the run
+# (19: every test Debian has the packages for).
+PG_MATRIX=(15 17 18 19)
+
+pg_suite() {
+	local e
+	for e in "${PG_SUITES[@]}"; do
+		[ "${e%%:*}" = "$1" ] && { echo "${e#*:}"; return 0; }
+	done
+	return 1
+}
+# The major whose suite this system is (empty if none is).
+native_major() {
+	local codename e
+	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	for e in "${PG_SUITES[@]}"; do
+		[ "${e#*:}" = "$codename" ] && { echo "${e%%:*}"; return 0; }
+	done
+	echo ""
+}
+# The major to build and test for: PG_MAJOR, else `make test PG=N`'s N, else this system's.
+PG_MAJOR=${PG_MAJOR:-${PG:-$(native_major)}}
 PG_MAJOR=${PG_MAJOR:-15}
 
-# Everything make test / make demo need on a fresh Debian 12 machine.
+# Everything make test / make demo need on a fresh Debian machine, for PG_MAJOR.
 PACKAGES=(
 	make gcc libc6-dev
 	"postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-client-$PG_MAJOR"
-	"postgresql-$PG_MAJOR-pgtap" libtap-parser-sourcehandler-pgtap-perl
-	libipc-run-perl libssl-dev faketime "postgresql-$PG_MAJOR-plproxy"
-	clang-14 libclang-rt-14-dev sqlsmith
+	libtap-parser-sourcehandler-pgtap-perl
+	libipc-run-perl libssl-dev faketime
+	clang libclang-rt-dev sqlsmith
 )
+# Packages Debian may not carry yet for a new major, each with the tests that
+# need it: where one has no installation candidate, those tests are skipped
+# by name (scripts/test), never counted as passed.  Where it has one, it is
+# installed like any other.
+OPTIONAL_PACKAGES=(
+	"postgresql-$PG_MAJOR-pgtap:pgtap"
+	"postgresql-$PG_MAJOR-plproxy:050_scale_out"
+)
+# Set by ensure_packages: the optional packages that cannot be had here.
+UNAVAILABLE_PACKAGES=()
 
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -33,25 +70,52 @@ as_pg() {
 	fi
 }
 
+# (the output is read whole: grep -q on a pipe would fail it under pipefail)
+installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == *'install ok installed'* ]]; }
+has_candidate() { [[ $(apt-cache policy "$1" 2>/dev/null) =~ Candidate:\ [^\(] ]]; }
+
 # Install missing Debian packages (root), or print the apt-get line and stop.
+# An optional package with no installation candidate goes to UNAVAILABLE_PACKAGES.
 ensure_packages() {
-	local missing=() p
+	local missing=() optional=() p e
 	for p in "${PACKAGES[@]}"; do
-		if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		installed "$p" || missing+=("$p")
+	done
+	for e in "${OPTIONAL_PACKAGES[@]}"; do
+		installed "${e%%:*}" || optional+=("${e%%:*}")
+	done
+	[ ${#missing[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ] && return 0
+	if ! is_root; then
+		echo "These packages are missing: ${missing[*]} ${optional[*]}" >&2
+		echo "Install them with (as root):" >&2
+		echo "  apt-get update && apt-get install -y ${missing[*]} ${optional[*]}" >&2
+		exit 1
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	for p in "${optional[@]}"; do
+		if has_candidate "$p"; then
 			missing+=("$p")
+		else
+			UNAVAILABLE_PACKAGES+=("$p")
+			say "Debian has no $p here: the tests that need it are skipped"
 		fi
 	done
 	[ ${#missing[@]} -eq 0 ] && return 0
-	if ! is_root; then
-		echo "These packages are missing: ${missing[*]}" >&2
-		echo "Install them with:" >&2
-		echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
-		exit 1
-	fi
 	say "installing ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# The optional package a test needs that cannot be had here (empty: none).
+unavailable_for() {
+	local e p
+	for e in "${OPTIONAL_PACKAGES[@]}"; do
+		[ "${e#*:}" = "$1" ] || continue
+		for p in "${UNAVAILABLE_PACKAGES[@]}"; do
+			[ "$p" = "${e%%:*}" ] && { echo "$p"; return 0; }
+		done
+	done
+	return 0
 }
 
 set_pg_paths() {
@@ -142,8 +206,18 @@ cluster_start() {
 		local line
 		for line in "$@"; do echo "$line"; done
 	} | as_pg tee -a "$CLUSTER_DIR/data/postgresql.conf" >/dev/null
-	as_pg "$PGBIN/pg_ctl" -D "$CLUSTER_DIR/data" -l "$CLUSTER_DIR/server.log" -w -t 60 start >/dev/null \
-		|| { tail -20 "$CLUSTER_DIR/server.log" >&2; die "server did not start"; }
+	# Another run may take the port between pick_port and the bind: then the next one.
+	local tries=0
+	until as_pg "$PGBIN/pg_ctl" -D "$CLUSTER_DIR/data" -l "$CLUSTER_DIR/server.log" -w -t 60 start >/dev/null; do
+		tries=$((tries + 1))
+		if [ $tries -ge 10 ] || ! grep -q 'Address already in use' "$CLUSTER_DIR/server.log"; then
+			tail -20 "$CLUSTER_DIR/server.log" >&2
+			die "server did not start"
+		fi
+		port=$(pick_port $((port + 1 + RANDOM % 20)))
+		echo "port = $port" | as_pg tee -a "$CLUSTER_DIR/data/postgresql.conf" >/dev/null
+		as_pg rm -f "$CLUSTER_DIR/server.log"
+	done
 	export PGHOST=$sockdir PGPORT=$port PGUSER=postgres
 	unset PGDATABASE PGPASSWORD PGSERVICE
 }
@@ -155,3 +229,54 @@ cluster_stop() {
 		rm -rf "$CLUSTER_SOCKDIR"
 	fi
 }
+
+# ---------------------------------------------------------------- result counting
+# What scripts/test counts, and how it reads each runner's output
+# (test/runner/counting.sh checks these on fixed samples of every format).
+reset_counts() {
+	PASSED=0 FAILED=0 SKIPPED=0
+	FAILED_NAMES=() SKIPPED_NAMES=()
+}
+pass() { PASSED=$((PASSED + 1)); }
+fail() { FAILED=$((FAILED + 1)); FAILED_NAMES+=("$1"); }
+skip() { SKIPPED=$((SKIPPED + 1)); SKIPPED_NAMES+=("$1 ($2)"); }
+
+# Count pg_regress/pg_isolation_regress results in log $1, for suite $2, of the
+# tests listed in $3...: "test name ... ok" / "name ... FAILED" (up to 15),
+# "ok 1 - name" / "not ok 1 + name" (TAP, 16 on).  A listed test with no
+# result line fails.
+count_regress_log() {
+	local log=$1 suite=$2 line name result t
+	shift 2
+	local -A seen=()
+	while IFS= read -r line; do
+		name=""
+		if [[ $line =~ ^[[:space:]]*(test[[:space:]]+)?([A-Za-z0-9_.-]+)[[:space:]]+\.\.\.[[:space:]]+(ok|FAILED|failed) ]]; then
+			name=${BASH_REMATCH[2]}
+			result=${BASH_REMATCH[3]}
+		elif [[ $line =~ ^(not[[:space:]]+)?ok[[:space:]]+[0-9]+[[:space:]]+[-+][[:space:]]+([A-Za-z0-9_.-]+) ]]; then
+			name=${BASH_REMATCH[2]}
+			if [ -n "${BASH_REMATCH[1]}" ]; then result=FAILED; else result=ok; fi
+		fi
+		[ -n "$name" ] || continue
+		seen[$name]=1
+		if [ "$result" = ok ]; then pass; else fail "$suite/$name"; fi
+	done <"$log"
+	for t in "$@"; do
+		[ -n "${seen[$t]:-}" ] || fail "$suite/$t (no result)"
+	done
+}
+
+# Count one prove/pg_prove run: its exit status, and whether it skipped itself.
+count_prove() {
+	local name=$1 log=$2 rc=$3 reason
+	reason=$(sed -n 's/^.* \.\. skipped: //p' "$log" | head -1)
+	if [ "$rc" -ne 0 ]; then
+		fail "$name"
+	elif [ -n "$reason" ] || grep -q '^Result: NOTESTS' "$log"; then
+		fail "$name (skipped itself: ${reason:-no tests})"
+	else
+		pass
+	fi
+}
+
