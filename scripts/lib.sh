@@ -12,9 +12,17 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # (DESIGN §1).  The first is this machine's own (Debian 12); the others run in a
 # chroot of their suite (scripts/chroot).  "a+b": suite a, the server from b.
 PG_SUITES=(15:bookworm 17:trixie 18:forky 19:sid+experimental)
-# The majors .ci/run tests, in order; a failure in any of them fails the run
-# (19: every test Debian has the packages for).
+# The majors .ci/run tests, in order; a failure in any of them fails the run.
 PG_MATRIX=(15 17 18 19)
+# The majors Debian does not carry every package for yet (OPTIONAL_PACKAGES):
+# only there may a test be skipped; elsewhere a missing package is an error.
+PG_PARTIAL=(19)
+
+partial_major() {
+	local m
+	for m in "${PG_PARTIAL[@]}"; do [ "$m" = "$1" ] && return 0; done
+	return 1
+}
 
 pg_suite() {
 	local e
@@ -44,10 +52,10 @@ PACKAGES=(
 	libipc-run-perl libssl-dev faketime
 	clang libclang-rt-dev sqlsmith
 )
-# Packages Debian may not carry yet for a new major, each with the tests that
-# need it: where one has no installation candidate, those tests are skipped
-# by name (scripts/test), never counted as passed.  Where it has one, it is
-# installed like any other.
+# Packages Debian may not carry yet for a new major (PG_PARTIAL), each with the
+# tests that need it: there, where one has no installation candidate, those
+# tests are skipped by name (scripts/test), never counted as passed.  Where it
+# has one, and on every other major, it is installed like any other.
 OPTIONAL_PACKAGES=(
 	"postgresql-$PG_MAJOR-pgtap:pgtap"
 	"postgresql-$PG_MAJOR-plproxy:050_scale_out"
@@ -72,7 +80,7 @@ as_pg() {
 
 # (the output is read whole: grep -q on a pipe would fail it under pipefail)
 installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == *'install ok installed'* ]]; }
-has_candidate() { [[ $(apt-cache policy "$1" 2>/dev/null) =~ Candidate:\ [^\(] ]]; }
+has_candidate() { [[ $(LC_ALL=C apt-cache policy "$1" 2>/dev/null) =~ Candidate:\ [^\(] ]]; }
 
 # Install missing Debian packages (root), or print the apt-get line and stop.
 # An optional package with no installation candidate goes to UNAVAILABLE_PACKAGES.
@@ -85,23 +93,27 @@ ensure_packages() {
 		installed "${e%%:*}" || optional+=("${e%%:*}")
 	done
 	[ ${#missing[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ] && return 0
-	if ! is_root; then
-		echo "These packages are missing: ${missing[*]} ${optional[*]}" >&2
-		echo "Install them with (as root):" >&2
-		echo "  apt-get update && apt-get install -y ${missing[*]} ${optional[*]}" >&2
-		exit 1
+	if is_root; then
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq
 	fi
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
 	for p in "${optional[@]}"; do
 		if has_candidate "$p"; then
 			missing+=("$p")
-		else
+		elif partial_major "$PG_MAJOR"; then
 			UNAVAILABLE_PACKAGES+=("$p")
-			say "Debian has no $p here: the tests that need it are skipped"
+			say "Debian has no $p yet: the tests that need it are skipped"
+		else
+			die "Debian has no $p here, and every test must run on PostgreSQL $PG_MAJOR (run 'apt-get update'?)"
 		fi
 	done
 	[ ${#missing[@]} -eq 0 ] && return 0
+	if ! is_root; then
+		echo "These packages are missing: ${missing[*]}" >&2
+		echo "Install them with (as root):" >&2
+		echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+		exit 1
+	fi
 	say "installing ${missing[*]}"
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }

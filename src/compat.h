@@ -18,10 +18,13 @@
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/sysattr.h"
 #include "access/tupdesc.h"
 #include "executor/executor.h"
 #include "nodes/execnodes.h"
 #include "nodes/parsenodes.h"
+#include "optimizer/optimizer.h"
+#include "rewrite/rewriteHandler.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
 
@@ -44,10 +47,17 @@
  * statement writes, for UPDATE OF triggers, unchanged-index hints and the
  * columns an error may show.
  */
+/*
+ * extra_updated_cols: the stored generated columns an UPDATE of updated_cols
+ * recomputes (see GeneratedColumnsReadingCompat()).  Before 15.3 the
+ * executor read them from the range table entry, where the planner puts
+ * them; from 15.3 on it works them out itself, and 16 dropped the field.
+ * Setting it is right on every 15 minor.
+ */
 static inline void
 ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockmode,
 									AclMode perms, Bitmapset *inserted_cols,
-									Bitmapset *updated_cols)
+									Bitmapset *updated_cols, Bitmapset *extra_updated_cols)
 {
 	RangeTblEntry *rte = makeNode(RangeTblEntry);
 
@@ -74,8 +84,39 @@ ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockm
 	rte->requiredPerms = perms;
 	rte->insertedCols = inserted_cols;
 	rte->updatedCols = updated_cols;
+	rte->extraUpdatedCols = extra_updated_cols;
 	ExecInitRangeTable(estate, list_make1(rte));
 #endif
+}
+
+/*
+ * The stored generated columns of rel whose expression reads one of cols
+ * (attribute numbers offset by FirstLowInvalidHeapAttributeNumber, as in a
+ * range table entry), in the same form: what 15's planner puts in
+ * extraUpdatedCols for an UPDATE of cols.  Reads the expressions from the
+ * catalog: call it when a cache is built, not per row.
+ */
+static inline Bitmapset *
+GeneratedColumnsReadingCompat(Relation rel, Bitmapset *cols)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	Bitmapset  *result = NULL;
+	int			i;
+
+	if (desc->constr == NULL || !desc->constr->has_generated_stored)
+		return NULL;
+	for (i = 0; i < desc->natts; i++)
+	{
+		Bitmapset  *used = NULL;
+
+		if (TupleDescAttr(desc, i)->attgenerated != ATTRIBUTE_GENERATED_STORED)
+			continue;
+		pull_varattnos(build_column_default(rel, i + 1), 1, &used);
+		if (bms_overlap(used, cols) ||
+			bms_is_member(InvalidAttrNumber - FirstLowInvalidHeapAttributeNumber, used))
+			result = bms_add_member(result, i + 1 - FirstLowInvalidHeapAttributeNumber);
+	}
+	return result;
 }
 
 /* 16 added the result relations that an EvalPlanQual recheck may lock. */
@@ -108,8 +149,9 @@ ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockm
 
 /*
  * Whether a row to insert conflicts in one of the arbiter indexes (false:
- * the conflicting row's tid in *conflict_tid).  18 added the tid of the row
- * being updated, for ON CONFLICT's exclusion checks; an insert has none.
+ * the conflicting row's tid in *conflict_tid).  18 added the tid of a row
+ * just inserted, to leave out of the check (conflict detection in logical
+ * replication); a check before the insert has none.
  */
 #if PAYIDEM_PG_MAJOR >= 18
 #define ExecCheckIndexConstraintsCompat(rri, slot, estate, conflict_tid, arbiters) \
@@ -159,5 +201,30 @@ ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockm
 #define ResultRelInfoCheckExprs(rri) ((rri)->ri_ConstraintExprs)
 #define ConstrCheckIsEnforced(check) ((void) (check), true)
 #endif
+
+/*
+ * A CHECK constraint of rel as the executor evaluates it (not yet planned).
+ * 18 added virtual generated columns, stored as NULL: a CHECK that reads
+ * one is evaluated with the column's expression in its place.
+ */
+/* Whether a table has generated columns of any kind (18 added virtual ones). */
+#if PAYIDEM_PG_MAJOR >= 18
+#define TupleDescHasGeneratedColumnsCompat(desc) \
+	((desc)->constr && ((desc)->constr->has_generated_stored || (desc)->constr->has_generated_virtual))
+#else
+#define TupleDescHasGeneratedColumnsCompat(desc) \
+	((desc)->constr && (desc)->constr->has_generated_stored)
+#endif
+
+static inline Node *
+CheckConstraintExprCompat(Relation rel, ConstrCheck *check)
+{
+	Node	   *expr = stringToNode(check->ccbin);
+
+#if PAYIDEM_PG_MAJOR >= 18
+	expr = expand_generated_columns_in_expr(expr, rel, 1);
+#endif
+	return expr;
+}
 
 #endif							/* PAYIDEM_COMPAT_H */

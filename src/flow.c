@@ -101,6 +101,8 @@ typedef struct FlowTarget
 	Expr	  **checks;			/* the relation's CHECKs, planned, in relcache
 								 * order; compiled per call (an ExprState keeps
 								 * state in its query's memory) */
+	Bitmapset  *generated_reading;	/* stored generated columns that read a
+									 * settable column (15's extraUpdatedCols) */
 } FlowTarget;
 
 enum
@@ -216,8 +218,16 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 		t->checks = palloc(sizeof(Expr *) * desc->constr->num_check);
 		for (i = 0; i < desc->constr->num_check; i++)
 			t->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
-				expression_planner((Expr *) stringToNode(check[i].ccbin)) : NULL;
+				expression_planner((Expr *) CheckConstraintExprCompat(rel, &check[i])) : NULL;
 		t->ncheck = desc->constr->num_check;
+	}
+	/* the stored generated columns that read a column this target may set */
+	{
+		Bitmapset  *settable = NULL;
+
+		for (i = 0; i < t->ncolumns; i++)
+			settable = bms_add_member(settable, t->attnos[i] - FirstLowInvalidHeapAttributeNumber);
+		t->generated_reading = GeneratedColumnsReadingCompat(rel, settable);
 	}
 	MemoryContextSwitchTo(oldcxt);
 	/* an invalidation that arrived meanwhile: build again next time */
@@ -349,7 +359,8 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	 * what a one-row UPDATE of those columns would set up; the updated
 	 * columns are for UPDATE OF triggers and the indexes' unchanged hints
 	 */
-	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_UPDATE, NULL, updated);
+	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_UPDATE, NULL, updated,
+										t->generated_reading);
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	/* the trigger machinery finds it here instead of opening its own */

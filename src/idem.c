@@ -423,7 +423,7 @@ prepare_direct_insert(Relation rel)
 	insert_generation = idem_generation;
 
 	if (rel->rd_rel->relkind != RELKIND_RELATION || rel->trigdesc != NULL ||
-		rel->rd_rel->relrowsecurity || (desc->constr && desc->constr->has_generated_stored))
+		rel->rd_rel->relrowsecurity || TupleDescHasGeneratedColumnsCompat(desc))
 		return;
 	for (i = 0; i < desc->natts; i++)
 		if (!TupleDescAttr(desc, i)->attisdropped)
@@ -462,7 +462,7 @@ prepare_direct_insert(Relation rel)
 		{
 			ConstrCheck *check = &desc->constr->check[i];
 			Expr	   *expr = ConstrCheckIsEnforced(check) ?
-				expression_planner((Expr *) stringToNode(check->ccbin)) : NULL;
+				expression_planner((Expr *) CheckConstraintExprCompat(rel, check)) : NULL;
 
 			insert_check_states[i] = ExecInitExpr(expr, NULL);
 			insert_check_names[i] = pstrdup(check->ccname);

@@ -653,7 +653,7 @@ log_insert_prepare(Relation rel)
 		log_insert.checks = palloc(sizeof(Expr *) * desc->constr->num_check);
 		for (i = 0; i < desc->constr->num_check; i++)
 			log_insert.checks[i] = ConstrCheckIsEnforced(&check[i]) ?
-				expression_planner((Expr *) stringToNode(check[i].ccbin)) : NULL;
+				expression_planner((Expr *) CheckConstraintExprCompat(rel, &check[i])) : NULL;
 		log_insert.ncheck = desc->constr->num_check;
 	}
 	MemoryContextSwitchTo(oldcxt);
@@ -698,7 +698,7 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 		log_insert.natts != desc->natts)
 		log_insert_prepare(rel);
 
-	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL);
+	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL, NULL);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
 	if (log_insert.ncheck > 0)
