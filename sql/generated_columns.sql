@@ -26,10 +26,10 @@ END
 $$;
 
 SELECT merchant_no AS m1 FROM payidem.create_merchant('Generated Tea', 'retail', 0.006) \gset
-SELECT payidem.create_channel('GEN_WX', 'wechat', 0.002);
-SELECT payidem.bind_channel(:'m1', 'GEN_WX');
+SELECT payidem.create_channel('GENCOL_WX', 'wechat', 0.002);
+SELECT payidem.bind_channel(:'m1', 'GENCOL_WX');
 SELECT payidem.create_order(:'m1', 'G-0001', 700, 'Oolong') AS o1 \gset
-SELECT payidem.begin_payment(:'o1', 'GEN_WX') AS p1 \gset
+SELECT payidem.begin_payment(:'o1', 'GENCOL_WX') AS p1 \gset
 
 -- the cases, once per kind (pg_regress names its input directory)
 \getenv abs_srcdir PG_ABS_SRCDIR
