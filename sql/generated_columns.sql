@@ -1,8 +1,9 @@
 --
 -- generated_columns: a generated column a DBA adds, and a CHECK that reads it,
 -- hold for payidem's direct writes as for an UPDATE or INSERT in SQL — the
--- payment's success (apply_payment_result), the status_log insert, and an
--- idempotency claim.  Stored columns on every major; virtual ones (the default
+-- payment's success (apply_payment_result) and the status_log insert — and for
+-- an idempotency claim (which, on a table with a column added, takes the SQL
+-- insert).  Stored columns on every major; virtual ones (the default
 -- from PostgreSQL 18 on, stored as NULL and computed when read) on 18 and later.
 -- Each case runs in a transaction that is rolled back.
 --

@@ -35,29 +35,73 @@
 #endif
 
 /*
+ * The stored generated columns of a relation and the columns each reads
+ * (attribute numbers offset by FirstLowInvalidHeapAttributeNumber, as in a
+ * range table entry): what 15's planner needs to name the generated columns
+ * an UPDATE recomputes (extraUpdatedCols).  Before 15.3 the executor read
+ * them from the range table entry; from 15.3 on it works them out itself,
+ * and 16 dropped the field, so from 16 on there is nothing to keep (NULL).
+ * Built from the catalog: when a cache is built, not per row.
+ */
+typedef struct GeneratedColumnsCompat
+{
+	int			n;
+	AttrNumber *attnos;
+	Bitmapset **reads;
+} GeneratedColumnsCompat;
+
+static inline GeneratedColumnsCompat *
+GeneratedColumnsOfCompat(Relation rel)
+{
+#if PAYIDEM_PG_MAJOR < 16
+	TupleDesc	desc = RelationGetDescr(rel);
+	GeneratedColumnsCompat *gen;
+	int			i;
+
+	if (desc->constr == NULL || !desc->constr->has_generated_stored)
+		return NULL;
+	gen = palloc0(sizeof(GeneratedColumnsCompat));
+	gen->attnos = palloc(sizeof(AttrNumber) * desc->natts);
+	gen->reads = palloc(sizeof(Bitmapset *) * desc->natts);
+	for (i = 0; i < desc->natts; i++)
+	{
+		Bitmapset  *reads = NULL;
+
+		if (TupleDescAttr(desc, i)->attgenerated != ATTRIBUTE_GENERATED_STORED)
+			continue;
+		pull_varattnos(build_column_default(rel, i + 1), 1, &reads);
+		gen->attnos[gen->n] = i + 1;
+		gen->reads[gen->n] = reads;
+		gen->n++;
+	}
+	return gen;
+#else
+	(void) rel;
+	return NULL;
+#endif
+}
+
+/*
  * The range table of a one-relation INSERT or UPDATE made without a plan.
  *
  * 16 moved the permission fields of RangeTblEntry (requiredPerms,
  * insertedCols, updatedCols) into an RTEPermissionInfo of their own, in a
  * list beside the range table: an entry without one (perminfoindex 0) fails
  * when the executor reports a CHECK violation.  18 added the set of range
- * table indexes that survived pruning (here: the one relation).
+ * table indexes that survived pruning (here: the one relation).  On 15 the
+ * entry also names the stored generated columns (generated, from
+ * GeneratedColumnsOfCompat(); NULL for none) that read an updated column,
+ * as 15's planner does: every 15 minor has the field, and 15.0-15.2 read it.
  *
  * No permission is checked through these (the caller has); they say what the
  * statement writes, for UPDATE OF triggers, unchanged-index hints and the
  * columns an error may show.
  */
-/*
- * extra_updated_cols: the stored generated columns an UPDATE of updated_cols
- * recomputes (see GeneratedColumnsReadingCompat()).  Before 15.3 the
- * executor read them from the range table entry, where the planner puts
- * them; from 15.3 on it works them out itself, and 16 dropped the field.
- * Setting it is right on every 15 minor.
- */
 static inline void
 ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockmode,
 									AclMode perms, Bitmapset *inserted_cols,
-									Bitmapset *updated_cols, Bitmapset *extra_updated_cols)
+									Bitmapset *updated_cols,
+									const GeneratedColumnsCompat *generated)
 {
 	RangeTblEntry *rte = makeNode(RangeTblEntry);
 
@@ -66,6 +110,7 @@ ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockm
 	rte->relkind = rel->rd_rel->relkind;
 	rte->rellockmode = lockmode;
 #if PAYIDEM_PG_MAJOR >= 16
+	(void) generated;
 	{
 		RTEPermissionInfo *perminfo = makeNode(RTEPermissionInfo);
 
@@ -84,39 +129,20 @@ ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockm
 	rte->requiredPerms = perms;
 	rte->insertedCols = inserted_cols;
 	rte->updatedCols = updated_cols;
-	rte->extraUpdatedCols = extra_updated_cols;
+	if (generated != NULL)
+	{
+		int			i;
+
+		for (i = 0; i < generated->n; i++)
+			if (bms_overlap(generated->reads[i], updated_cols) ||
+				bms_is_member(InvalidAttrNumber - FirstLowInvalidHeapAttributeNumber,
+							  generated->reads[i]))
+				rte->extraUpdatedCols =
+					bms_add_member(rte->extraUpdatedCols,
+								   generated->attnos[i] - FirstLowInvalidHeapAttributeNumber);
+	}
 	ExecInitRangeTable(estate, list_make1(rte));
 #endif
-}
-
-/*
- * The stored generated columns of rel whose expression reads one of cols
- * (attribute numbers offset by FirstLowInvalidHeapAttributeNumber, as in a
- * range table entry), in the same form: what 15's planner puts in
- * extraUpdatedCols for an UPDATE of cols.  Reads the expressions from the
- * catalog: call it when a cache is built, not per row.
- */
-static inline Bitmapset *
-GeneratedColumnsReadingCompat(Relation rel, Bitmapset *cols)
-{
-	TupleDesc	desc = RelationGetDescr(rel);
-	Bitmapset  *result = NULL;
-	int			i;
-
-	if (desc->constr == NULL || !desc->constr->has_generated_stored)
-		return NULL;
-	for (i = 0; i < desc->natts; i++)
-	{
-		Bitmapset  *used = NULL;
-
-		if (TupleDescAttr(desc, i)->attgenerated != ATTRIBUTE_GENERATED_STORED)
-			continue;
-		pull_varattnos(build_column_default(rel, i + 1), 1, &used);
-		if (bms_overlap(used, cols) ||
-			bms_is_member(InvalidAttrNumber - FirstLowInvalidHeapAttributeNumber, used))
-			result = bms_add_member(result, i + 1 - FirstLowInvalidHeapAttributeNumber);
-	}
-	return result;
 }
 
 /* 16 added the result relations that an EvalPlanQual recheck may lock. */
@@ -202,11 +228,6 @@ GeneratedColumnsReadingCompat(Relation rel, Bitmapset *cols)
 #define ConstrCheckIsEnforced(check) ((void) (check), true)
 #endif
 
-/*
- * A CHECK constraint of rel as the executor evaluates it (not yet planned).
- * 18 added virtual generated columns, stored as NULL: a CHECK that reads
- * one is evaluated with the column's expression in its place.
- */
 /* Whether a table has generated columns of any kind (18 added virtual ones). */
 #if PAYIDEM_PG_MAJOR >= 18
 #define TupleDescHasGeneratedColumnsCompat(desc) \
@@ -216,6 +237,11 @@ GeneratedColumnsReadingCompat(Relation rel, Bitmapset *cols)
 	((desc)->constr && (desc)->constr->has_generated_stored)
 #endif
 
+/*
+ * A CHECK constraint of rel as the executor evaluates it (not yet planned).
+ * 18 added virtual generated columns, stored as NULL: a CHECK that reads
+ * one is evaluated with the column's expression in its place.
+ */
 static inline Node *
 CheckConstraintExprCompat(Relation rel, ConstrCheck *check)
 {

@@ -101,8 +101,7 @@ typedef struct FlowTarget
 	Expr	  **checks;			/* the relation's CHECKs, planned, in relcache
 								 * order; compiled per call (an ExprState keeps
 								 * state in its query's memory) */
-	Bitmapset  *generated_reading;	/* stored generated columns that read a
-									 * settable column (15's extraUpdatedCols) */
+	GeneratedColumnsCompat *generated;	/* for 15's extraUpdatedCols */
 } FlowTarget;
 
 enum
@@ -221,14 +220,7 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 				expression_planner((Expr *) CheckConstraintExprCompat(rel, &check[i])) : NULL;
 		t->ncheck = desc->constr->num_check;
 	}
-	/* the stored generated columns that read a column this target may set */
-	{
-		Bitmapset  *settable = NULL;
-
-		for (i = 0; i < t->ncolumns; i++)
-			settable = bms_add_member(settable, t->attnos[i] - FirstLowInvalidHeapAttributeNumber);
-		t->generated_reading = GeneratedColumnsReadingCompat(rel, settable);
-	}
+	t->generated = GeneratedColumnsOfCompat(rel);
 	MemoryContextSwitchTo(oldcxt);
 	/* an invalidation that arrived meanwhile: build again next time */
 	t->valid = (before == flow_inval_count);
@@ -360,7 +352,7 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	 * columns are for UPDATE OF triggers and the indexes' unchanged hints
 	 */
 	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_UPDATE, NULL, updated,
-										t->generated_reading);
+										t->generated);
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	/* the trigger machinery finds it here instead of opening its own */
