@@ -1022,6 +1022,47 @@ BEGIN
 END
 $$;
 
+-- A duration argument (an order's expiry, a secret's grace period): not NULL,
+-- positive (or zero where allow_zero), and at most 100 years, so that now()
+-- plus it is a time PostgreSQL can hold; 22023 otherwise, never 22008.
+CREATE FUNCTION payidem._check_duration(message text, what text, value interval,
+										allow_zero boolean, hint text)
+RETURNS interval
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF value IS NULL OR value < interval '0' OR (value = interval '0' AND NOT allow_zero)
+	   OR value > interval '100 years' THEN
+		RAISE EXCEPTION '%', message USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('%s was %s; it must be %s interval of at most 100 years.', what,
+							coalesce(value::text, 'NULL'),
+							CASE WHEN allow_zero THEN 'a zero or positive' ELSE 'a positive' END),
+			HINT = hint;
+	END IF;
+	RETURN value;
+END
+$$;
+
+-- The day of a channel's bill (load_bill, reconcile): a calendar day a bill
+-- can have, from 1970 to 9999 (so that the next midnight exists too).
+CREATE FUNCTION payidem._check_bill_date(bill_date date)
+RETURNS date
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF NOT isfinite(bill_date) OR bill_date < date '1970-01-01' OR bill_date > date '9999-12-31' THEN
+		RAISE EXCEPTION 'invalid bill date' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The bill date was %s; a bill covers one calendar day from 1970-01-01 to 9999-12-31.',
+							CASE WHEN isfinite(bill_date)	-- ISO, whatever DateStyle (to_char stops at 294276)
+								 THEN format('%s-%s-%s', extract(year FROM bill_date),
+											 lpad(extract(month FROM bill_date)::text, 2, '0'),
+											 lpad(extract(day FROM bill_date)::text, 2, '0'))
+								 ELSE bill_date::text END);
+	END IF;
+	RETURN bill_date;
+END
+$$;
+
 -- The attributes of a new merchant (create_merchant, and its copies on shards).
 CREATE FUNCTION payidem._check_merchant_fields(name text, merchant_type text, fee_rate numeric,
 	settle_cycle text)
@@ -1184,11 +1225,8 @@ DECLARE
 	v_secret text;
 	v_sealed record;
 BEGIN
-	IF grace IS NULL OR grace < interval '0' THEN
-		RAISE EXCEPTION 'invalid grace period' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The grace period was %s; it must be zero or positive.', coalesce(grace::text, 'NULL'));
-	END IF;
+	PERFORM payidem._check_duration('invalid grace period', 'The grace period', grace, true,
+									'The default is ''24 hours''; 0 ends the previous secret now.');
 	m := payidem._merchant_for_update(rotate_merchant_secret.merchant_no);
 
 	-- secrets still in an earlier grace window end now: only current + previous stay valid
@@ -1627,9 +1665,24 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	r pg_roles;
 BEGIN
+	IF role IS NULL THEN
+		RAISE EXCEPTION 'role must not be null' USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'Name an existing role, e.g. ''shop_app''.';
+	END IF;
 	SELECT * INTO r FROM pg_catalog.pg_roles WHERE oid = role;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'role does not exist' USING ERRCODE = 'undefined_object';
+		RAISE EXCEPTION 'role does not exist' USING
+			ERRCODE = 'undefined_object',
+			DETAIL = format('No role has OID %s (it was dropped).', role::oid);
+	END IF;
+	-- the roles initdb makes (pg_read_all_data, pg_database_owner, ...) hold
+	-- or pass on more than a grant here should give
+	IF r.oid < 16384 AND NOT (r.rolsuper OR r.rolbypassrls) THEN
+		RAISE EXCEPTION 'role % is a predefined role', r.rolname USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'Predefined roles are shared by every database of the server, and some are members of others.',
+			HINT = 'Create a role of its own for the application and name that one.';
 	END IF;
 	IF r.rolsuper OR r.rolbypassrls THEN
 		RAISE EXCEPTION 'role % bypasses row-level security', r.rolname USING
@@ -1815,12 +1868,8 @@ BEGIN
 							coalesce(quote_literal(left(v_out_trade_no, 64)), 'NULL')),
 			HINT = 'Use the merchant''s own order number, e.g. SHOP-20261129-0001.';
 	END IF;
-	IF expire_in IS NULL OR expire_in <= interval '0' THEN
-		RAISE EXCEPTION 'invalid expiry' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('expire_in was %s; it must be a positive interval.', coalesce(expire_in::text, 'NULL')),
-			HINT = 'The default is ''2 hours''.';
-	END IF;
+	PERFORM payidem._check_duration('invalid expiry', 'expire_in', expire_in, false,
+									'The default is ''2 hours''.');
 	IF notify_url IS NOT NULL AND (notify_url !~ '^https?://[^[:space:]]+$' OR length(notify_url) > 1024) THEN
 		RAISE EXCEPTION 'invalid notify_url' USING
 			ERRCODE = 'invalid_parameter_value',
@@ -1925,7 +1974,7 @@ DECLARE
 	p payidem.payment;
 	v_tz text;
 	v_day_start timestamptz;
-	v_used bigint;
+	v_used numeric;		-- a day's sum may pass the bigint range
 	v_payment_no text;
 BEGIN
 	IF current_setting('transaction_isolation') = 'repeatable read' THEN
@@ -2703,9 +2752,9 @@ COMMENT ON FUNCTION payidem.notify_result(text, boolean, text) IS
 ALTER TABLE payidem.recon_batch
 	ADD COLUMN bill_timezone		text,
 	ADD COLUMN bill_lines			bigint	NOT NULL DEFAULT 0,
-	ADD COLUMN bill_amount_total	bigint	NOT NULL DEFAULT 0,
+	ADD COLUMN bill_amount_total	numeric	NOT NULL DEFAULT 0,	-- a day's sum may pass bigint
 	ADD COLUMN platform_payments	bigint	NOT NULL DEFAULT 0,
-	ADD COLUMN platform_amount_total bigint	NOT NULL DEFAULT 0,
+	ADD COLUMN platform_amount_total numeric	NOT NULL DEFAULT 0,
 	ADD COLUMN straddled			bigint	NOT NULL DEFAULT 0,
 	ADD COLUMN auto_resolved		bigint	NOT NULL DEFAULT 0,
 	ADD CONSTRAINT recon_batch_totals_nonnegative CHECK (
@@ -2844,11 +2893,7 @@ BEGIN
 		RAISE EXCEPTION 'channel_no, bill_date and csv must not be null' USING
 			ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF NOT isfinite(v_day) THEN
-		RAISE EXCEPTION 'invalid bill date' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The bill date was %s; a bill covers one calendar day.', v_day);
-	END IF;
+	PERFORM payidem._check_bill_date(v_day);
 	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
 		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
 			ERRCODE = 'PI009',
@@ -2876,9 +2921,12 @@ BEGIN
 						ARRAY['transaction_id', l.f[3], 'must be 1 to 64 printable characters without spaces']
 					WHEN l.f[4] <> '' AND (l.f[4] !~ '^[[:graph:]]+$' OR length(l.f[4]) > 64) THEN
 						ARRAY['payment_no', l.f[4], 'must be empty or 1 to 64 printable characters without spaces']
-					WHEN l.f[5] !~ '^[0-9]+$' OR length(l.f[5]) > 18 OR l.f[5] ~ '^0+$' THEN
+					-- at most the bigint maximum, as create_order() takes (compared as text)
+					WHEN l.f[5] !~ '^[0-9]{1,19}$' OR l.f[5] ~ '^0+$'
+						 OR (length(l.f[5]) = 19 AND l.f[5] COLLATE "C" > '9223372036854775807') THEN
 						ARRAY['amount', l.f[5], 'must be a positive integer in minor units (fen, cents)']
-					WHEN l.f[6] <> '' AND (l.f[6] !~ '^[0-9]+$' OR length(l.f[6]) > 18) THEN
+					WHEN l.f[6] <> '' AND (l.f[6] !~ '^[0-9]{1,19}$'
+						 OR (length(l.f[6]) = 19 AND l.f[6] COLLATE "C" > '9223372036854775807')) THEN
 						ARRAY['fee', l.f[6], 'must be empty or a non-negative integer in minor units (fen, cents)']
 					WHEN l.f[7] NOT IN ('succeeded', 'refunded') THEN
 						ARRAY['status', l.f[7], 'must be succeeded or refunded']
@@ -2989,9 +3037,9 @@ DECLARE
 	v_run		bigint;
 	v_matched	bigint;
 	v_bill_lines bigint;
-	v_bill_amount bigint;
+	v_bill_amount numeric;	-- sums of bigint amounts: may pass the bigint range
 	v_payments	bigint;
-	v_pay_amount bigint;
+	v_pay_amount numeric;
 	v_rows		bigint;
 	-- what the join left over (the differences, before the straddle check)
 	l_rows		payidem._recon_leftover[];
@@ -3001,11 +3049,7 @@ BEGIN
 		RAISE EXCEPTION 'channel_no and bill_date must not be null' USING
 			ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF NOT isfinite(v_day) THEN
-		RAISE EXCEPTION 'invalid bill date' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The bill date was %s; a bill covers one calendar day.', v_day);
-	END IF;
+	PERFORM payidem._check_bill_date(v_day);
 	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
 		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
 			ERRCODE = 'PI009',

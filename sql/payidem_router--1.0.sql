@@ -675,9 +675,24 @@ DECLARE
 	r pg_catalog.pg_roles;
 	f regprocedure;
 BEGIN
+	-- the same refusals as payidem._check_role() on one database (the router
+	-- has no payidem schema of a shard to call)
+	IF role IS NULL THEN
+		RAISE EXCEPTION 'role must not be null' USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'Name an existing role, e.g. ''shop_app''.';
+	END IF;
 	SELECT * INTO r FROM pg_catalog.pg_roles u WHERE u.oid = role;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'role does not exist' USING ERRCODE = 'undefined_object';
+		RAISE EXCEPTION 'role does not exist' USING
+			ERRCODE = 'undefined_object',
+			DETAIL = format('No role has OID %s (it was dropped).', role::oid);
+	END IF;
+	IF r.oid < 16384 AND NOT r.rolsuper THEN
+		RAISE EXCEPTION 'role % is a predefined role', r.rolname USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'Predefined roles are shared by every database of the server, and some are members of others.',
+			HINT = 'Create a role of its own for the application and name that one.';
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_foreign_server s WHERE s.srvname = 'payidem') THEN
 		RAISE EXCEPTION 'the PL/Proxy cluster payidem is not defined' USING

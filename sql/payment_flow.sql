@@ -143,6 +143,16 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'l4', 
 -- a failed attempt no longer counts towards the day
 SELECT payidem.apply_payment_result(payidem.begin_payment(:'l2', 'FLOW_LIM'), 'query', 'failed') AS l2_failed;
 SELECT payidem.begin_payment(:'l4', 'FLOW_LIM') IS NOT NULL AS fits_again;
+-- a daily limit at the bigint maximum: the day's sum would pass bigint, and
+-- is still PI007 (not an overflow error); nothing of it stays
+BEGIN;
+SELECT payidem.create_channel('FLOW_HUGE', 'epay', 0.002);
+SELECT payidem.bind_channel(:'m1', 'FLOW_HUGE', NULL, NULL, 9223372036854775807);
+SELECT payidem.create_order(:'m1', 'H-0001', 9223372036854775000, 'Huge A') AS h1 \gset
+SELECT payidem.create_order(:'m1', 'H-0002', 9223372036854775000, 'Huge B') AS h2 \gset
+SELECT payidem.begin_payment(:'h1', 'FLOW_HUGE') IS NOT NULL AS first_fits;
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'h2', 'FLOW_HUGE'));
+ROLLBACK;
 
 ----------------------------------------------------------- apply_payment_result
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', :'p1', 'webhook', 'succeeded'));

@@ -315,6 +315,19 @@ SELECT payidem.load_bill('RECON_JD', '2024-05-11',
 		   'RECON_JD,2024-05-11,JD-T44B,%s,4400,13,succeeded,2024-05-11 10:00:01\n', :'p44', :'p44'));
 SELECT matched, platform_only, channel_only FROM payidem.reconcile('RECON_JD', '2024-05-11');
 
+---------------------------------------------------------------- sums past bigint
+-- two payments of 5e18 on one day, billed as such (19-digit amounts, as
+-- create_order takes): the day's totals pass the bigint range and are kept
+-- exactly, no overflow error
+SELECT pg_temp.paid(60, 'RECON_ALI', 'ALI-T60', 5000000000000000000, '2024-05-20 10:00:00+00') IS NOT NULL AS paid,
+       pg_temp.paid(61, 'RECON_ALI', 'ALI-T61', 5000000000000000000, '2024-05-20 11:00:00+00') IS NOT NULL AS paid_too;
+SELECT payidem.load_bill('RECON_ALI', '2024-05-20',
+	E'RECON_ALI,2024-05-20,ALI-T60,,5000000000000000000,0,succeeded,2024-05-20 10:00:00\n'
+	 'RECON_ALI,2024-05-20,ALI-T61,,5000000000000000000,0,succeeded,2024-05-20 11:00:00\n') AS lines;
+SELECT matched, platform_only, channel_only, amount_mismatch FROM payidem.reconcile('RECON_ALI', '2024-05-20');
+SELECT bill_amount_total, platform_amount_total
+  FROM payidem.recon_batch WHERE channel_no = 'RECON_ALI' AND bill_date = '2024-05-20';
+
 ---------------------------------------------------------------- bad arguments
 SELECT * FROM pg_temp.try($$SELECT payidem.reconcile('NO_SUCH', '2024-05-01')$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.reconcile(NULL, '2024-05-01')$$);
