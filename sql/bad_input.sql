@@ -264,15 +264,20 @@ SELECT * FROM pg_temp.try(format($$SELECT payidem.route_channel(%s, 'wechat')$$,
 SELECT * FROM pg_temp.try(format('SELECT payidem.route_channel(%L, %s)', :'m', :'long'));
 
 ------------------------------------------------------------- roles
+CREATE ROLE regress_bi_plain;		-- an ordinary role (roles are not payidem's tables)
 SELECT * FROM pg_temp.try($$SELECT payidem.grant_app('no_such_role_bi')$$);
 SELECT * FROM pg_temp.try('SELECT payidem.grant_app(NULL)');
 SELECT * FROM pg_temp.try($$SELECT payidem.grant_auditor('postgres')$$);
-SELECT * FROM pg_temp.try(format($$SELECT payidem.map_merchant_role('pg_monitor', %s)$$, :'inj'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.map_merchant_role('regress_bi_plain', %s)$$, :'inj'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.map_merchant_role('pg_monitor', %L)$$, :'m'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.unmap_merchant_role(NULL, %L)', :'m'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.unmap_merchant_role('pg_monitor', %L)$$, :'m'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.map_merchant_role(NULL, %L)', :'m'));
 SELECT * FROM pg_temp.try('SELECT payidem.grant_auditor(NULL)');
 SELECT * FROM pg_temp.try($$SELECT payidem.grant_app('pg_read_all_data')$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.grant_auditor('pg_database_owner')$$);
+SELECT * FROM pg_temp.try('SELECT payidem.revoke_auditor(NULL)');
+DROP ROLE regress_bi_plain;
 
 ------------------------------------------------------------- create_order
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 0, 'Tea')$$, :'m'));
@@ -304,6 +309,8 @@ SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 'Tea', NULL, NULL, '101 years')$$, :'m'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 'Tea', NULL, NULL, '1000000 years')$$, :'m'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 'Tea', NULL, NULL, '178000000 years')$$, :'m'));
+-- compared as an interval (a month is 30 days) this looks short; added to a time it is not
+SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 'Tea', NULL, NULL, '5000000 years -1799990000 days')$$, :'m'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 'Tea', NULL, NULL, '1 hour', %s)$$, :'m', :'long'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-1', 1001, 'Tea')$$, :'m'));
 

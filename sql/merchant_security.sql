@@ -124,6 +124,12 @@ SELECT payidem.revoke_auditor('regress_payidem_auditor');
 SET ROLE regress_payidem_auditor;
 SELECT count(*) AS former_auditor_sees FROM payidem."order";
 RESET ROLE;
+-- a grant can always be undone: an auditor that became BYPASSRLS is revoked
+SELECT payidem.grant_auditor('regress_payidem_reused');
+ALTER ROLE regress_payidem_reused BYPASSRLS;
+SELECT payidem.revoke_auditor('regress_payidem_reused');
+ALTER ROLE regress_payidem_reused NOBYPASSRLS;
+SELECT count(*) AS auditors_left FROM payidem.auditor_role;
 -- the application role does not load bills (grant load_bill explicitly)
 SET ROLE regress_payidem_app;
 SELECT payidem.load_bill('SEC_WX', '2026-01-01', '');

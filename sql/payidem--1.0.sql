@@ -1023,15 +1023,30 @@ END
 $$;
 
 -- A duration argument (an order's expiry, a secret's grace period): not NULL,
--- positive (or zero where allow_zero), and at most 100 years, so that now()
--- plus it is a time PostgreSQL can hold; 22023 otherwise, never 22008.
+-- and now() plus it is after now (or now itself, where allow_zero) and at most
+-- now() plus 100 years.  The end is what is checked: PostgreSQL compares
+-- intervals counting a month as 30 days, but adds months and days to a time
+-- by the calendar ('1 month -29 days' can end before it starts), and a sum past
+-- the timestamp range is 22008.  22023 for all of these; no exception block
+-- (create_order calls this for every order).
 CREATE FUNCTION payidem._check_duration(message text, what text, value interval,
 										allow_zero boolean, hint text)
 RETURNS interval
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_end timestamptz;
 BEGIN
-	IF value IS NULL OR value < interval '0' OR (value = interval '0' AND NOT allow_zero)
-	   OR value > interval '100 years' THEN
+	-- each part (months, days, time) within 100 years, so that the sum below
+	-- cannot leave the timestamp range; then the end itself
+	IF value IS NOT NULL
+	   AND abs(extract(year FROM value) * 12 + extract(month FROM value)) <= 1200
+	   AND abs(extract(day FROM value)) <= 36525
+	   AND abs(extract(hour FROM value) * 3600 + extract(minute FROM value) * 60
+			   + extract(second FROM value)) <= 3155760000 THEN	-- 36525 days, in seconds
+		v_end := now() + value;
+	END IF;
+	IF v_end IS NULL OR v_end < now() OR (v_end = now() AND NOT allow_zero)
+	   OR v_end > now() + interval '100 years' THEN
 		RAISE EXCEPTION '%', message USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('%s was %s; it must be %s interval of at most 100 years.', what,
@@ -1659,7 +1674,11 @@ CREATE POLICY merchant_rows ON payidem.anomaly FOR SELECT
 	USING (payidem._row_visible((SELECT o.merchant_no FROM payidem."order" o WHERE o.order_no = anomaly.order_no),
 								(SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
 
-CREATE FUNCTION payidem._check_role(role regrole)
+-- The role a grant function names: not NULL and existing (22023, 42704); to be
+-- granted something (to_grant), also an ordinary role that row-level security
+-- applies to, and not one of the predefined roles (22023).  Revoking and
+-- unmapping take any role that exists, so that a grant can always be undone.
+CREATE FUNCTION payidem._check_role(role regrole, to_grant boolean DEFAULT true)
 RETURNS name
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1676,9 +1695,13 @@ BEGIN
 			ERRCODE = 'undefined_object',
 			DETAIL = format('No role has OID %s (it was dropped).', role::oid);
 	END IF;
-	-- the roles initdb makes (pg_read_all_data, pg_database_owner, ...) hold
-	-- or pass on more than a grant here should give
-	IF r.oid < 16384 AND NOT (r.rolsuper OR r.rolbypassrls) THEN
+	IF NOT to_grant THEN
+		RETURN r.rolname;
+	END IF;
+	-- the predefined roles (pg_read_all_data, pg_database_owner, ...: the
+	-- pg_ prefix is reserved to them) hold or pass on more than a grant here
+	-- should give
+	IF r.rolname ~ '^pg_' AND NOT (r.rolsuper OR r.rolbypassrls) THEN
 		RAISE EXCEPTION 'role % is a predefined role', r.rolname USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = 'Predefined roles are shared by every database of the server, and some are members of others.',
@@ -1751,7 +1774,7 @@ CREATE FUNCTION payidem.revoke_auditor(role regrole)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-	v_role name := payidem._check_role(role);
+	v_role name := payidem._check_role(role, to_grant => false);
 BEGIN
 	PERFORM payidem._forget_dropped_roles();
 	DELETE FROM payidem.auditor_role a WHERE a.role = revoke_auditor.role;
@@ -1795,6 +1818,7 @@ CREATE FUNCTION payidem.unmap_merchant_role(role regrole, merchant_no text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._check_role(role, to_grant => false);
 	PERFORM payidem._forget_dropped_roles();
 	DELETE FROM payidem.merchant_role r
 	 WHERE r.role = unmap_merchant_role.role AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
@@ -2922,11 +2946,13 @@ BEGIN
 					WHEN l.f[4] <> '' AND (l.f[4] !~ '^[[:graph:]]+$' OR length(l.f[4]) > 64) THEN
 						ARRAY['payment_no', l.f[4], 'must be empty or 1 to 64 printable characters without spaces']
 					-- at most the bigint maximum, as create_order() takes (compared as text)
-					WHEN l.f[5] !~ '^[0-9]{1,19}$' OR l.f[5] ~ '^0+$'
-						 OR (length(l.f[5]) = 19 AND l.f[5] COLLATE "C" > '9223372036854775807') THEN
+					WHEN l.f[5] !~ '^[0-9]+$' OR l.f[5] ~ '^0+$' OR length(ltrim(l.f[5], '0')) > 19
+						 OR (length(ltrim(l.f[5], '0')) = 19
+							 AND ltrim(l.f[5], '0') COLLATE "C" > '9223372036854775807') THEN
 						ARRAY['amount', l.f[5], 'must be a positive integer in minor units (fen, cents)']
-					WHEN l.f[6] <> '' AND (l.f[6] !~ '^[0-9]{1,19}$'
-						 OR (length(l.f[6]) = 19 AND l.f[6] COLLATE "C" > '9223372036854775807')) THEN
+					WHEN l.f[6] <> '' AND (l.f[6] !~ '^[0-9]+$' OR length(ltrim(l.f[6], '0')) > 19
+						 OR (length(ltrim(l.f[6], '0')) = 19
+							 AND ltrim(l.f[6], '0') COLLATE "C" > '9223372036854775807')) THEN
 						ARRAY['fee', l.f[6], 'must be empty or a non-negative integer in minor units (fen, cents)']
 					WHEN l.f[7] NOT IN ('succeeded', 'refunded') THEN
 						ARRAY['status', l.f[7], 'must be succeeded or refunded']

@@ -675,8 +675,8 @@ DECLARE
 	r pg_catalog.pg_roles;
 	f regprocedure;
 BEGIN
-	-- the same refusals as payidem._check_role() on one database (the router
-	-- has no payidem schema of a shard to call)
+	-- the refusals of payidem._check_role() on one database that apply here
+	-- (the router has no row-level security, and no shard schema to call)
 	IF role IS NULL THEN
 		RAISE EXCEPTION 'role must not be null' USING
 			ERRCODE = 'invalid_parameter_value',
@@ -688,7 +688,7 @@ BEGIN
 			ERRCODE = 'undefined_object',
 			DETAIL = format('No role has OID %s (it was dropped).', role::oid);
 	END IF;
-	IF r.oid < 16384 AND NOT r.rolsuper THEN
+	IF r.rolname ~ '^pg_' THEN
 		RAISE EXCEPTION 'role % is a predefined role', r.rolname USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = 'Predefined roles are shared by every database of the server, and some are members of others.',
