@@ -2776,9 +2776,9 @@ COMMENT ON FUNCTION payidem.notify_result(text, boolean, text) IS
 ALTER TABLE payidem.recon_batch
 	ADD COLUMN bill_timezone		text,
 	ADD COLUMN bill_lines			bigint	NOT NULL DEFAULT 0,
-	ADD COLUMN bill_amount_total	numeric	NOT NULL DEFAULT 0,	-- a day's sum may pass bigint
+	ADD COLUMN bill_amount_total	numeric(38,0) NOT NULL DEFAULT 0,	-- a day's sum may pass bigint
 	ADD COLUMN platform_payments	bigint	NOT NULL DEFAULT 0,
-	ADD COLUMN platform_amount_total numeric	NOT NULL DEFAULT 0,
+	ADD COLUMN platform_amount_total numeric(38,0) NOT NULL DEFAULT 0,
 	ADD COLUMN straddled			bigint	NOT NULL DEFAULT 0,
 	ADD COLUMN auto_resolved		bigint	NOT NULL DEFAULT 0,
 	ADD CONSTRAINT recon_batch_totals_nonnegative CHECK (

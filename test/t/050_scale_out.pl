@@ -245,6 +245,14 @@ sub run_cluster
 		  or diag($err);
 	}
 	$router->safe_psql('postgres', "DROP OWNED BY rt_app; DROP ROLE rt_app");
+	# the router's grant_app refuses what one database's does
+	for my $bad ([ 'NULL', qr/role must not be null/ ], [ "'pg_read_all_data'", qr/is a predefined role/ ])
+	{
+		($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.grant_app($bad->[0])");
+		ok(!$ok && $err =~ /22023/ && $err =~ $bad->[1],
+			"$tag: the router's grant_app refuses $bad->[0] with 22023, as one database does")
+		  or diag($err);
+	}
 
 	# ---- reconciliation: the bill is split by payment number, counts summed
 	my @lines;
