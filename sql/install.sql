@@ -39,10 +39,14 @@ VALUES ('M0123456789ABCDE', 'WXPAY_001', 500000);
 INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
 VALUES ('PO202611290000000000013009', 'M0123456789ABCDE', 'SHOP-1', 'coffee', 1500, now() + interval '2 hours'),
        ('PO202611290000000000023194', 'M0123456789ABCDE', 'SHOP-2', 'tea', 900, now() + interval '2 hours');
-UPDATE payidem."order" SET status = 'paid', paid_at = now() WHERE out_trade_no = 'SHOP-1';
 INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
 VALUES ('PY202611290000000000016333', 'PO202611290000000000013009', 'M0123456789ABCDE', 'WXPAY_001', 1500);
-UPDATE payidem.payment SET status = 'succeeded', transaction_id = 'WX-42', paid_at = now();
+-- (a DBA's own writes keep the bookkeeping too: the success with its
+-- transaction id and fees, the order paid by it)
+UPDATE payidem.payment SET status = 'succeeded', transaction_id = 'WX-42', paid_at = now(),
+       fee_amount = 9, cost_amount = 4;
+UPDATE payidem."order" SET status = 'paid', paid_at = now(), paid_payment_no = 'PY202611290000000000016333'
+ WHERE out_trade_no = 'SHOP-1';
 INSERT INTO payidem.idempotency (idem_key, biz_type, order_no, amount, status, result)
 VALUES ('pay:PO202611290000000000013009:callback', 'pay', 'PO202611290000000000013009', 1500,
         'completed', '{"answer": "SUCCESS"}');
@@ -55,7 +59,8 @@ INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order',
 \set regressdb :DBNAME
 \setenv PGDATABASE :regressdb
 CREATE DATABASE payidem_restored;
-\! pg_dump --format=custom | PGOPTIONS='-c session_replication_role=replica' pg_restore --exit-on-error --dbname=payidem_restored
+-- a plain restore, no options: every row comes back as it was
+\! pg_dump --format=custom | pg_restore --exit-on-error --dbname=payidem_restored
 \c payidem_restored
 \set VERBOSITY terse
 SELECT extversion FROM pg_extension WHERE extname = 'payidem';

@@ -71,7 +71,7 @@ INSERT INTO payidem.state (entity, status, initial, terminal, builtin) VALUES
 	('order',   'closed',             false, true,  true),
 	('payment', 'pending',            true,  false, true),
 	('payment', 'succeeded',          false, false, true),
-	('payment', 'failed',             false, true,  true),
+	('payment', 'failed',             false, false, true),
 	('payment', 'closed',             false, false, true),
 	('payment', 'partially_refunded', false, false, true),
 	('payment', 'refunded',           false, true,  true),
@@ -89,6 +89,7 @@ INSERT INTO payidem.transition (entity, from_status, to_status, builtin) VALUES
 	('payment', 'pending',            'failed',             true),
 	('payment', 'pending',            'closed',             true),
 	('payment', 'closed',             'succeeded',          true),
+	('payment', 'failed',             'succeeded',          true),
 	('payment', 'succeeded',          'partially_refunded', true),
 	('payment', 'succeeded',          'refunded',           true),
 	('payment', 'partially_refunded', 'refunded',           true),
@@ -915,6 +916,239 @@ CREATE TRIGGER status_log_append_only
 	BEFORE UPDATE OR DELETE OR TRUNCATE ON payidem.status_log
 	FOR EACH STATEMENT EXECUTE FUNCTION payidem.status_log_append_only();
 ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
+
+-- A status and its bookkeeping never disagree (DESIGN §5), whoever writes:
+-- the flow functions, transit_*(), a DBA's own UPDATE.  What one row says
+-- about itself is checked at the end of each statement (_books_row); what
+-- rows say about each other — an order's paying payment, a payment's
+-- refunds — at commit (_books_commit), when every row of a flow step is
+-- written.  Refused with PI002: DETAIL names the invariant, HINT the flow
+-- function that does the bookkeeping.  Ordinary triggers, like
+-- status_guard: session_replication_role = replica (superuser) skips them.
+-- Named status_ledger*: triggers of one event fire in name order, so a
+-- change the whitelist refuses is reported as that (status_guard) first.
+CREATE FUNCTION payidem._books_refuse(entity text, entity_no text, invariant text, detail text, flow text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	RAISE EXCEPTION '% % would break its bookkeeping: %', entity, entity_no, invariant USING
+		ERRCODE = 'PI002',
+		DETAIL = detail,
+		HINT = format('Use payidem.%s(), which moves the status and its bookkeeping together.', flow);
+END
+$$;
+COMMENT ON FUNCTION payidem._books_refuse(text, text, text, text, text) IS
+	'Internal to the bookkeeping triggers: raises PI002 naming the invariant and the flow function.';
+
+-- The status a refunded amount implies: partially_refunded exactly when
+-- 0 < refunded < amount, refunded exactly when refunded = amount.
+CREATE FUNCTION payidem._refund_status_ok(status text, refunded bigint, amount bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+	SELECT CASE WHEN refunded = 0 THEN status NOT IN ('partially_refunded', 'refunded')
+				WHEN refunded < amount THEN status = 'partially_refunded'
+				ELSE status = 'refunded' END
+$$;
+COMMENT ON FUNCTION payidem._refund_status_ok(text, bigint, bigint) IS
+	'Internal to the bookkeeping triggers: does status agree with refunded out of amount?';
+
+-- SECURITY DEFINER (a trigger function cannot be called directly): the
+-- checks run as the tables' owner for every writer, also at a commit that
+-- happens after a flow function returned.
+CREATE FUNCTION payidem._books_row()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF TG_TABLE_NAME = 'payment' THEN
+		IF NEW.status IN ('succeeded', 'partially_refunded', 'refunded')
+			AND (NEW.transaction_id IS NULL OR NEW.paid_at IS NULL
+				 OR NEW.fee_amount IS NULL OR NEW.cost_amount IS NULL) THEN
+			PERFORM payidem._books_refuse('payment', NEW.payment_no, 'a success without its transaction id, paid_at and fees',
+				format('Payment %s would be %s with transaction_id %s, paid_at %s, fee_amount %s, cost_amount %s; a succeeded payment has all four.',
+					   NEW.payment_no, NEW.status, coalesce(quote_literal(NEW.transaction_id), 'NULL'),
+					   CASE WHEN NEW.paid_at IS NULL THEN 'NULL' ELSE 'set' END, coalesce(NEW.fee_amount::text, 'NULL'),
+					   coalesce(NEW.cost_amount::text, 'NULL')),
+				'apply_payment_result');
+		END IF;
+		IF NOT payidem._refund_status_ok(NEW.status, NEW.refunded_amount, NEW.amount) THEN
+			PERFORM payidem._books_refuse('payment', NEW.payment_no, 'a status that disagrees with its refunded amount',
+				format('Payment %s would be %s with %s of %s refunded.', NEW.payment_no, NEW.status,
+					   NEW.refunded_amount, NEW.amount),
+				'apply_refund_result');
+		END IF;
+	ELSE
+		IF NEW.status IN ('paid', 'partially_refunded', 'refunded')
+			AND (NEW.paid_at IS NULL OR NEW.paid_payment_no IS NULL) THEN
+			PERFORM payidem._books_refuse('order', NEW.order_no, 'paid without its payment',
+				format('Order %s would be %s with paid_payment_no %s and paid_at %s; a paid order names the succeeded payment that paid it.',
+					   NEW.order_no, NEW.status, coalesce(NEW.paid_payment_no, 'NULL'),
+					   CASE WHEN NEW.paid_at IS NULL THEN 'NULL' ELSE 'set' END),
+				'apply_payment_result');
+		END IF;
+		IF NOT payidem._refund_status_ok(NEW.status, NEW.refunded_amount, NEW.amount) THEN
+			PERFORM payidem._books_refuse('order', NEW.order_no, 'a status that disagrees with its refunded amount',
+				format('Order %s would be %s with %s of %s refunded.', NEW.order_no, NEW.status,
+					   NEW.refunded_amount, NEW.amount),
+				'apply_refund_result');
+		END IF;
+	END IF;
+	RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION payidem._books_row() IS
+	'Trigger on payidem."order" and payidem.payment: a paid order names its payment; a succeeded payment has its transaction id, paid_at and fees; a status agrees with the refunded amount (PI002).';
+
+CREATE TRIGGER status_ledger
+	AFTER INSERT OR UPDATE ON payidem."order"
+	FOR EACH ROW WHEN (NEW.status IN ('paid', 'partially_refunded', 'refunded') OR NEW.refunded_amount <> 0)
+	EXECUTE FUNCTION payidem._books_row();
+CREATE TRIGGER status_ledger
+	AFTER INSERT OR UPDATE ON payidem.payment
+	FOR EACH ROW WHEN (NEW.status IN ('succeeded', 'partially_refunded', 'refunded') OR NEW.refunded_amount <> 0)
+	EXECUTE FUNCTION payidem._books_row();
+
+-- At commit: the rows of each changed order, payment or refund as they are
+-- then.
+CREATE FUNCTION payidem._books_check_payment(payment_no text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	p record;
+	v_sum numeric;
+	v_order record;
+BEGIN
+	SELECT x.payment_no, x.order_no, x.refunded_amount INTO p
+	  FROM payidem.payment x WHERE x.payment_no = _books_check_payment.payment_no;
+	IF NOT FOUND THEN
+		RETURN;
+	END IF;
+	SELECT coalesce(sum(r.amount), 0) INTO v_sum
+	  FROM payidem.refund r WHERE r.payment_no = p.payment_no AND r.status = 'succeeded';
+	IF v_sum <> p.refunded_amount THEN
+		PERFORM payidem._books_refuse('payment', p.payment_no, 'a refunded amount that is not the sum of its succeeded refunds',
+			format('Payment %s has refunded_amount %s; its succeeded refunds add up to %s.',
+				   p.payment_no, p.refunded_amount, v_sum),
+			'apply_refund_result');
+	END IF;
+	SELECT x.order_no, x.refunded_amount INTO v_order
+	  FROM payidem."order" x WHERE x.order_no = p.order_no AND x.paid_payment_no = p.payment_no;
+	IF FOUND AND v_order.refunded_amount <> p.refunded_amount THEN
+		PERFORM payidem._books_refuse('order', v_order.order_no, 'a refunded amount that is not its paying payment''s',
+			format('Order %s has refunded_amount %s; payment %s, which paid it, has %s.',
+				   v_order.order_no, v_order.refunded_amount, p.payment_no, p.refunded_amount),
+			'apply_refund_result');
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._books_check_payment(text) IS
+	'Internal to the bookkeeping triggers: a payment''s refunded amount is the sum of its succeeded refunds and is mirrored on the order it paid (PI002).';
+
+CREATE FUNCTION payidem._books_commit()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	o record;
+	q record;
+BEGIN
+	IF TG_TABLE_NAME = 'refund' THEN
+		PERFORM payidem._books_check_payment(NEW.payment_no);
+		IF OLD.payment_no IS DISTINCT FROM NEW.payment_no THEN
+			PERFORM payidem._books_check_payment(OLD.payment_no);
+		END IF;
+	ELSIF TG_TABLE_NAME = 'payment' THEN
+		PERFORM payidem._books_check_payment(NEW.payment_no);
+	ELSE
+		SELECT x.order_no, x.status, x.paid_payment_no, x.refunded_amount INTO o
+		  FROM payidem."order" x WHERE x.order_no = NEW.order_no;
+		IF FOUND AND o.status IN ('paid', 'partially_refunded', 'refunded') THEN
+			SELECT x.order_no, x.status, x.refunded_amount INTO q
+			  FROM payidem.payment x WHERE x.payment_no = o.paid_payment_no;
+			IF NOT FOUND OR q.order_no <> o.order_no OR q.status NOT IN ('succeeded', 'partially_refunded', 'refunded') THEN
+				PERFORM payidem._books_refuse('order', o.order_no, 'paid without its payment',
+					format('Order %s is %s; its paid_payment_no %s is %s.', o.order_no, o.status,
+						   o.paid_payment_no,
+						   CASE WHEN NOT FOUND THEN 'no payment'
+								WHEN q.order_no <> o.order_no THEN 'a payment of order ' || q.order_no
+								ELSE 'a payment in status ' || q.status END),
+					'apply_payment_result');
+			END IF;
+			IF q.refunded_amount <> o.refunded_amount THEN
+				PERFORM payidem._books_refuse('order', o.order_no, 'a refunded amount that is not its paying payment''s',
+					format('Order %s has refunded_amount %s; payment %s, which paid it, has %s.',
+						   o.order_no, o.refunded_amount, o.paid_payment_no, q.refunded_amount),
+					'apply_refund_result');
+			END IF;
+		END IF;
+	END IF;
+	RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION payidem._books_commit() IS
+	'Deferred constraint trigger on payidem."order", payidem.payment and payidem.refund: at commit, a paid order''s payment is a succeeded payment of it, and refunded amounts add up (PI002).';
+
+CREATE CONSTRAINT TRIGGER status_ledger_at_commit
+	AFTER UPDATE ON payidem."order" DEFERRABLE INITIALLY DEFERRED
+	FOR EACH ROW WHEN (NEW.status IN ('paid', 'partially_refunded', 'refunded')
+					   AND (OLD.status IS DISTINCT FROM NEW.status
+							OR OLD.paid_payment_no IS DISTINCT FROM NEW.paid_payment_no
+							OR OLD.refunded_amount IS DISTINCT FROM NEW.refunded_amount))
+	EXECUTE FUNCTION payidem._books_commit();
+CREATE CONSTRAINT TRIGGER status_ledger_at_commit
+	AFTER UPDATE ON payidem.payment DEFERRABLE INITIALLY DEFERRED
+	FOR EACH ROW WHEN (OLD.refunded_amount IS DISTINCT FROM NEW.refunded_amount
+					   OR (OLD.status IS DISTINCT FROM NEW.status AND NEW.status IN ('partially_refunded', 'refunded')))
+	EXECUTE FUNCTION payidem._books_commit();
+CREATE CONSTRAINT TRIGGER status_ledger_at_commit
+	AFTER UPDATE ON payidem.refund DEFERRABLE INITIALLY DEFERRED
+	FOR EACH ROW WHEN ((OLD.status = 'succeeded' OR NEW.status = 'succeeded')
+					   AND (OLD.status IS DISTINCT FROM NEW.status OR OLD.amount IS DISTINCT FROM NEW.amount
+							OR OLD.payment_no IS DISTINCT FROM NEW.payment_no))
+	EXECUTE FUNCTION payidem._books_commit();
+
+-- Money records are kept (DESIGN §5): no DELETE or TRUNCATE of orders,
+-- payments, refunds or anomalies, for any role.  Ordinary triggers: the
+-- superuser's session_replication_role = replica is the one way around.
+CREATE FUNCTION payidem._keep_money_records()
+RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	RAISE EXCEPTION 'rows of payidem.% cannot be deleted', quote_ident(TG_TABLE_NAME) USING
+		ERRCODE = 'insufficient_privilege',
+		DETAIL = format('payidem.%s holds money records; %s is refused for every role.', quote_ident(TG_TABLE_NAME), TG_OP),
+		HINT = CASE TG_TABLE_NAME
+				   WHEN 'anomaly' THEN 'Set its handle_status to handled or ignored instead.'
+				   WHEN 'order' THEN 'Close a pending order with payidem.close_order(); a paid one is refunded with payidem.refund().'
+				   WHEN 'payment' THEN 'Close a pending payment with payidem.close_payment(); a succeeded one is refunded with payidem.refund().'
+				   ELSE 'A refund ends succeeded or failed through payidem.apply_refund_result().' END;
+END
+$$;
+COMMENT ON FUNCTION payidem._keep_money_records() IS
+	'Trigger on payidem."order", payment, refund and anomaly: refuses DELETE and TRUNCATE.';
+
+CREATE TRIGGER keep_money_records
+	BEFORE DELETE ON payidem."order"
+	FOR EACH ROW EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records_truncate
+	BEFORE TRUNCATE ON payidem."order"
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records
+	BEFORE DELETE ON payidem.payment
+	FOR EACH ROW EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records_truncate
+	BEFORE TRUNCATE ON payidem.payment
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records
+	BEFORE DELETE ON payidem.refund
+	FOR EACH ROW EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records_truncate
+	BEFORE TRUNCATE ON payidem.refund
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records
+	BEFORE DELETE ON payidem.anomaly
+	FOR EACH ROW EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records_truncate
+	BEFORE TRUNCATE ON payidem.anomaly
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
 
 -- The transition functions: one conditional UPDATE each (optimistic lock).
 CREATE FUNCTION payidem.transit_order(order_no text, to_status text)
@@ -2137,7 +2371,8 @@ BEGIN
 	IF amount IS NOT NULL AND amount <= 0 THEN
 		RAISE EXCEPTION 'invalid reported amount' USING
 			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The amount was %s; it must be positive, or NULL if the channel did not say.', amount);
+			DETAIL = format('The amount was %s; it must be positive.', amount),
+			HINT = 'Pass the amount the channel reports, in minor units.';
 	END IF;
 	IF transaction_id IS NOT NULL AND (transaction_id !~ '^[[:graph:]]+$' OR length(transaction_id) > 64) THEN
 		RAISE EXCEPTION 'invalid transaction_id' USING
@@ -2150,6 +2385,13 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The value was %s; it must be a real point in time, or NULL for now.', paid_at),
 			HINT = 'Pass the time the channel reports the payment was made.';
+	END IF;
+	IF status = 'succeeded' AND (transaction_id IS NULL OR amount IS NULL) THEN
+		RAISE EXCEPTION 'a success must carry the channel''s transaction id and amount' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('Payment %s: transaction_id was %s and amount was %s.', payment_no,
+							coalesce(quote_literal(transaction_id), 'NULL'), coalesce(amount::text, 'NULL')),
+			HINT = 'Pass both as the channel reported them: a success without them can be neither reconciled nor refunded.';
 	END IF;
 END
 $$;
@@ -2174,6 +2416,15 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem._record_order_paid(tid, text, payidem.payment_number, timestamptz) IS
 	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at; its merchant notification is due now if it has a notify_url. False (nothing done) as for _record_payment_success().';
 
+-- The one rule for a reported paid_at (src/flow.c, payidem.max_clock_skew),
+-- which the C path of apply_payment_result() applies too.
+CREATE FUNCTION payidem._check_paid_at(payment_no text, created_at timestamptz, paid_at timestamptz)
+RETURNS void
+AS 'MODULE_PATHNAME', 'payidem_check_paid_at'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._check_paid_at(text, timestamptz, timestamptz) IS
+	'Internal to apply_payment_result(): 22023 unless paid_at lies between the attempt''s creation and now, each widened by payidem.max_clock_skew.';
+
 -- The contract of apply_payment_result() in full.  apply_payment_result()
 -- itself (src/flow.c) decides a repeated success and the first success of a
 -- pending payment of a pending order, and passes every other call here
@@ -2191,8 +2442,6 @@ DECLARE
 	v_txn ALIAS FOR $4;
 	v_amount ALIAS FOR $5;
 	v_paid_at timestamptz;
-	v_key text;
-	v_claim text;
 	v_outcome text;
 	v_other text;
 	v_kind text;
@@ -2204,16 +2453,15 @@ DECLARE
 	p record;					-- the payment's columns this function reads
 BEGIN
 	-- A repeated success of a payment that already succeeded (the same amount
-	-- and transaction id, or none given) is answered from the committed row,
-	-- without a lock: from succeeded, a payment only moves on to refunded
-	-- states, which answer a success the same way.  Such a repeat's
-	-- arguments are valid: the row vouches for all but the source.
+	-- and transaction id) is answered from the committed row, without a
+	-- lock: from succeeded, a payment only moves on to refunded states,
+	-- which answer a success the same way.  Such a repeat's arguments are
+	-- valid: the row vouches for all but the source.
 	IF v_status = 'succeeded' AND v_source IN ('callback', 'query', 'close') THEN
 		SELECT x.status, x.amount, x.transaction_id INTO p
 		  FROM payidem.payment x WHERE x.payment_no = v_payment_no;
 		IF FOUND AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
-			AND (v_amount IS NULL OR v_amount = p.amount)
-			AND (v_txn IS NULL OR v_txn = p.transaction_id) THEN
+			AND v_amount = p.amount AND v_txn = p.transaction_id THEN
 			RETURN 'duplicate';
 		END IF;
 	END IF;
@@ -2223,40 +2471,54 @@ BEGIN
 	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no)
 		OR v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close')
 		OR v_status IS NULL OR v_status NOT IN ('succeeded', 'failed', 'closed')
+		OR (v_status = 'succeeded' AND (v_txn IS NULL OR v_amount IS NULL))
 		OR v_amount <= 0 OR v_txn !~ '^[[:graph:]]+$' OR length(v_txn) > 64
 		OR NOT isfinite(_apply_payment_result.paid_at) THEN
 		PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount,
 												   _apply_payment_result.paid_at);
 	END IF;
 
-	-- lock order: the payment, then (only for a success that is not a
-	-- duplicate, below) its order
-	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id INTO p
-	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
+	SELECT x.order_no INTO v_other FROM payidem.payment x WHERE x.payment_no = v_payment_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009',
 			DETAIL = 'payidem.payment has no row with that payment_no.';
 	END IF;
+	-- The lock order of every flow function (docs/payment-flow.md): the
+	-- order, then its payment.  Only a success changes the order; a failure
+	-- or close report locks the payment alone.
+	IF v_status = 'succeeded' THEN
+		-- the order, locked (its number never changes), and the rates of the fees
+		SELECT x.ctid, x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
+		  INTO v_order_row, v_order_status, v_order_paid_by, v_rate, v_cost_rate
+		  FROM payidem."order" x
+		  JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
+		  JOIN payidem.payment y ON y.payment_no = v_payment_no
+		  JOIN payidem.channel c ON c.channel_no = y.channel_no
+		  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
+		 WHERE x.order_no = v_other
+		   FOR UPDATE OF x;
+	END IF;
+	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id,
+		   x.created_at INTO p
+	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
 
 	IF v_status = 'succeeded' THEN
-		-- refusals first, without claiming the key: they change nothing but
-		-- one anomaly row, and a repeat of the same refusal adds none
-		IF v_amount IS NOT NULL AND v_amount <> p.amount THEN
-			IF NOT EXISTS (SELECT 1 FROM payidem.anomaly a
-							WHERE a.payment_no = p.payment_no AND a.kind = 'amount_mismatch'
-							  AND a.handle_status = 'open'
-							  AND a.detail @> jsonb_build_object('reported_amount', v_amount)) THEN
-				INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
-				VALUES ('amount_mismatch', p.order_no, p.payment_no, p.channel_no, v_amount,
-						jsonb_build_object('reported_amount', v_amount, 'payment_amount', p.amount,
-										   'transaction_id', v_txn, 'source', v_source,
-										   'payment_status', p.status, 'raw', payidem._flow_raw(raw)));
+		v_paid_at := coalesce(_apply_payment_result.paid_at, now());
+		IF p.status IN ('succeeded', 'partially_refunded', 'refunded') THEN
+			IF v_amount = p.amount AND v_txn = p.transaction_id THEN
+				RETURN 'duplicate';		-- applied meanwhile, by the delivery we waited for
 			END IF;
-			RETURN 'rejected';
+			v_kind := 'conflicting_result';		-- another transaction id or amount: a second charge?
+		ELSE
+			PERFORM payidem._check_paid_at(p.payment_no, p.created_at, v_paid_at);
 		END IF;
-		-- (a transaction id the payment already has is no other's: unique)
-		IF v_txn IS NOT NULL AND v_txn IS DISTINCT FROM p.transaction_id THEN
+		IF v_kind IS NOT NULL THEN
+			-- decided above
+		ELSIF v_amount <> p.amount THEN
+			v_kind := 'amount_mismatch';
+		ELSIF v_txn IS DISTINCT FROM p.transaction_id THEN
+			-- (a transaction id the payment already has is no other's: unique)
 			-- two deliveries carrying one transaction id for two payments:
 			-- the second waits until the first commits, then (READ
 			-- COMMITTED: a new snapshot per statement) finds its row below.
@@ -2274,117 +2536,85 @@ BEGIN
 			SELECT x.payment_no INTO v_other FROM payidem.payment x
 			 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
 			IF FOUND THEN
-				IF NOT EXISTS (SELECT 1 FROM payidem.anomaly a
-								WHERE a.payment_no = p.payment_no AND a.kind = 'transaction_conflict'
-								  AND a.handle_status = 'open'
-								  AND a.detail @> jsonb_build_object('transaction_id', v_txn)) THEN
-					INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
-					VALUES ('transaction_conflict', p.order_no, p.payment_no, p.channel_no, coalesce(v_amount, p.amount),
-							jsonb_build_object('transaction_id', v_txn, 'other_payment_no', v_other,
-											   'source', v_source, 'payment_status', p.status,
-											   'raw', payidem._flow_raw(raw)));
-				END IF;
-				RETURN 'rejected';
+				v_kind := 'transaction_conflict';
 			END IF;
 		END IF;
-	ELSIF p.status IN ('succeeded', 'partially_refunded', 'refunded')
-		OR (p.status = 'failed' AND v_status = 'closed')
-		OR (p.status = 'closed' AND v_status = 'failed') THEN
-		-- the channel's word of success wins over a later failure/close report;
-		-- and a failed attempt is not closed (nor a closed one failed) afterwards
+	ELSIF p.status IN ('succeeded', 'partially_refunded', 'refunded') THEN
+		-- the channel's word of success stands; a later failure/close report
+		-- contradicts it
+		v_kind := 'conflicting_result';
+	ELSIF p.status = v_status THEN
+		RETURN 'duplicate';
+	ELSIF p.status IN ('failed', 'closed') THEN
+		-- a failed attempt is not closed (nor a closed one failed) afterwards
 		RETURN 'rejected';
 	END IF;
 
-	-- A repeat is answered from the payment's row, which we hold locked: the
-	-- first delivery's effect committed together with its key, so the row
-	-- says all the key would (and still does once the key is purged).
-	IF (v_status = 'succeeded' AND p.status IN ('succeeded', 'partially_refunded', 'refunded'))
-		OR p.status = v_status THEN
-		RETURN 'duplicate';
-	END IF;
-
-	-- What this delivery does is decided here, under the payment's row lock
-	-- (and, for a success, its order's), so that the idempotency key is
-	-- written once, completed with that outcome, and the effect follows in
-	-- the same transaction.
-	IF v_status = 'succeeded' THEN
-		v_paid_at := coalesce(_apply_payment_result.paid_at, now());
-		-- the order, locked, and the rates of the fees
-		SELECT x.ctid, x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
-		  INTO v_order_row, v_order_status, v_order_paid_by, v_rate, v_cost_rate
-		  FROM payidem."order" x
-		  JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
-		  JOIN payidem.channel c ON c.channel_no = p.channel_no
-		  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
-		 WHERE x.order_no = p.order_no
-		   FOR UPDATE OF x;
-		-- failed is terminal: money arrived for an attempt recorded as
-		-- failed; a closed or paid order: money arrived where it should not
-		v_outcome := CASE WHEN p.status <> 'failed' AND v_order_status = 'pending' THEN 'applied' ELSE 'anomaly' END;
-	ELSE
-		-- failed or closed of a pending payment
-		v_outcome := 'applied';
-	END IF;
-
-	-- one key per payment and final status, whatever the source
-	v_key := 'payment:' || p.payment_no || ':' || v_status;
-	SELECT c.outcome INTO v_claim
-	  FROM payidem.idem_record(v_key, 'payment_result', p.order_no, p.channel_no, p.amount,
-							   jsonb_build_object('outcome', v_outcome)) c;
-	IF v_claim = 'replay' THEN
-		RETURN 'duplicate';
-	ELSIF v_claim = 'in_progress' THEN
-		RAISE EXCEPTION 'result % of payment % is being applied elsewhere', v_status, p.payment_no USING
-			ERRCODE = 'lock_not_available',
-			DETAIL = format('Idempotency key %s is held by a live lease.', v_key),
-			HINT = 'Answer the channel with a retryable failure; it will deliver the result again.';
+	-- A refusal changes nothing but one anomaly row, and a repeat of the
+	-- same refusal adds none.
+	IF v_kind IS NOT NULL THEN
+		IF NOT EXISTS (SELECT 1 FROM payidem.anomaly a
+						WHERE a.payment_no = p.payment_no AND a.kind = v_kind AND a.handle_status = 'open'
+						  AND a.detail @> jsonb_build_object('reported_status', v_status,
+															 'reported_amount', v_amount,
+															 'transaction_id', v_txn)) THEN
+			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+			VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, coalesce(v_amount, p.amount),
+					jsonb_build_object('reported_status', v_status, 'reported_amount', v_amount,
+									   'transaction_id', v_txn, 'source', v_source,
+									   'payment_status', p.status, 'payment_amount', p.amount,
+									   'payment_transaction_id', p.transaction_id,
+									   'other_payment_no', CASE WHEN v_kind = 'transaction_conflict' THEN v_other END,
+									   'raw', payidem._flow_raw(raw)));
+		END IF;
+		RETURN 'rejected';
 	END IF;
 
 	IF v_status <> 'succeeded' THEN
+		-- failed or closed of a pending payment
 		PERFORM payidem.transit_payment(p.payment_no, v_status);
-	ELSIF p.status = 'failed' THEN
-		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
-		VALUES ('success_after_failure', p.order_no, p.payment_no, p.channel_no, p.amount,
-				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
-								   'order_status', v_order_status,
-								   'action', 'refund this payment through the channel (it stays failed, so refund() does not take it)',
-								   'raw', payidem._flow_raw(raw)));
+		RETURN 'applied';
+	END IF;
+
+	-- pending, closed or failed -> succeeded: the channel's word wins.  It
+	-- pays the order if the order is still pending; otherwise money arrived
+	-- where it should not, and an anomaly asks for its refund.
+	-- The status and the fields in one update of the row we hold locked
+	-- (then the order's): the status_guard trigger checks each change
+	-- against the whitelist and logs it, exactly as for transit_payment();
+	-- one new row version each.  A direct update (src/flow.c) unless the
+	-- table has statement triggers, rules or row security that applies:
+	-- then the same UPDATE in SQL.
+	v_outcome := CASE WHEN v_order_status = 'pending' THEN 'applied' ELSE 'anomaly' END;
+	IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
+											round(p.amount * v_rate)::bigint,
+											round(p.amount * v_cost_rate)::bigint) THEN
+		UPDATE payidem.payment x
+		   SET status = 'succeeded', updated_at = now(),
+			   transaction_id = v_txn, paid_at = v_paid_at,
+			   fee_amount = round(p.amount * v_rate)::bigint,
+			   cost_amount = round(p.amount * v_cost_rate)::bigint
+		 WHERE x.payment_no = p.payment_no;
+	END IF;
+	IF v_order_status = 'pending' THEN
+		IF NOT payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at) THEN
+			UPDATE payidem."order" x
+			   SET status = 'paid', updated_at = now(),
+				   paid_payment_no = p.payment_no, paid_at = v_paid_at,
+				   notify_status = CASE WHEN x.notify_url IS NULL THEN x.notify_status ELSE 'pending' END,
+				   next_notify_at = CASE WHEN x.notify_url IS NULL THEN x.next_notify_at ELSE now() END,
+				   notify_attempts = CASE WHEN x.notify_url IS NULL THEN x.notify_attempts ELSE 0 END
+			 WHERE x.order_no = p.order_no;
+		END IF;
 	ELSE
-		-- pending or closed -> succeeded: the channel's word wins.
-		-- The status and the fields in one update of the row we hold locked
-		-- (then the order's): the status_guard trigger checks each change
-		-- against the whitelist and logs it, exactly as for transit_payment();
-		-- one new row version each.  A direct update (src/flow.c) unless the
-		-- table has statement triggers, rules or row security that applies:
-		-- then the same UPDATE in SQL.
-		IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
-												round(p.amount * v_rate)::bigint,
-												round(p.amount * v_cost_rate)::bigint) THEN
-			UPDATE payidem.payment x
-			   SET status = 'succeeded', updated_at = now(),
-				   transaction_id = coalesce(v_txn, x.transaction_id), paid_at = v_paid_at,
-				   fee_amount = round(p.amount * v_rate)::bigint,
-				   cost_amount = round(p.amount * v_cost_rate)::bigint
-			 WHERE x.payment_no = p.payment_no;
-		END IF;
-		IF v_order_status = 'pending' THEN
-			IF NOT payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at) THEN
-				UPDATE payidem."order" x
-				   SET status = 'paid', updated_at = now(),
-					   paid_payment_no = p.payment_no, paid_at = v_paid_at,
-					   notify_status = CASE WHEN x.notify_url IS NULL THEN x.notify_status ELSE 'pending' END,
-					   next_notify_at = CASE WHEN x.notify_url IS NULL THEN x.next_notify_at ELSE now() END,
-					   notify_attempts = CASE WHEN x.notify_url IS NULL THEN x.notify_attempts ELSE 0 END
-				 WHERE x.order_no = p.order_no;
-			END IF;
-		ELSE
-			v_kind := CASE WHEN v_order_status = 'closed' THEN 'paid_after_close' ELSE 'duplicate_payment' END;
-			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
-			VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
-					jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
-									   'order_status', v_order_status, 'paid_payment_no', v_order_paid_by,
-									   'action', 'refund this payment', 'raw', payidem._flow_raw(raw)));
-		END IF;
+		v_kind := CASE WHEN v_order_status = 'closed' THEN 'paid_after_close' ELSE 'duplicate_payment' END;
+		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+		VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
+				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
+								   'payment_status_before', p.status,
+								   'order_status', v_order_status, 'paid_payment_no', v_order_paid_by,
+								   'action', 'refund this payment with payidem.refund()',
+								   'raw', payidem._flow_raw(raw)));
 	END IF;
 	RETURN v_outcome;
 END
@@ -2399,7 +2629,7 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'payidem_apply_payment_result'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
-	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed) exactly once per payment and status. Returns applied, duplicate, anomaly (paid_after_close, duplicate_payment, success_after_failure: payment recorded, anomaly row asks for a refund) or rejected (amount_mismatch, transaction_conflict, or failure/close after success: nothing changes but an anomaly row).';
+	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result: nothing changes but an anomaly row).';
 
 CREATE FUNCTION payidem.close_payment(payment_no text)
 RETURNS boolean
@@ -2432,19 +2662,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
 	v_order_no text := close_order.order_no;
 	v_pending text;
-	v_locked text;
 	o payidem."order";
 BEGIN
 	IF current_setting('transaction_isolation') = 'repeatable read' THEN
 		PERFORM payidem._refuse_repeatable_read('close_order', 'for a pending attempt of the order');
 	END IF;
 	PERFORM payidem._check_number('order', close_order.order_no);
-	-- lock order is payment before order: lock the pending attempt first
-	SELECT x.payment_no INTO v_locked FROM payidem.payment x
-	 WHERE x.order_no = v_order_no AND x.status = 'pending';
-	IF v_locked IS NOT NULL THEN
-		PERFORM 1 FROM payidem.payment x WHERE x.payment_no = v_locked FOR UPDATE;
-	END IF;
+	-- the lock order of every flow function: the order, then its payments
+	-- (an attempt begin_payment() is committing is seen once the order's
+	-- lock is ours: it held that lock)
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
@@ -2571,8 +2797,7 @@ DECLARE
 	v_status text := apply_refund_result.status;
 	v_crid text := apply_refund_result.channel_refund_id;
 	v_payment_no text;
-	v_key text;
-	v_claim text;
+	v_order_no text;
 	v_refunded bigint;
 	p payidem.payment;
 	r payidem.refund;
@@ -2592,12 +2817,16 @@ BEGIN
 							quote_literal(left(v_crid, 64)));
 	END IF;
 
-	-- lock order as in refund(): the payment, then the refund (then the order)
-	SELECT x.payment_no INTO v_payment_no FROM payidem.refund x WHERE x.refund_no = v_refund_no;
+	-- the lock order of every flow function: the order (a success moves
+	-- it), then the payment, then the refund; their numbers never change
+	SELECT x.payment_no, x.order_no INTO v_payment_no, v_order_no FROM payidem.refund x WHERE x.refund_no = v_refund_no;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'refund % does not exist', coalesce(quote_literal(left(v_refund_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009',
 			DETAIL = 'payidem.refund has no row with that refund_no.';
+	END IF;
+	IF v_status = 'succeeded' THEN
+		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
 	END IF;
 	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
 	SELECT * INTO r FROM payidem.refund x WHERE x.refund_no = v_refund_no FOR UPDATE;
@@ -2616,47 +2845,35 @@ BEGIN
 		RETURN 'rejected';
 	END IF;
 
-	-- a repeat is answered from the refund's row, which we hold locked (its
-	-- first delivery's effect committed with its key)
+	-- a repeat is answered from the refund's row, which we hold locked: it
+	-- is the record of the decision (no idempotency key: DESIGN §4)
 	IF r.status = v_status THEN
 		RETURN 'duplicate';
 	END IF;
 
-	-- the key, written once, completed, in the transaction of the effect
-	v_key := 'refund:' || r.refund_no || ':' || v_status;
-	SELECT c.outcome INTO v_claim
-	  FROM payidem.idem_record(v_key, 'refund_result', r.order_no, p.channel_no, r.amount,
-							   '{"outcome": "applied"}') c;
-	IF v_claim = 'replay' THEN
-		RETURN 'duplicate';
-	ELSIF v_claim = 'in_progress' THEN
-		RAISE EXCEPTION 'result % of refund % is being applied elsewhere', v_status, r.refund_no USING
-			ERRCODE = 'lock_not_available',
-			DETAIL = format('Idempotency key %s is held by a live lease.', v_key),
-			HINT = 'Answer the channel with a retryable failure; it will deliver the result again.';
-	END IF;
-
 	IF v_status = 'failed' THEN
 		PERFORM payidem.transit_refund(r.refund_no, 'failed');
-	ELSE
-		IF v_crid IS NOT NULL THEN
-			UPDATE payidem.refund x SET channel_refund_id = v_crid WHERE x.refund_no = r.refund_no;
-		END IF;
-		PERFORM payidem.transit_refund(r.refund_no, 'succeeded');
+		RETURN 'applied';
+	END IF;
 
-		v_refunded := p.refunded_amount + r.amount;
-		UPDATE payidem.payment x SET refunded_amount = v_refunded WHERE x.payment_no = p.payment_no;
-		PERFORM payidem.transit_payment(p.payment_no,
-			CASE WHEN v_refunded >= p.amount THEN 'refunded' ELSE 'partially_refunded' END);
-
-		-- the order follows only the refunds of the payment that paid it
-		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = p.order_no FOR UPDATE;
-		IF o.paid_payment_no = p.payment_no THEN
-			v_refunded := o.refunded_amount + r.amount;
-			UPDATE payidem."order" x SET refunded_amount = v_refunded WHERE x.order_no = o.order_no;
-			PERFORM payidem.transit_order(o.order_no,
-				CASE WHEN v_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END);
-		END IF;
+	IF v_crid IS NOT NULL THEN
+		UPDATE payidem.refund x SET channel_refund_id = v_crid WHERE x.refund_no = r.refund_no;
+	END IF;
+	PERFORM payidem.transit_refund(r.refund_no, 'succeeded');
+	-- each row's status and refunded amount in one update: they never
+	-- disagree (the bookkeeping triggers check it)
+	v_refunded := p.refunded_amount + r.amount;
+	UPDATE payidem.payment x
+	   SET refunded_amount = v_refunded, updated_at = now(),
+		   status = CASE WHEN v_refunded >= p.amount THEN 'refunded' ELSE 'partially_refunded' END
+	 WHERE x.payment_no = p.payment_no;
+	-- the order follows only the refunds of the payment that paid it
+	IF o.paid_payment_no = p.payment_no THEN
+		v_refunded := o.refunded_amount + r.amount;
+		UPDATE payidem."order" x
+		   SET refunded_amount = v_refunded, updated_at = now(),
+			   status = CASE WHEN v_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END
+		 WHERE x.order_no = o.order_no;
 	END IF;
 	RETURN 'applied';
 END
@@ -3040,7 +3257,7 @@ CREATE TYPE payidem._recon_leftover AS (
 COMMENT ON TYPE payidem._recon_leftover IS
 	'Internal to reconcile(): a payment and/or bill line the day''s join may not have matched.';
 
-CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date)
+CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date, allow_empty boolean DEFAULT false)
 RETURNS TABLE(recon_batch_no text, matched bigint, platform_only bigint,
 			  channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -3080,6 +3297,16 @@ BEGIN
 		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
 			ERRCODE = 'PI009',
 			DETAIL = 'payidem.channel has no row with that channel_no.';
+	END IF;
+	-- no bill, no reconciliation: without one every payment of the day would
+	-- be reported platform_only
+	IF allow_empty IS NOT TRUE AND NOT EXISTS (
+			SELECT 1 FROM payidem.channel_bill b
+			 WHERE b.channel_no OPERATOR(pg_catalog.=) v_channel AND b.bill_date OPERATOR(pg_catalog.=) v_day) THEN
+		RAISE EXCEPTION 'no bill of channel % for % is loaded', v_channel, v_day USING
+			ERRCODE = 'object_not_in_prerequisite_state',
+			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', v_channel, v_day),
+			HINT = 'Load the day''s bill with payidem.load_bill() first; if the channel really reported nothing that day, call reconcile(channel_no, bill_date, allow_empty => true).';
 	END IF;
 	-- the bill day, midnight to midnight in the channel's zone
 	v_from := timezone(v_tz, v_day::timestamp);
@@ -3338,8 +3565,8 @@ BEGIN
 						n.amount_mismatch, n.status_mismatch;
 END
 $$;
-COMMENT ON FUNCTION payidem.reconcile(text, date) IS
-	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments: one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
+COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
+	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments (55000 if no bill line of that day is loaded, unless allow_empty): one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
 
 CREATE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
 RETURNS void

@@ -609,29 +609,52 @@ END;
 COMMENT ON FUNCTION payidem.load_bill(text, date, text) IS
 	'Router: every partition checks the whole bill and keeps the lines whose payment_no names it (lines without a valid payment_no go to partition 0); returns the number of lines loaded in all.';
 
-CREATE FUNCTION payidem._reconcile_all(channel_no text, bill_date date)
+CREATE FUNCTION payidem._bill_lines_all(channel_no text, bill_date date)
+RETURNS SETOF bigint
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT pg_catalog.count(*) FROM payidem.channel_bill b
+	 WHERE b.channel_no OPERATOR(pg_catalog.=) $1 AND b.bill_date OPERATOR(pg_catalog.=) $2;
+$$;
+COMMENT ON FUNCTION payidem._bill_lines_all(text, date) IS
+	'Router, internal to reconcile(): the number of the day''s bill lines on each partition.';
+
+CREATE FUNCTION payidem._reconcile_all(channel_no text, bill_date date, allow_empty boolean)
 RETURNS TABLE (recon_batch_no text, matched bigint, platform_only bigint,
 			   channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
 	RUN ON ALL;
 	SELECT r.recon_batch_no, r.matched, r.platform_only, r.channel_only, r.amount_mismatch, r.status_mismatch
-	  FROM payidem.reconcile(channel_no, bill_date) r;
+	  FROM payidem.reconcile(channel_no, bill_date, allow_empty) r;
 $$;
 
-CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date)
+-- No bill, no reconciliation, as on one database: the bill is split between
+-- the partitions (a partition may hold none of its lines), so the router
+-- asks them all before it reconciles each with allow_empty.
+CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date, allow_empty boolean DEFAULT false)
 RETURNS TABLE (recon_batch_no text, matched bigint, platform_only bigint,
 			   channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
-LANGUAGE sql SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF allow_empty IS NOT TRUE AND channel_no IS NOT NULL AND bill_date IS NOT NULL
+		AND (SELECT sum(n) FROM payidem._bill_lines_all(channel_no, bill_date) n) = 0 THEN
+		RAISE EXCEPTION 'no bill of channel % for % is loaded', channel_no, bill_date USING
+			ERRCODE = 'object_not_in_prerequisite_state',
+			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', channel_no, bill_date),
+			HINT = 'Load the day''s bill with payidem.load_bill() first; if the channel really reported nothing that day, call reconcile(channel_no, bill_date, allow_empty => true).';
+	END IF;
+	RETURN QUERY
 	SELECT pg_catalog.string_agg(DISTINCT r.recon_batch_no, ','),
 		   pg_catalog.sum(r.matched)::bigint, pg_catalog.sum(r.platform_only)::bigint,
 		   pg_catalog.sum(r.channel_only)::bigint, pg_catalog.sum(r.amount_mismatch)::bigint,
 		   pg_catalog.sum(r.status_mismatch)::bigint
-	  FROM payidem._reconcile_all(channel_no, bill_date) r;
-END;
-COMMENT ON FUNCTION payidem.reconcile(text, date) IS
-	'Router: reconcile the channel''s day on every partition and return the summed counts. recon_batch_no is the shards'' batch number (they agree when every run went through the router), else their distinct numbers joined with commas.';
+	  FROM payidem._reconcile_all(channel_no, bill_date, true) r;
+END
+$$;
+COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
+	'Router: reconcile the channel''s day on every partition and return the summed counts (55000 if no partition holds a bill line of that day, unless allow_empty). recon_batch_no is the shards'' batch number (they agree when every run went through the router), else their distinct numbers joined with commas.';
 
 CREATE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
 RETURNS void
@@ -663,7 +686,7 @@ BEGIN ATOMIC
 						 'notify_result', 'reconcile', 'resolve_diff',
 						 'cluster_partitions', 'check_partition', 'partition_of', 'order_partition',
 						 'payment_partition', 'refund_partition', 'recon_partition',
-						 '_notify_due_split', '_reconcile_all');
+						 '_notify_due_split', '_reconcile_all', '_bill_lines_all');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'Router: the functions grant_app() lets an application role execute (the API and the routing functions it calls).';

@@ -159,8 +159,17 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', :'p1', 'callback', 'paid'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, amount => 0)', :'p1', 'callback', 'succeeded'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L)', :'p1', 'callback', 'succeeded', 'has space'));
-SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', 'PY202401010000000000000093', 'callback', 'succeeded'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 1250)', 'PY202401010000000000000093', 'callback', 'succeeded', 'WX-T-0001'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, paid_at => %L)', :'p1', 'callback', 'succeeded', 'infinity'));
+-- a success must carry the transaction id and the amount; paid_at lies
+-- between the attempt's start and now (payidem.max_clock_skew either side)
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L)', :'p1', 'callback', 'succeeded', 'WX-T-0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, amount => 1250)', :'p1', 'callback', 'succeeded'));
+SELECT err_code, err_message, err_hint
+  FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 1250, %L)', :'p1', 'callback', 'succeeded', 'WX-T-0001', '2099-01-01 00:00:00+00'));
+SELECT err_code, err_message
+  FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 1250, now() - interval ''1 hour'')', :'p1', 'callback', 'succeeded', 'WX-T-0001'));
+SELECT status, transaction_id FROM payidem.payment WHERE payment_no = :'p1';
 
 -- amount mismatch: rejected + anomaly, nothing else changes; a repeat adds no second anomaly
 SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1200,
@@ -173,24 +182,32 @@ SELECT p.status AS payment, o.status AS "order", p.transaction_id,
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p1';
 
 -- seed 1: duplicate callback delivery -> one applied, the rest duplicate, one notification
-SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250, '2026-11-29 08:15:00+00') AS first_delivery;
-SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250, '2026-11-29 08:15:00+00') AS second_delivery;
-SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001') AS third_delivery;
--- seed 2: the active query learns the same thing: same key, no second effect
+SELECT date_trunc('second', now()) AS t_paid \gset
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250, :'t_paid') AS first_delivery;
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250, :'t_paid') AS second_delivery;
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250) AS third_delivery;
+-- seed 2: the active query learns the same thing: no second effect
 SELECT payidem.apply_payment_result(:'p1', 'query', 'succeeded', 'WX-T-0001', 1250) AS query_result;
-SELECT idem_key = 'payment:' || :'p1' || ':succeeded' AS key_shape, biz_type, order_no = :'o1' AS of_order,
-       channel, amount, status, result
-  FROM payidem.idempotency WHERE idem_key LIKE 'payment:' || :'p1' || ':%';
+-- payidem's decisions write no idempotency key: the payment row records them
+SELECT count(*) AS idem_keys FROM payidem.idempotency WHERE order_no = :'o1';
 -- fees: 1250 * 0.006 = 7.5 -> 8 (half-up); cost 1250 * 0.002 = 2.5 -> 3
-SELECT status, transaction_id, paid_at, fee_amount, cost_amount FROM payidem.payment WHERE payment_no = :'p1';
-SELECT status, paid_payment_no = :'p1' AS paid_by_p1, paid_at, notify_status, notify_attempts,
+SELECT status, transaction_id, paid_at = :'t_paid' AS paid_then, fee_amount, cost_amount FROM payidem.payment WHERE payment_no = :'p1';
+SELECT status, paid_payment_no = :'p1' AS paid_by_p1, paid_at = :'t_paid' AS paid_then, notify_status, notify_attempts,
        next_notify_at <= now() AS notify_due
   FROM payidem."order" WHERE order_no = :'o1';
 SELECT * FROM pg_temp.history(:'o1');
--- a failure or close reported after the success is refused; nothing changes
+-- a failure or close reported after the success, or a success with another
+-- transaction id or amount, contradicts it: rejected with a conflicting_result
+-- anomaly (once per report); nothing else changes
 SELECT payidem.apply_payment_result(:'p1', 'query', 'failed') AS failed_after_success,
-       payidem.apply_payment_result(:'p1', 'close', 'closed') AS closed_after_success;
-SELECT status FROM payidem.payment WHERE payment_no = :'p1';
+       payidem.apply_payment_result(:'p1', 'close', 'closed') AS closed_after_success,
+       payidem.apply_payment_result(:'p1', 'query', 'failed') AS failed_again;
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001-B', 1250) AS second_charge,
+       payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1300) AS other_amount;
+SELECT kind, detail ->> 'reported_status' AS reported, detail ->> 'transaction_id' AS txn,
+       detail ->> 'reported_amount' AS reported_amount, amount
+  FROM payidem.anomaly WHERE payment_no = :'p1' AND kind = 'conflicting_result' ORDER BY anomaly_id;
+SELECT status, transaction_id, amount, fee_amount FROM payidem.payment WHERE payment_no = :'p1';
 
 -- transaction_id already used by another payment of the channel: rejected + anomaly
 SELECT payidem.begin_payment(:'o3', 'FLOW_WX') AS p3 \gset
@@ -209,11 +226,16 @@ SELECT payidem.apply_payment_result(:'p3b', 'callback', 'succeeded', 'ALI-0003',
 -- 2000 * 0.0055 (binding) = 11; 2000 * 0.0025 = 5
 SELECT channel_no, status, fee_amount, cost_amount FROM payidem.payment WHERE order_no = :'o3' ORDER BY created_at, payment_no;
 SELECT status, paid_payment_no = :'p3b' AS paid_by_alipay FROM payidem."order" WHERE order_no = :'o3';
--- a success reported for the failed attempt: failed is terminal -> anomaly, no status change
-SELECT payidem.apply_payment_result(:'p3', 'query', 'succeeded', 'WX-T-0003') AS success_after_failure;
-SELECT payidem.apply_payment_result(:'p3', 'query', 'succeeded', 'WX-T-0003') AS success_after_failure_again;
-SELECT kind, amount, detail ->> 'transaction_id' AS transaction_id, detail ->> 'action' AS action FROM payidem.anomaly WHERE payment_no = :'p3' ORDER BY anomaly_id;
-SELECT status, transaction_id FROM payidem.payment WHERE payment_no = :'p3';
+-- a success reported for the failed attempt: the channel's word wins (failed
+-- -> succeeded), and as the order is paid by the other attempt, an anomaly
+-- asks for its refund, which refund() takes
+SELECT payidem.apply_payment_result(:'p3', 'query', 'succeeded', 'WX-T-0003', 2000) AS success_after_failure;
+SELECT payidem.apply_payment_result(:'p3', 'query', 'succeeded', 'WX-T-0003', 2000) AS success_after_failure_again;
+SELECT kind, amount, detail ->> 'transaction_id' AS transaction_id, detail ->> 'payment_status_before' AS was,
+       detail ->> 'action' AS action
+  FROM payidem.anomaly WHERE payment_no = :'p3' ORDER BY anomaly_id;
+SELECT status, transaction_id, fee_amount IS NOT NULL AS has_fees FROM payidem.payment WHERE payment_no = :'p3';
+SELECT status, paid_payment_no = :'p3b' AS still_paid_by_alipay FROM payidem."order" WHERE order_no = :'o3';
 SELECT * FROM pg_temp.history(:'o3');
 
 ------------------------------------------------------------------ close_payment
@@ -326,8 +348,9 @@ SELECT o.out_trade_no, o.status AS "order", o.refunded_amount AS order_refunded,
 -- only an order with a notify_url gets a notification: of the paid ones only T-0001 has one
 SELECT count(*) AS pending_notifications FROM payidem."order" WHERE merchant_no = :'m1' AND notify_status = 'pending';
 SELECT payidem.create_order(:'m1', 'T-0009', 990, 'Matcha', 'http://shop.example/n') AS o9 \gset
+SELECT date_trunc('second', now()) AS t9 \gset
 SELECT payidem.apply_payment_result(payidem.begin_payment(:'o9', 'FLOW_ALI'), 'callback', 'succeeded', 'ALI-0009', 990,
-                                    '2026-11-29 09:00:00+00') AS o9_paid;
+                                    :'t9') AS o9_paid;
 -- (paid_at in the payload is UTC ISO 8601 whatever the worker's DateStyle and TimeZone)
 SET datestyle = 'SQL, DMY';
 SET timezone = 'Asia/Shanghai';
@@ -335,7 +358,9 @@ CREATE TEMP TABLE handed AS SELECT * FROM payidem.notify_due(100) WHERE merchant
 RESET datestyle;
 RESET timezone;
 SELECT order_no = :'o1' AS is_o1, order_no = :'o9' AS is_o9, notify_url, attempt,
-       payload - 'order_no' - 'merchant_no' AS payload, payload ->> 'order_no' = order_no AS payload_order,
+       payload - 'order_no' - 'merchant_no' - 'paid_at' AS payload, payload ->> 'order_no' = order_no AS payload_order,
+       payload ->> 'paid_at' = (SELECT to_char(o.paid_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+                                  FROM payidem."order" o WHERE o.order_no = handed.order_no) AS payload_paid_at_utc,
        payload ->> 'merchant_no' = :'m1' AS payload_merchant,
        signature = payidem.sign(merchant_no, payload::text) AS signed
   FROM handed ORDER BY payload ->> 'out_trade_no';
@@ -526,7 +551,7 @@ ROLLBACK;
 BEGIN;
 ALTER INDEX payidem.payment_transaction_key RENAME TO payment_transaction_key_renamed;
 SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_without_the_index_name;
-SELECT payidem.apply_payment_result(:'p20', 'query', 'succeeded') AS then_a_duplicate;
+SELECT payidem.apply_payment_result(:'p20', 'query', 'succeeded', 'WX-T-0020', 700) AS then_a_duplicate;
 SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, o.status AS order_status, o.notify_status
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
 ROLLBACK;
@@ -541,9 +566,9 @@ SELECT * FROM pg_temp.history(:'o20');
 -- an order without a notify_url is paid with no notification due
 SELECT payidem.create_order(:'m1', 'T-0022', 300, 'Sample', notify_url => NULL) AS o22 \gset
 SELECT payidem.begin_payment(:'o22', 'FLOW_WX') AS p22 \gset
-SELECT payidem.apply_payment_result(:'p22', 'query', 'succeeded') AS applied_without_txn;
+SELECT payidem.apply_payment_result(:'p22', 'query', 'succeeded', 'WX-T-0022', 300) AS applied_without_notify_url;
 SELECT o.status, o.notify_status, o.notify_attempts, o.next_notify_at IS NULL AS nothing_due,
-       p.transaction_id IS NULL AS no_txn, p.fee_amount, p.cost_amount
+       p.transaction_id, p.fee_amount, p.cost_amount
   FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = :'o22';
 
 ------------------------------------------------------------------- privileges

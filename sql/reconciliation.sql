@@ -41,6 +41,7 @@ RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
 	v_order text := payidem.order_no_make('PO', '2024-05-01 00:00:00+00', 0, n);
 	v_pay text := payidem.order_no_make('PY', '2024-05-01 00:00:00+00', 0, n);
+	v_refunded bigint;
 BEGIN
 	INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, created_at)
 	VALUES (v_order, 'M7RECQNC0000001X', 'RECON-' || n, 'reconciliation test', p_amount,
@@ -51,14 +52,26 @@ BEGIN
 		UPDATE payidem.payment SET status = 'closed', closed_at = p_paid_at WHERE payment_no = v_pay;
 		RETURN v_pay;
 	END IF;
-	UPDATE payidem.payment SET status = 'succeeded', transaction_id = p_txn, paid_at = p_paid_at
+	-- (a success without its transaction id cannot be written any more: one
+	-- from before, as a restore in replica mode would load it)
+	IF p_txn IS NULL THEN
+		PERFORM set_config('session_replication_role', 'replica', true);
+	END IF;
+	UPDATE payidem.payment SET status = 'succeeded', transaction_id = p_txn, paid_at = p_paid_at,
+		   fee_amount = 0, cost_amount = 0
 	 WHERE payment_no = v_pay;
-	UPDATE payidem."order" SET status = 'paid', paid_at = p_paid_at WHERE order_no = v_order;
+	PERFORM set_config('session_replication_role', 'origin', true);
+	UPDATE payidem."order" SET status = 'paid', paid_at = p_paid_at, paid_payment_no = v_pay WHERE order_no = v_order;
 	IF p_final IN ('refunded', 'partially_refunded') THEN
-		UPDATE payidem.payment
-		   SET status = p_final,
-			   refunded_amount = CASE p_final WHEN 'refunded' THEN p_amount ELSE p_amount / 2 END
-		 WHERE payment_no = v_pay;
+		-- with its refund, refunded at the moment of payment (within the day)
+		v_refunded := CASE p_final WHEN 'refunded' THEN p_amount ELSE p_amount / 2 END;
+		INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount)
+		VALUES (payidem.order_no_make('RF', '2024-05-01 00:00:00+00', 0, n), v_pay, v_order,
+				'M7RECQNC0000001X', 'RECON-RF-' || n, v_refunded);
+		UPDATE payidem.refund SET status = 'succeeded', refunded_at = p_paid_at
+		 WHERE refund_no = payidem.order_no_make('RF', '2024-05-01 00:00:00+00', 0, n);
+		UPDATE payidem.payment SET status = p_final, refunded_amount = v_refunded WHERE payment_no = v_pay;
+		UPDATE payidem."order" SET status = p_final, refunded_amount = v_refunded WHERE order_no = v_order;
 	END IF;
 	RETURN v_pay;
 END
@@ -240,14 +253,8 @@ SELECT count(*) AS payments FROM (VALUES
 	(pg_temp.paid(30, 'RECON_UP', 'UP-T30', 3000, '2024-05-03 10:00:00+00', 'refunded')),
 	(pg_temp.paid(31, 'RECON_UP', 'UP-T31', 3100, '2024-05-03 11:00:00+00', 'refunded'))
 ) v(p);
-INSERT INTO payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount)
-SELECT payidem.order_no_make('RF', '2024-05-03 00:00:00+00', 0, n), p.payment_no, p.order_no, p.merchant_no,
-       'RECON-RF-' || n, p.amount
-  FROM (VALUES (30), (31)) v(n)
-  JOIN payidem.payment p ON p.payment_no = payidem.order_no_make('PY', '2024-05-01 00:00:00+00', 0, n);
 UPDATE payidem.refund
-   SET status = 'succeeded',
-       refunded_at = CASE out_refund_no WHEN 'RECON-RF-30' THEN timestamptz '2024-05-04 09:00:00+00'
+   SET refunded_at = CASE out_refund_no WHEN 'RECON-RF-30' THEN timestamptz '2024-05-04 09:00:00+00'
                                         ELSE timestamptz '2024-05-03 12:00:00+00' END
  WHERE out_refund_no IN ('RECON-RF-30', 'RECON-RF-31');
 SELECT payidem.load_bill('RECON_UP', '2024-05-03', E'RECON_UP,2024-05-03,UP-T30,,3000,9,succeeded,2024-05-03 10:00:00\nRECON_UP,2024-05-03,UP-T31,,3100,9,succeeded,2024-05-03 11:00:00\n');
@@ -327,6 +334,18 @@ SELECT payidem.load_bill('RECON_ALI', '2024-05-20',
 SELECT matched, platform_only, channel_only, amount_mismatch FROM payidem.reconcile('RECON_ALI', '2024-05-20');
 SELECT bill_amount_total, platform_amount_total
   FROM payidem.recon_batch WHERE channel_no = 'RECON_ALI' AND bill_date = '2024-05-20';
+
+---------------------------------------------------------------- no bill, no reconciliation
+-- a day without a bill line loaded is not reconciled (every payment would
+-- be platform_only); nothing is written
+SELECT pg_temp.paid(70, 'RECON_ALI', 'ALI-T70', 700, '2024-05-25 10:00:00+00') IS NOT NULL AS paid;
+SELECT * FROM pg_temp.try($$SELECT payidem.reconcile('RECON_ALI', '2024-05-25')$$);
+SELECT count(*) AS batches, (SELECT count(*) FROM payidem.reconciliation
+                              WHERE channel_no = 'RECON_ALI' AND bill_date = '2024-05-25') AS differences
+  FROM payidem.recon_batch WHERE channel_no = 'RECON_ALI' AND bill_date = '2024-05-25';
+-- the channel really reported nothing that day: say so
+SELECT matched, platform_only, channel_only
+  FROM payidem.reconcile('RECON_ALI', '2024-05-25', allow_empty => true);
 
 ---------------------------------------------------------------- bad arguments
 SELECT * FROM pg_temp.try($$SELECT payidem.reconcile('NO_SUCH', '2024-05-01')$$);

@@ -9,7 +9,7 @@
  * apply_payment_result() (at the end of this file) decides a repeated and a
  * first success itself and passes every other call to the PL/pgSQL
  * _apply_payment_result().  Either decides everything under the row locks
- * it holds (the payment, then the order, as SELECT ... FOR UPDATE) and then
+ * it holds (the order, then the payment, as SELECT ... FOR UPDATE) and then
  * makes the two writes with the rows' ctids: the C part directly, the
  * PL/pgSQL part through _record_payment_success() and _record_order_paid().
  * Each is one UPDATE of one locked row, made the way logical replication's
@@ -64,6 +64,7 @@
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
+#include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -516,31 +517,36 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
  * itself, the ones a payment platform sees most:
  *
  *   - a repeated success of a payment that already succeeded (the same
- *     amount and transaction id, or none given): 'duplicate', read from the
- *     committed row without a lock, as before;
+ *     amount and transaction id): 'duplicate', read from the committed row
+ *     without a lock;
  *   - the first success of a pending payment whose order is pending, with
- *     the payment's amount (or none) and a transaction id no other payment
- *     of the channel has: 'applied' — the payment is locked, then its
- *     order; the fees are computed from the rates; the idempotency key is
- *     written completed; the payment becomes succeeded and the order paid by
- *     the direct updates above (status_guard, CHECKs, foreign keys and
- *     indexes as for an UPDATE).
+ *     the payment's amount, a paid_at payidem_paid_at_acceptable() takes,
+ *     and a transaction id no other payment of the channel has: 'applied' —
+ *     the order is locked, then the payment (the lock order of every flow
+ *     function, docs/payment-flow.md); the fees are computed from the
+ *     rates; the payment becomes succeeded and the order paid by the direct
+ *     updates above (status_guard, the bookkeeping triggers, CHECKs,
+ *     foreign keys and indexes as for an UPDATE).  The payment's row is the
+ *     record of the decision; no idempotency key is written (DESIGN §4: the
+ *     application's keys and payidem's decisions never meet).
  *
- * Everything else — a failure or close report, a refusal, an anomaly, an
- * invalid argument, a payment or order in any other status, a transaction
- * in REPEATABLE READ or SERIALIZABLE, a table with what the direct updates
- * cannot reproduce (statement triggers, rules, row-level security that
- * applies, missing privileges), an index or column that is not as installed
- * — goes, with the same arguments, to payidem._apply_payment_result(), the
- * PL/pgSQL implementation of the whole contract, before anything is
- * written.  The row locks taken by then are the ones that function takes
- * first anyway (the payment, then its order), so it finds them held.
+ * Everything else — a failure or close report, a conflicting result, a
+ * refusal, an anomaly, an invalid argument (a success without transaction
+ * id or amount among them), a payment or order in any other status, a
+ * transaction in REPEATABLE READ or SERIALIZABLE, a table with what the
+ * direct updates cannot reproduce (statement triggers, rules, row-level
+ * security that applies, missing privileges), an index or column that is
+ * not as installed — goes, with the same arguments, to
+ * payidem._apply_payment_result(), the PL/pgSQL implementation of the whole
+ * contract, before anything is written.  The row locks taken by then are
+ * the ones that function takes first anyway (the order, then the payment),
+ * so it finds them held.
  *
  * Each step reads with a new snapshot, as a statement of a volatile
- * function would: the look-up, then — after the payment's lock — the
- * transaction-id check, the order's lock and the rates.  A row is locked
- * the way SELECT ... FOR UPDATE locks it in READ COMMITTED: its latest
- * version, waiting for a concurrent writer, and checked again.
+ * function would: the look-up, then — after the order's and the payment's
+ * locks — the transaction-id check and the rates.  A row is locked the way
+ * SELECT ... FOR UPDATE locks it in READ COMMITTED: its latest version,
+ * waiting for a concurrent writer, and checked again.
  *
  * Not a second implementation to keep in step: the SQL function decides
  * every case with a branch of its own; this one takes the same decisions
@@ -566,7 +572,7 @@ static struct
 	bool		usable;			/* everything found as installed */
 	Oid			payment, order, merchant, channel, binding;
 	ApplyIndex	payment_pkey, payment_txn, order_pkey, merchant_pkey, channel_pkey, binding_pkey;
-	AttrNumber	p_payment_no, p_order_no, p_channel_no, p_amount, p_status, p_txn;
+	AttrNumber	p_payment_no, p_order_no, p_channel_no, p_amount, p_status, p_txn, p_created_at;
 	Oid			p_payment_no_type;
 	AttrNumber	o_order_no, o_merchant_no, o_status;
 	AttrNumber	m_fee_rate, c_fee_rate, b_fee_rate;
@@ -580,8 +586,6 @@ static struct
 	bool		checked_row_security;
 	bool		checked_ok;
 }			apply;
-
-static Datum applied_result = (Datum) 0;	/* '{"outcome": "applied"}', kept */
 
 static bool apply_callbacks_registered = false;
 
@@ -687,13 +691,6 @@ apply_prepare(void)
 		CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, apply_syscache_callback, (Datum) 0);
 		apply_callbacks_registered = true;
 	}
-	if (applied_result == (Datum) 0)
-	{
-		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-
-		applied_result = DirectFunctionCall1(jsonb_in, CStringGetDatum("{\"outcome\": \"applied\"}"));
-		MemoryContextSwitchTo(old);
-	}
 
 	/*
 	 * The SQL implementation must be there, whatever else is not.  Set up
@@ -733,6 +730,7 @@ apply_prepare(void)
 	apply.p_amount = apply_attno(apply.payment, "amount", INT8OID, &ok);
 	apply.p_status = apply_attno(apply.payment, "status", TEXTOID, &ok);
 	apply.p_txn = apply_attno(apply.payment, "transaction_id", TEXTOID, &ok);
+	apply.p_created_at = apply_attno(apply.payment, "created_at", TIMESTAMPTZOID, &ok);
 	apply.o_order_no = apply_attno(apply.order, "order_no", TEXTOID, &ok);
 	apply.o_merchant_no = apply_attno(apply.order, "merchant_no", TEXTOID, &ok);
 	apply.o_status = apply_attno(apply.order, "status", TEXTOID, &ok);
@@ -965,8 +963,7 @@ lock_transaction_id(Datum channel_no, text *txn)
 }
 
 static ApplyFast
-apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
-		   TimestampTz paid_at)
+apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at)
 {
 	Relation	payment;
 	Relation	order;
@@ -990,9 +987,11 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	ApplyFast	result = APPLY_FALLBACK;
 
 	/*
-	 * 1. a repeat of a success, answered from the committed row.  The
-	 * payment is read as by a SELECT (AccessShareLock), locked as by FOR
-	 * UPDATE (RowShareLock), updated by flow_update() (RowExclusiveLock).
+	 * 1. the payment as committed, unlocked: a repeat of a success is
+	 * answered from it; anything but a pending payment of this amount, paid
+	 * at an acceptable time, is the SQL function's.  The payment is read as
+	 * by a SELECT (AccessShareLock), locked as by FOR UPDATE (RowShareLock),
+	 * updated by flow_update() (RowExclusiveLock).
 	 */
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -1010,72 +1009,25 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	if (apply_fetch(payment, &apply.payment_pkey, GetActiveSnapshot(), keys, pslot) != FETCH_FOUND)
 		goto done;				/* PI009 is the SQL function's to raise */
 	d = slot_getattr(pslot, apply.p_status, &isnull);
+	p_amount = DatumGetInt64(slot_getattr(pslot, apply.p_amount, &isnull));
 	if (text_is(d, "succeeded") || text_is(d, "partially_refunded") || text_is(d, "refunded"))
 	{
-		p_amount = DatumGetInt64(slot_getattr(pslot, apply.p_amount, &isnull));
 		p_txn = slot_getattr(pslot, apply.p_txn, &p_txn_null);
-		if ((amount_null || amount == p_amount) &&
-			(txn == NULL || (!p_txn_null && payidem_text_equal(PointerGetDatum(txn), p_txn))))
+		if (amount == p_amount && !p_txn_null && payidem_text_equal(PointerGetDatum(txn), p_txn))
 			result = APPLY_DUPLICATE;
-		goto done;				/* a refusal, or a repeat that is not the same */
+		goto done;				/* a conflicting result */
 	}
-
-	/* 2. the payment, locked; then a new snapshot, as for a next statement */
-	LockRelationOid(apply.payment, RowShareLock);
-	if (!apply.valid || !apply_lock(payment, pslot, GetActiveSnapshot()))
-		goto done;
-	PopActiveSnapshot();
-	CommandCounterIncrement();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	p_payment_no = slot_getattr(pslot, apply.p_payment_no, &isnull);
-	if (isnull || !payidem_text_equal(p_payment_no, PointerGetDatum(payment_no)))
-		goto done;
-	d = slot_getattr(pslot, apply.p_status, &isnull);
-	if (isnull || !text_is(d, "pending"))
-		goto done;				/* closed, failed, or succeeded meanwhile */
-	p_amount = DatumGetInt64(slot_getattr(pslot, apply.p_amount, &isnull));
-	if (!amount_null && amount != p_amount)
-		goto done;				/* amount_mismatch */
-	payment_tid = pslot->tts_tid;
-	slot_getallattrs(pslot);
-	p_order_no = pslot->tts_values[apply.p_order_no - 1];
-	p_channel_no = pslot->tts_values[apply.p_channel_no - 1];
-	p_txn = pslot->tts_values[apply.p_txn - 1];
-	p_txn_null = pslot->tts_isnull[apply.p_txn - 1];
+	if (!text_is(d, "pending") || amount != p_amount)
+		goto done;				/* a late success, amount_mismatch */
+	d = slot_getattr(pslot, apply.p_created_at, &isnull);
+	if (isnull || !payidem_paid_at_acceptable(DatumGetTimestampTz(d), paid_at))
+		goto done;				/* 22023 is the SQL function's to raise */
+	p_order_no = datumCopy(slot_getattr(pslot, apply.p_order_no, &isnull), false, -1);
 
 	/*
-	 * 3. a transaction id another payment of the channel has.  Under the
-	 * lock that the SQL path takes too, read with the latest snapshot: a
-	 * delivery of the same id for another payment that committed a moment
-	 * ago is seen (not met as a unique violation at the update).  A
-	 * delivery still holding the lock goes to SQL, which waits for it.
+	 * 2. the lock order of every flow function: the order, then its
+	 * payment.  The order, locked, and pending.
 	 */
-	if (txn != NULL && (p_txn_null || !payidem_text_equal(p_txn, PointerGetDatum(txn))))
-	{
-		TupleTableSlot *xslot;
-		Snapshot	latest;
-		int			taken;
-
-		if (!lock_transaction_id(p_channel_no, txn))
-			goto done;
-		xslot = table_slot_create(payment, NULL);
-		keys[0] = p_channel_no;
-		keys[1] = PointerGetDatum(txn);
-		latest = RegisterSnapshot(GetLatestSnapshot());
-		taken = apply_fetch(payment, &apply.payment_txn, latest, keys, xslot);
-		UnregisterSnapshot(latest);
-		if (taken == FETCH_FOUND)
-		{
-			d = slot_getattr(xslot, apply.p_payment_no, &isnull);
-			if (payidem_text_equal(d, PointerGetDatum(payment_no)))
-				taken = FETCH_NONE;
-		}
-		ExecDropSingleTupleTableSlot(xslot);
-		if (taken != FETCH_NONE)
-			goto done;			/* transaction_conflict */
-	}
-
-	/* 4. the order, locked, and pending; the rates of the fees */
 	order = apply_open(apply.order, RowShareLock);
 	if (order == NULL)
 		goto done;
@@ -1091,6 +1043,59 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	if (isnull || !text_is(d, "pending"))
 		goto done_order;		/* paid_after_close, duplicate_payment */
 	order_tid = oslot->tts_tid;
+
+	/* 3. the payment, locked; then a new snapshot, as for a next statement */
+	LockRelationOid(apply.payment, RowShareLock);
+	if (!apply.valid || !apply_lock(payment, pslot, GetActiveSnapshot()))
+		goto done_order;
+	PopActiveSnapshot();
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	p_payment_no = slot_getattr(pslot, apply.p_payment_no, &isnull);
+	if (isnull || !payidem_text_equal(p_payment_no, PointerGetDatum(payment_no)))
+		goto done_order;
+	d = slot_getattr(pslot, apply.p_status, &isnull);
+	if (isnull || !text_is(d, "pending"))
+		goto done_order;		/* closed, failed, or succeeded meanwhile */
+	payment_tid = pslot->tts_tid;
+	slot_getallattrs(pslot);
+	p_channel_no = pslot->tts_values[apply.p_channel_no - 1];
+	p_txn = pslot->tts_values[apply.p_txn - 1];
+	p_txn_null = pslot->tts_isnull[apply.p_txn - 1];
+
+	/*
+	 * 4. a transaction id another payment of the channel has.  Under the
+	 * lock that the SQL path takes too, read with the latest snapshot: a
+	 * delivery of the same id for another payment that committed a moment
+	 * ago is seen (not met as a unique violation at the update).  A
+	 * delivery still holding the lock goes to SQL, which waits for it.
+	 */
+	if (p_txn_null || !payidem_text_equal(p_txn, PointerGetDatum(txn)))
+	{
+		TupleTableSlot *xslot;
+		Snapshot	latest;
+		int			taken;
+
+		if (!lock_transaction_id(p_channel_no, txn))
+			goto done_order;
+		xslot = table_slot_create(payment, NULL);
+		keys[0] = p_channel_no;
+		keys[1] = PointerGetDatum(txn);
+		latest = RegisterSnapshot(GetLatestSnapshot());
+		taken = apply_fetch(payment, &apply.payment_txn, latest, keys, xslot);
+		UnregisterSnapshot(latest);
+		if (taken == FETCH_FOUND)
+		{
+			d = slot_getattr(xslot, apply.p_payment_no, &isnull);
+			if (payidem_text_equal(d, PointerGetDatum(payment_no)))
+				taken = FETCH_NONE;
+		}
+		ExecDropSingleTupleTableSlot(xslot);
+		if (taken != FETCH_NONE)
+			goto done_order;	/* transaction_conflict */
+	}
+
+	/* 5. the rates of the fees */
 	{
 		Datum		merchant_no = slot_getattr(oslot, apply.o_merchant_no, &isnull);
 		Datum		merchant_rate;
@@ -1116,45 +1121,10 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 	}
 
 	/*
-	 * 5. Decided: applied.  The key, written completed; a concurrent
-	 * delivery that wrote it first (it waited for our payment lock, so this
-	 * is a key left by a delivery whose effect a DBA undid, or one in
-	 * progress elsewhere) is answered as the SQL function answers it.
-	 */
-	{
-		text	   *key;
-		StringInfoData buf;
-		IdemOutcome outcome;
-		text	   *payment_no_text = payment_no;
-
-		initStringInfo(&buf);
-		appendStringInfoString(&buf, "payment:");
-		appendBinaryStringInfo(&buf, VARDATA_ANY(payment_no_text), VARSIZE_ANY_EXHDR(payment_no_text));
-		appendStringInfoString(&buf, ":succeeded");
-		key = cstring_to_text_with_len(buf.data, buf.len);
-		PopActiveSnapshot();
-		CommandCounterIncrement();
-		PushActiveSnapshot(GetTransactionSnapshot());
-		outcome = payidem_idem_record_key(key, cstring_to_text("payment_result"),
-										  DatumGetTextPP(p_order_no), DatumGetTextPP(p_channel_no),
-										  p_amount, applied_result);
-		if (outcome == IDEM_REPLAY)
-		{
-			result = APPLY_DUPLICATE;
-			goto done_order;
-		}
-		if (outcome == IDEM_IN_PROGRESS)
-			ereport(ERROR,
-					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-					 errmsg("result succeeded of payment %s is being applied elsewhere",
-							text_to_cstring(payment_no_text)),
-					 errdetail("Idempotency key %s is held by a live lease.", buf.data),
-					 errhint("Answer the channel with a retryable failure; it will deliver the result again.")));
-	}
-
-	/*
-	 * 6. the payment succeeded, the order paid: the direct updates, each
-	 * seeing what came before, as a next statement would
+	 * 6. Decided: applied.  The payment succeeded, the order paid: the
+	 * direct updates, each seeing what came before, as a next statement
+	 * would.  The payment's row is the record of the decision: a repeat
+	 * finds it succeeded (step 1, or the SQL function under the same locks).
 	 */
 	{
 		Datum		fee;
@@ -1167,7 +1137,7 @@ apply_fast(text *payment_no, text *txn, bool amount_null, int64 amount,
 		PopActiveSnapshot();
 		CommandCounterIncrement();
 		PushActiveSnapshot(GetTransactionSnapshot());
-		if (!record_payment_success(&payment_tid, payment_no, PointerGetDatum(txn), txn == NULL,
+		if (!record_payment_success(&payment_tid, payment_no, PointerGetDatum(txn), false,
 									TEXTOID, paid_at, fee, fee_null, cost, cost_null, true))
 			elog(ERROR, "payidem: payment %s could not be updated directly",
 				 text_to_cstring(payment_no));
@@ -1192,6 +1162,69 @@ done:
 	table_close(payment, NoLock);
 	PopActiveSnapshot();
 	return result;
+}
+
+/*
+ * payidem.max_clock_skew: how far a channel's clock may be from ours.  A
+ * reported paid_at is taken when it lies between the attempt's start and
+ * now, each widened by this much (DESIGN §7): a success dated in 2099 would
+ * fall out of every reconciliation, one dated before the attempt was made
+ * cannot be its payment.
+ */
+static int	payidem_max_clock_skew = 300;	/* seconds */
+
+void
+flow_define_gucs(void)
+{
+	DefineCustomIntVariable("payidem.max_clock_skew",
+							gettext_noop("How far a channel's reported paid_at may lie outside the payment attempt's lifetime."),
+							gettext_noop("apply_payment_result() takes a paid_at between the attempt's creation and now, "
+										 "each widened by this much; others are refused with 22023.  Only superusers "
+										 "can change it."),
+							&payidem_max_clock_skew,
+							300, 0, 86400,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+}
+
+/* The one rule for a reported paid_at (see payidem_max_clock_skew). */
+bool
+payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_at)
+{
+	int64		skew = (int64) payidem_max_clock_skew * USECS_PER_SEC;
+
+	return !TIMESTAMP_NOT_FINITE(paid_at) &&
+		paid_at >= created_at - skew &&
+		paid_at <= GetCurrentTimestamp() + skew;
+}
+
+/*
+ * payidem._check_paid_at(payment_no text, created_at timestamptz,
+ *     paid_at timestamptz) RETURNS void
+ *		22023 unless payidem_paid_at_acceptable(); for _apply_payment_result().
+ */
+PG_FUNCTION_INFO_V1(payidem_check_paid_at);
+Datum
+payidem_check_paid_at(PG_FUNCTION_ARGS)
+{
+	TimestampTz created_at;
+	TimestampTz paid_at;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		elog(ERROR, "payidem._check_paid_at: a required argument is NULL");
+	created_at = PG_GETARG_TIMESTAMPTZ(1);
+	paid_at = PG_GETARG_TIMESTAMPTZ(2);
+	if (!payidem_paid_at_acceptable(created_at, paid_at))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid paid_at"),
+				 errdetail("Payment %s was started at %s; the reported paid_at %s is not between then and now (allowing %d seconds of clock skew).",
+						   text_to_cstring(PG_GETARG_TEXT_PP(0)),
+						   pstrdup(timestamptz_to_str(created_at)), pstrdup(timestamptz_to_str(paid_at)),
+						   payidem_max_clock_skew),
+				 errhint("Pass the time the channel reports the payment was made, or NULL for now; payidem.max_clock_skew sets the allowance.")));
+	PG_RETURN_VOID();
 }
 
 /* a transaction id the fast path takes as it is: 1 to 64 printable ASCII */
@@ -1235,8 +1268,8 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 		text_is(PG_GETARG_DATUM(2), "succeeded") &&
 		(text_is(PG_GETARG_DATUM(1), "callback") || text_is(PG_GETARG_DATUM(1), "query") ||
 		 text_is(PG_GETARG_DATUM(1), "close")) &&
-		(PG_ARGISNULL(3) || plain_txn(PG_GETARG_TEXT_PP(3))) &&
-		(PG_ARGISNULL(4) || PG_GETARG_INT64(4) > 0) &&
+		!PG_ARGISNULL(3) && plain_txn(PG_GETARG_TEXT_PP(3)) &&
+		!PG_ARGISNULL(4) && PG_GETARG_INT64(4) > 0 &&
 		(PG_ARGISNULL(5) || !TIMESTAMP_NOT_FINITE(PG_GETARG_TIMESTAMPTZ(5))))
 	{
 		text	   *payment_no = PG_GETARG_TEXT_PP(0);
@@ -1247,8 +1280,7 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 		{
 			ApplyFast	fast;
 
-			fast = apply_fast(payment_no, PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3),
-							  PG_ARGISNULL(4), PG_ARGISNULL(4) ? 0 : PG_GETARG_INT64(4),
+			fast = apply_fast(payment_no, PG_GETARG_TEXT_PP(3), PG_GETARG_INT64(4),
 							  PG_ARGISNULL(5) ? GetCurrentTransactionStartTimestamp() : PG_GETARG_TIMESTAMPTZ(5));
 			if (fast == APPLY_DUPLICATE)
 				PG_RETURN_TEXT_P(cstring_to_text("duplicate"));

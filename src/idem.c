@@ -1200,23 +1200,6 @@ payidem_idem_record(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_record() for C callers (apply_payment_result()): the key completed
- * with result, no fingerprint; the arguments are the caller's own, valid
- * (key and biz_type short and not empty, amount positive).  Returns the
- * outcome only.
- */
-IdemOutcome
-payidem_idem_record_key(text *key, text *biz_type, text *order_no, text *channel,
-						int64 amount, Datum result)
-{
-	Datum		args[6] = {PointerGetDatum(key), PointerGetDatum(biz_type),
-		PointerGetDatum(order_no), PointerGetDatum(channel), Int64GetDatum(amount), (Datum) 0};
-	bool		argnulls[6] = {false, false, order_no == NULL, channel == NULL, false, true};
-
-	return claim_key(NULL, args, argnulls, NULL, true, result, false);
-}
-
-/*
  * payidem.idem_finish(idem_key text, status text, result jsonb DEFAULT NULL)
  *		RETURNS void
  *

@@ -38,6 +38,7 @@ _PG_init(void)
 	order_no_define_gucs();
 	crypto_define_gucs();
 	recon_define_gucs();
+	flow_define_gucs();
 	MarkGUCPrefixReserved("payidem");
 
 	if (!process_shared_preload_libraries_in_progress)

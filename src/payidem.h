@@ -9,6 +9,7 @@
 #define PAYIDEM_H
 
 #include "fmgr.h"
+#include "datatype/timestamp.h"
 #include "port/atomics.h"
 #include "storage/spin.h"
 
@@ -56,6 +57,10 @@ extern void crypto_define_gucs(void);
 /* recon.c */
 extern void recon_define_gucs(void);
 
+/* flow.c */
+extern void flow_define_gucs(void);
+extern bool payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_at);
+
 /* payidem.c */
 /* The outcomes of an idempotency claim, as returned and as counted in payidem.stats(). */
 typedef enum IdemOutcome
@@ -65,9 +70,6 @@ typedef enum IdemOutcome
 	IDEM_REPLAY,
 	IDEM_RECLAIMED
 } IdemOutcome;
-
-extern IdemOutcome payidem_idem_record_key(text *key, text *biz_type, text *order_no,
-										   text *channel, int64 amount, Datum result);
 
 extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);

@@ -73,6 +73,8 @@
 #include "nodes/makefuncs.h"
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
+#include "tcop/pquery.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -822,6 +824,38 @@ guard_null_column(Relation rel, const char *entity, const char *colname)
 }
 
 /*
+ * Is this insert part of a restore?  A restore (pg_restore, psql -f of a
+ * plain dump) loads each table with one top-level COPY ... FROM of that very
+ * table; it loads status_log too, so the guard neither refuses a row in a
+ * later status nor logs it again.  Only for a role that could disable the
+ * table's triggers anyway — its owner, or a superuser — so nothing is
+ * opened that was closed: an application's COPY or INSERT is refused as
+ * before.  *copying says whether it is such a COPY at all (for the hint of
+ * a refusal).
+ */
+static bool
+guard_restoring(Relation rel, bool *copying)
+{
+	Portal		portal = ActivePortal;
+	PlannedStmt *stmt;
+	CopyStmt   *copy;
+
+	*copying = false;
+	if (portal == NULL || portal->commandTag != CMDTAG_COPY || list_length(portal->stmts) != 1)
+		return false;
+	stmt = linitial_node(PlannedStmt, portal->stmts);
+	if (stmt->commandType != CMD_UTILITY || stmt->utilityStmt == NULL ||
+		!IsA(stmt->utilityStmt, CopyStmt))
+		return false;
+	copy = (CopyStmt *) stmt->utilityStmt;
+	if (!copy->is_from || copy->relation == NULL ||
+		RangeVarGetRelid(copy->relation, NoLock, true) != RelationGetRelid(rel))
+		return false;
+	*copying = true;
+	return has_privs_of_role(GetUserId(), rel->rd_rel->relowner);
+}
+
+/*
  * The built-in entities belong to payidem's own tables: a trigger on another
  * table (made by a role given EXECUTE on status_guard for its own entities)
  * must not write history for real orders, payments or refunds.
@@ -915,12 +949,24 @@ payidem_status_guard(PG_FUNCTION_ARGS)
 
 	if (TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
 	{
+		bool		copying;
+
+		if (guard_restoring(rel, &copying))
+			return PointerGetDatum(NULL);	/* as it was, history and all */
 		if (ent == NULL || ent->initial == NULL ||
 			ent->initial->len != new_len || memcmp(ent->initial->status, new_s, new_len) != 0)
 		{
 			char	   *quoted = quote_key(key);
 
 			payidem_count(PAYIDEM_TRANSITIONS_REJECTED);
+			if (copying && ent != NULL && ent->initial != NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+						 errmsg("a new %s must start in status '%s'", entity, ent->initial->status),
+						 errdetail("%s %s: copied in as '%s', which is not the initial status.",
+								   entity, quoted, new_s),
+						 errhint("If this is a restore, run it as the owner of payidem.%s or a superuser: their COPY loads rows as they were dumped.",
+								 quote_identifier(RelationGetRelationName(rel)))));
 			if (ent == NULL || ent->initial == NULL)
 				ereport(ERROR,
 						(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),

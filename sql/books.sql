@@ -1,0 +1,169 @@
+--
+-- books: no caller can make the books wrong (DESIGN §4, §5, §7).
+--   1. the application's idempotency keys never meet payidem's decisions;
+--   2. a status and its bookkeeping never disagree, whoever writes;
+--   3. a late success (after failed or closed) is recorded and refundable;
+--   4. money records are kept: DELETE and TRUNCATE refused.
+-- Generated numbers are never printed, only their properties.
+--
+CREATE EXTENSION IF NOT EXISTS payidem;
+SET client_min_messages = warning;
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+
+CREATE FUNCTION pg_temp.try(stmt text)
+RETURNS TABLE (err_code text, err_message text, err_detail text, err_hint text)
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE stmt;
+	RETURN QUERY SELECT '00000', 'no error', NULL::text, NULL::text;
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS err_code = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
+		err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT;
+	err_message := regexp_replace(err_message, '(PO|PY|RF)[0-9]{24}', '\1***', 'g');
+	err_detail := regexp_replace(regexp_replace(err_detail, '(PO|PY|RF)[0-9]{24}', '\1***', 'g'),
+								 '[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.+-]+', '<time>', 'g');
+	RETURN NEXT;
+END
+$$;
+
+SELECT merchant_no AS m FROM payidem.create_merchant('Books Shop', 'retail', 0.006) \gset
+SELECT payidem.create_channel('BK_WX', 'wechat', 0.002);
+SELECT payidem.bind_channel(:'m', 'BK_WX');
+CREATE ROLE books_app;
+SELECT payidem.grant_app('books_app');
+
+--------------------------------------------------------------- 1. namespaces
+-- an application claims and records keys of the shapes payidem once used
+-- for its own decisions; the channel's results are decided as if they were
+-- not there
+SELECT payidem.create_order(:'m', 'B-0001', 1000, 'Keys') AS o1 \gset
+SELECT payidem.begin_payment(:'o1', 'BK_WX') AS p1 \gset
+SET ROLE books_app;
+SELECT outcome FROM payidem.idem_claim('payment:' || :'p1' || ':succeeded', 'payment_result', :'o1', 'BK_WX', 1000);
+SELECT outcome FROM payidem.idem_record('payment:' || :'p1' || ':failed', 'payment_result', :'o1', 'BK_WX', 1000,
+                                        '{"outcome": "applied"}');
+SELECT outcome FROM payidem.idem_claim('payment:' || :'p1' || ':closed', 'other', :'o1', 'BK_WX', 1, lease => '1 hour');
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'BK-T-1', 1000) AS success_applied;
+SELECT payidem.refund(:'p1', 400, 'BR-1') AS r1 \gset
+SELECT outcome FROM payidem.idem_record('refund:' || :'r1' || ':succeeded', 'refund_result', :'o1', 'BK_WX', 400,
+                                        '{"outcome": "applied"}');
+SELECT outcome FROM payidem.idem_claim('refund:' || :'r1' || ':failed', 'x', NULL, NULL, 1, lease => '1 hour');
+SELECT payidem.apply_refund_result(:'r1', 'succeeded', 'BK-R-1') AS refund_applied;
+RESET ROLE;
+SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount AS order_refunded,
+       r.status AS refund_status
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) JOIN payidem.refund r USING (payment_no)
+ WHERE p.payment_no = :'p1';
+-- the application's keys are its own, untouched
+SELECT idem_key ~ '^(payment|refund):' AS app_shape, biz_type, status
+  FROM payidem.idempotency WHERE idem_key IN ('payment:' || :'p1' || ':succeeded', 'payment:' || :'p1' || ':failed',
+        'payment:' || :'p1' || ':closed', 'refund:' || :'r1' || ':succeeded', 'refund:' || :'r1' || ':failed')
+ ORDER BY biz_type, status;
+
+------------------------------------------------- 2. status and bookkeeping agree
+SELECT payidem.create_order(:'m', 'B-0002', 2000, 'Bookkeeping') AS o2 \gset
+SELECT payidem.begin_payment(:'o2', 'BK_WX') AS p2 \gset
+SET ROLE books_app;
+-- an order paid without its payment, a success without its transaction id
+-- and fees: refused at once
+SELECT * FROM pg_temp.try(format('SELECT payidem.transit_order(%L, %L)', :'o2', 'paid'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.transit_payment(%L, %L)', :'p2', 'succeeded'));
+RESET ROLE;
+SELECT p.status, o.status AS order_status FROM payidem.payment p JOIN payidem."order" o USING (order_no)
+ WHERE p.payment_no = :'p2';
+-- the real callback is applied, not a duplicate
+SELECT payidem.apply_payment_result(:'p2', 'callback', 'succeeded', 'BK-T-2', 2000) AS real_callback;
+SELECT status, transaction_id, fee_amount, cost_amount FROM payidem.payment WHERE payment_no = :'p2';
+-- a refund marked succeeded without moving the payment: refused at commit;
+-- a payment marked refunded without a refund: refused at once
+SELECT payidem.refund(:'p2', 500, 'BR-2') AS r2 \gset
+SET ROLE books_app;
+SELECT * FROM pg_temp.try(format('SELECT payidem.transit_payment(%L, %L)', :'p2', 'partially_refunded'));
+RESET ROLE;
+-- (the commit-time check, fired early and caught: nothing stays)
+CREATE FUNCTION pg_temp.commit_of(stmt text) RETURNS TABLE (err_code text, err_message text, err_detail text, err_hint text)
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE stmt;
+	SET CONSTRAINTS payidem.status_ledger_at_commit IMMEDIATE;
+	RETURN QUERY SELECT '00000', 'no error', NULL::text, NULL::text;
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS err_code = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
+		err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT;
+	err_message := regexp_replace(err_message, '(PO|PY|RF)[0-9]{24}', '\1***', 'g');
+	err_detail := regexp_replace(err_detail, '(PO|PY|RF)[0-9]{24}', '\1***', 'g');
+	RETURN NEXT;
+END
+$$;
+SET ROLE books_app;
+SELECT * FROM pg_temp.commit_of(format('SELECT payidem.transit_refund(%L, %L)', :'r2', 'succeeded'));
+-- and at a real COMMIT
+BEGIN;
+SELECT payidem.transit_refund(:'r2', 'succeeded') AS moved_until_commit;
+\set VERBOSITY sqlstate
+COMMIT;
+\set VERBOSITY default
+RESET ROLE;
+SELECT status FROM payidem.refund WHERE refund_no = :'r2';
+-- a DBA's own UPDATE is held to the same rules
+SELECT * FROM pg_temp.commit_of(format('UPDATE payidem.payment SET refunded_amount = 500, status = %L WHERE payment_no = %L',
+                                       'partially_refunded', :'p2'));
+SELECT * FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_no = %L WHERE order_no = %L',
+                                       :'p1', :'o2'));
+SELECT * FROM pg_temp.try(format('UPDATE payidem."order" SET refunded_amount = 2000 WHERE order_no = %L', :'o2'));
+SELECT * FROM pg_temp.try(format('UPDATE payidem.payment SET fee_amount = NULL WHERE payment_no = %L', :'p2'));
+-- the flow function does it all together; each row then agrees
+SELECT payidem.apply_refund_result(:'r2', 'succeeded') AS refund_applied;
+SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount AS order_refunded
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p2';
+-- a DBA's own flow works as before: paid -> shipping
+SELECT payidem.create_order(:'m', 'B-0003', 3000, 'Shipping') AS o3 \gset
+SELECT payidem.apply_payment_result(payidem.begin_payment(:'o3', 'BK_WX'), 'callback', 'succeeded', 'BK-T-3', 3000) AS paid;
+INSERT INTO payidem.state (entity, status) VALUES ('order', 'shipping');
+INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'paid', 'shipping');
+SET ROLE books_app;
+SELECT payidem.transit_order(:'o3', 'shipping') AS shipped;
+RESET ROLE;
+DELETE FROM payidem.transition WHERE NOT builtin;
+SELECT status FROM payidem."order" WHERE order_no = :'o3';
+
+----------------------------------------- 3. late successes, and their refunds
+-- failed -> succeeded pays a pending order
+SELECT payidem.create_order(:'m', 'B-0004', 4000, 'Late') AS o4 \gset
+SELECT payidem.begin_payment(:'o4', 'BK_WX') AS p4 \gset
+SELECT payidem.apply_payment_result(:'p4', 'callback', 'failed') AS failed;
+SELECT payidem.apply_payment_result(:'p4', 'query', 'succeeded', 'BK-T-4', 4000) AS late_success;
+SELECT p.status, o.status AS order_status, o.paid_payment_no = :'p4' AS paid_by_it
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p4';
+-- closed order, then money: anomaly; the payment is refundable in full
+SELECT payidem.create_order(:'m', 'B-0005', 5000, 'After close') AS o5 \gset
+SELECT payidem.begin_payment(:'o5', 'BK_WX') AS p5 \gset
+SELECT payidem.close_order(:'o5') AS closed;
+SELECT payidem.apply_payment_result(:'p5', 'callback', 'succeeded', 'BK-T-5', 5000) AS late_success;
+SELECT kind FROM payidem.anomaly WHERE payment_no = :'p5';
+SELECT payidem.apply_refund_result(payidem.refund(:'p5', 5000, 'BR-5'), 'succeeded') AS refunded;
+SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount AS order_refunded
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p5';
+-- every anomaly that recorded money has a payment refund() takes
+SELECT a.kind, p.status IN ('succeeded', 'partially_refunded', 'refunded') AS refundable
+  FROM payidem.anomaly a JOIN payidem.payment p USING (payment_no)
+ WHERE a.kind IN ('paid_after_close', 'duplicate_payment') AND p.merchant_no = :'m' ORDER BY a.anomaly_id;
+
+------------------------------------------------------- 4. money records are kept
+SELECT (SELECT count(*) FROM payidem."order") AS orders, (SELECT count(*) FROM payidem.payment) AS payments,
+       (SELECT count(*) FROM payidem.refund) AS refunds, (SELECT count(*) FROM payidem.anomaly) AS anomalies \gset before_
+SELECT * FROM pg_temp.try(format('DELETE FROM payidem."order" WHERE order_no = %L', :'o5'));
+SELECT * FROM pg_temp.try(format('DELETE FROM payidem.payment WHERE payment_no = %L', :'p5'));
+SELECT * FROM pg_temp.try('DELETE FROM payidem.refund');
+SELECT * FROM pg_temp.try('DELETE FROM payidem.anomaly');
+SELECT * FROM pg_temp.try('TRUNCATE payidem."order" CASCADE');
+SELECT * FROM pg_temp.try('TRUNCATE payidem.anomaly');
+SELECT (SELECT count(*) FROM payidem."order") = :before_orders AS orders_kept,
+       (SELECT count(*) FROM payidem.payment) = :before_payments AS payments_kept,
+       (SELECT count(*) FROM payidem.refund) = :before_refunds AS refunds_kept,
+       (SELECT count(*) FROM payidem.anomaly) = :before_anomalies AS anomalies_kept;
+
+REVOKE ALL ON SCHEMA payidem FROM books_app;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM books_app;
+DROP ROLE books_app;
