@@ -2240,7 +2240,7 @@ BEGIN
 	END IF;
 	PERFORM payidem._require('channel_no', begin_payment.channel_no);
 	PERFORM payidem._check_number('order', begin_payment.order_no);
-	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009',
@@ -2486,7 +2486,11 @@ BEGIN
 	END IF;
 	-- The lock order of every flow function (docs/payment-flow.md): the
 	-- order, then its payment.  Only a success changes the order; a failure
-	-- or close report locks the payment alone.
+	-- or close report locks the payment alone.  FOR NO KEY UPDATE, as an
+	-- UPDATE that keeps the key locks: the KEY SHARE locks that inserts of
+	-- payments, refunds and anomalies take on their order and payment
+	-- through the foreign keys do not wait for it (a FOR UPDATE lock would
+	-- make refund(), which holds the payment, wait for the order).
 	IF v_status = 'succeeded' THEN
 		-- the order, locked (its number never changes), and the rates of the fees
 		SELECT x.ctid, x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
@@ -2497,11 +2501,11 @@ BEGIN
 		  JOIN payidem.channel c ON c.channel_no = y.channel_no
 		  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
 		 WHERE x.order_no = v_other
-		   FOR UPDATE OF x;
+		   FOR NO KEY UPDATE OF x;
 	END IF;
 	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id,
 		   x.created_at INTO p
-	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
+	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
 
 	IF v_status = 'succeeded' THEN
 		v_paid_at := coalesce(_apply_payment_result.paid_at, now());
@@ -2510,7 +2514,7 @@ BEGIN
 				RETURN 'duplicate';		-- applied meanwhile, by the delivery we waited for
 			END IF;
 			v_kind := 'conflicting_result';		-- another transaction id or amount: a second charge?
-		ELSE
+		ELSIF _apply_payment_result.paid_at IS NOT NULL THEN
 			PERFORM payidem._check_paid_at(p.payment_no, p.created_at, v_paid_at);
 		END IF;
 		IF v_kind IS NOT NULL THEN
@@ -2671,7 +2675,7 @@ BEGIN
 	-- the lock order of every flow function: the order, then its payments
 	-- (an attempt begin_payment() is committing is seen once the order's
 	-- lock is ours: it held that lock)
-	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009',
@@ -2733,7 +2737,7 @@ BEGIN
 	END IF;
 
 	-- serializes the refunds of one payment
-	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
+	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009',
@@ -2826,10 +2830,10 @@ BEGIN
 			DETAIL = 'payidem.refund has no row with that refund_no.';
 	END IF;
 	IF v_status = 'succeeded' THEN
-		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR UPDATE;
+		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
 	END IF;
-	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR UPDATE;
-	SELECT * INTO r FROM payidem.refund x WHERE x.refund_no = v_refund_no FOR UPDATE;
+	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
+	SELECT * INTO r FROM payidem.refund x WHERE x.refund_no = v_refund_no FOR NO KEY UPDATE;
 
 	IF r.status NOT IN ('pending', v_status) THEN
 		-- succeeded and failed are both final: the other word comes too late
@@ -2902,7 +2906,7 @@ BEGIN
 			 WHERE x.notify_status = 'pending' AND x.next_notify_at <= now()
 			 ORDER BY x.next_notify_at
 			 LIMIT max_rows
-			 FOR UPDATE SKIP LOCKED)
+			 FOR NO KEY UPDATE SKIP LOCKED)
 		UPDATE payidem."order" x SET next_notify_at = now() + v_lease
 		  FROM due WHERE x.order_no = due.order_no
 		RETURNING x.order_no, x.merchant_no, x.out_trade_no, x.notify_url, x.amount, x.currency,
@@ -2923,7 +2927,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
-	'Hand out up to max_rows due merchant notifications (FOR UPDATE SKIP LOCKED; each row leased for 60 s): payload and its HMAC-SHA256 signature (payidem.sign(merchant_no, payload::text)). Report each with notify_result().';
+	'Hand out up to max_rows due merchant notifications (FOR NO KEY UPDATE SKIP LOCKED; each row leased for 60 s): payload and its HMAC-SHA256 signature (payidem.sign(merchant_no, payload::text)). Report each with notify_result().';
 
 CREATE FUNCTION payidem.notify_result(order_no text, ok boolean, response text DEFAULT NULL)
 RETURNS void
@@ -2943,7 +2947,7 @@ BEGIN
 			DETAIL = 'ok was NULL.',
 			HINT = 'Pass true if the merchant acknowledged the notification, false otherwise.';
 	END IF;
-	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = notify_result.order_no FOR UPDATE;
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = notify_result.order_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(notify_result.order_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009',

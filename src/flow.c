@@ -9,7 +9,7 @@
  * apply_payment_result() (at the end of this file) decides a repeated and a
  * first success itself and passes every other call to the PL/pgSQL
  * _apply_payment_result().  Either decides everything under the row locks
- * it holds (the order, then the payment, as SELECT ... FOR UPDATE) and then
+ * it holds (the order, then the payment, as SELECT ... FOR NO KEY UPDATE) and then
  * makes the two writes with the rows' ctids: the C part directly, the
  * PL/pgSQL part through _record_payment_success() and _record_order_paid().
  * Each is one UPDATE of one locked row, made the way logical replication's
@@ -520,7 +520,8 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
  *     amount and transaction id): 'duplicate', read from the committed row
  *     without a lock;
  *   - the first success of a pending payment whose order is pending, with
- *     the payment's amount, a paid_at payidem_paid_at_acceptable() takes,
+ *     the payment's amount, a paid_at payidem_paid_at_acceptable() takes
+ *     (or none: the time of the call),
  *     and a transaction id no other payment of the channel has: 'applied' —
  *     the order is locked, then the payment (the lock order of every flow
  *     function, docs/payment-flow.md); the fees are computed from the
@@ -545,7 +546,7 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
  * Each step reads with a new snapshot, as a statement of a volatile
  * function would: the look-up, then — after the order's and the payment's
  * locks — the transaction-id check and the rates.  A row is locked the way
- * SELECT ... FOR UPDATE locks it in READ COMMITTED: its latest version,
+ * SELECT ... FOR NO KEY UPDATE locks it in READ COMMITTED: its latest version,
  * waiting for a concurrent writer, and checked again.
  *
  * Not a second implementation to keep in step: the SQL function decides
@@ -853,9 +854,11 @@ apply_open(Oid relid, LOCKMODE mode)
 }
 
 /*
- * SELECT ... FOR UPDATE of the row in slot, in READ COMMITTED: its latest
- * version, waiting for a concurrent writer; the slot then holds that
+ * SELECT ... FOR NO KEY UPDATE of the row in slot, in READ COMMITTED: its
+ * latest version, waiting for a concurrent writer; the slot then holds that
  * version.  False if the row is gone (deleted) or cannot be locked here.
+ * The lock of the SQL path, and of an UPDATE that keeps the key: foreign
+ * keys' KEY SHARE locks do not wait for it.
  */
 static bool
 apply_lock(Relation rel, TupleTableSlot *slot, Snapshot snapshot)
@@ -864,7 +867,7 @@ apply_lock(Relation rel, TupleTableSlot *slot, Snapshot snapshot)
 	TM_FailureData tmfd;
 
 	return table_tuple_lock(rel, &tid, snapshot, slot, GetCurrentCommandId(true),
-							LockTupleExclusive, LockWaitBlock,
+							LockTupleNoKeyExclusive, LockWaitBlock,
 							TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd) == TM_Ok;
 }
 
@@ -963,7 +966,7 @@ lock_transaction_id(Datum channel_no, text *txn)
 }
 
 static ApplyFast
-apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at)
+apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool paid_at_given)
 {
 	Relation	payment;
 	Relation	order;
@@ -990,7 +993,7 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at)
 	 * 1. the payment as committed, unlocked: a repeat of a success is
 	 * answered from it; anything but a pending payment of this amount, paid
 	 * at an acceptable time, is the SQL function's.  The payment is read as
-	 * by a SELECT (AccessShareLock), locked as by FOR UPDATE (RowShareLock),
+	 * by a SELECT (AccessShareLock), locked as by FOR NO KEY UPDATE (RowShareLock),
 	 * updated by flow_update() (RowExclusiveLock).
 	 */
 	CommandCounterIncrement();
@@ -1020,7 +1023,7 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at)
 	if (!text_is(d, "pending") || amount != p_amount)
 		goto done;				/* a late success, amount_mismatch */
 	d = slot_getattr(pslot, apply.p_created_at, &isnull);
-	if (isnull || !payidem_paid_at_acceptable(DatumGetTimestampTz(d), paid_at))
+	if (paid_at_given && (isnull || !payidem_paid_at_acceptable(DatumGetTimestampTz(d), paid_at)))
 		goto done;				/* 22023 is the SQL function's to raise */
 	p_order_no = datumCopy(slot_getattr(pslot, apply.p_order_no, &isnull), false, -1);
 
@@ -1281,7 +1284,8 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 			ApplyFast	fast;
 
 			fast = apply_fast(payment_no, PG_GETARG_TEXT_PP(3), PG_GETARG_INT64(4),
-							  PG_ARGISNULL(5) ? GetCurrentTransactionStartTimestamp() : PG_GETARG_TIMESTAMPTZ(5));
+							  PG_ARGISNULL(5) ? GetCurrentTransactionStartTimestamp() : PG_GETARG_TIMESTAMPTZ(5),
+							  !PG_ARGISNULL(5));
 			if (fast == APPLY_DUPLICATE)
 				PG_RETURN_TEXT_P(cstring_to_text("duplicate"));
 			if (fast == APPLY_APPLIED)

@@ -293,9 +293,9 @@ SELECT set_eq($$SELECT entity, status FROM payidem.state WHERE initial$$,
 	'state: the initial status is pending for order, payment and refund');
 SELECT set_eq($$SELECT entity, status FROM payidem.state WHERE terminal$$,
 	$$VALUES ('order', 'closed'), ('order', 'refunded'),
-	         ('payment', 'failed'), ('payment', 'refunded'),
+	         ('payment', 'refunded'),
 	         ('refund', 'succeeded'), ('refund', 'failed')$$,
-	'state: terminal statuses are order closed/refunded, payment failed/refunded, refund succeeded/failed');
+	'state: terminal statuses are order closed/refunded, payment refunded, refund succeeded/failed');
 
 -- Allowed transitions of each entity
 SELECT set_eq($$SELECT from_status, to_status FROM payidem.transition WHERE entity = 'order'$$,
@@ -305,10 +305,10 @@ SELECT set_eq($$SELECT from_status, to_status FROM payidem.transition WHERE enti
 	'transition: order flows exactly as designed');
 SELECT set_eq($$SELECT from_status, to_status FROM payidem.transition WHERE entity = 'payment'$$,
 	$$VALUES ('pending', 'succeeded'), ('pending', 'failed'), ('pending', 'closed'),
-	         ('closed', 'succeeded'),
+	         ('closed', 'succeeded'), ('failed', 'succeeded'),
 	         ('succeeded', 'partially_refunded'), ('succeeded', 'refunded'),
 	         ('partially_refunded', 'refunded')$$,
-	'transition: payment flows exactly as designed (closed -> succeeded for late payments)');
+	'transition: payment flows exactly as designed (closed/failed -> succeeded for late payments)');
 SELECT set_eq($$SELECT from_status, to_status FROM payidem.transition WHERE entity = 'refund'$$,
 	$$VALUES ('pending', 'succeeded'), ('pending', 'failed')$$,
 	'transition: refund flows exactly as designed');

@@ -137,8 +137,12 @@ sub run_cluster
 			"SELECT payidem.verify_signature('$home{0}{key}', 'payload', '$sig0')"),
 		't', "$tag: verify_signature through the router");
 
-	# ---- the payment story, once per partition
+	# ---- the payment story, once per partition; paid now (a reported
+	# paid_at lies within the attempt's lifetime), billed on today's UTC day
 	my @stories;
+	my $paid_at = $router->safe_psql('postgres',
+		q{SELECT to_char(date_trunc('second', now()) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"+00"')});
+	my $day = substr($paid_at, 0, 10);
 	for my $part (0 .. $n - 1)
 	{
 		my $m = $home{$part}{no};
@@ -159,7 +163,7 @@ sub run_cluster
 			$p, "$tag: a retried begin_payment returns the same attempt");
 		my @outcomes = map {
 			$router->safe_psql('postgres',
-				"SELECT payidem.apply_payment_result('$p', '$_', 'succeeded', 'TXN-$tag-$part', 1000, '2026-11-28 10:00:00+00')")
+				"SELECT payidem.apply_payment_result('$p', '$_', 'succeeded', 'TXN-$tag-$part', 1000, '$paid_at')")
 		} qw(callback callback query);
 		is(join(',', @outcomes), 'applied,duplicate,duplicate',
 			"$tag: success callback, duplicate callback and query have one effect");
@@ -197,8 +201,8 @@ sub run_cluster
 			 WHERE o.order_no = '$st->{o}'}),
 			'partially_refunded 300 partially_refunded 1',
 			"$tag: shard $st->{part}: paid once, refunded 300");
-		is($home->safe_psql('postgres', "SELECT count(*) FROM payidem.idempotency WHERE order_no = '$st->{o}'"),
-			2, "$tag: shard $st->{part}: one idempotency key for the payment result, one for the refund result");
+		is($home->safe_psql('postgres', "SELECT count(*) FROM payidem.idempotency"),
+			0, "$tag: shard $st->{part}: the results wrote no idempotency key (the rows record them)");
 	}
 
 	# ---- malformed numbers: a clear error on the router, no partition tried
@@ -238,7 +242,7 @@ sub run_cluster
 		't', "$tag: ... and begins its payment (routed by the number)");
 	is($router->safe_psql('postgres', "SET ROLE rt_app; SELECT payidem.close_order('$app_order')"),
 		't', "$tag: ... and closes it again");
-	for my $admin ("create_merchant('Evil', 'retail', 0)", "load_bill('WX_001', '2026-11-28', '')")
+	for my $admin ("create_merchant('Evil', 'retail', 0)", "load_bill('WX_001', '$day', '')")
 	{
 		($ok, $out, $err) = try_sql($router, "SET ROLE rt_app;\nSELECT payidem.$admin");
 		ok(!$ok && $err =~ /permission denied for function/, "$tag: the application role may not call $admin")
@@ -255,40 +259,49 @@ sub run_cluster
 	}
 
 	# ---- reconciliation: the bill is split by payment number, counts summed
+	# (each story's payment was partly refunded the same day: the day's bill
+	# shows it refunded)
 	my @lines;
 	for my $st (@stories)
 	{
 		my $amount = $st->{part} == $n - 1 ? 1001 : 1000;	# one amount mismatch
-		push @lines, "WX_001,2026-11-28,TXN-$tag-$st->{part},$st->{p},$amount,2,succeeded,2026-11-28 10:00:00+00";
+		push @lines, "WX_001,$day,TXN-$tag-$st->{part},$st->{p},$amount,2,refunded,$paid_at";
 	}
-	push @lines, 'WX_001,2026-11-28,TXN-UNKNOWN,,555,1,succeeded,2026-11-28 11:00:00+00';
+	push @lines, "WX_001,$day,TXN-UNKNOWN,,555,1,succeeded,$paid_at";
 	my $csv = join("\n", 'channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at', @lines);
-	is($router->safe_psql('postgres', "SELECT payidem.load_bill('WX_001', '2026-11-28', \$csv\$$csv\$csv\$)"),
+	is($router->safe_psql('postgres', "SELECT payidem.load_bill('WX_001', '$day', \$csv\$$csv\$csv\$)"),
 		$n + 1, "$tag: load_bill through the router loads every line once");
 	is(join(',', map { $_->safe_psql('postgres', 'SELECT count(*) FROM payidem.channel_bill') } @shards),
 		join(',', map { $_ == 0 ? 2 : 1 } 0 .. $n - 1),
 		"$tag: each shard keeps the bill lines of its payments (line without payment_no: partition 0)");
 	($ok, $out, $err) = try_sql($router,
-		"SELECT payidem.load_bill('WX_001', '2026-11-28', \$csv\$$csv\nWX_001,2026-11-28,TXN-BAD,,-1,1,succeeded,\$csv\$)");
+		"SELECT payidem.load_bill('WX_001', '$day', \$csv\$$csv\nWX_001,$day,TXN-BAD,,-1,1,succeeded,\$csv\$)");
 	ok(!$ok && $err =~ /invalid amount on line/, "$tag: a bad bill line is refused");
 	is(join(',', map { $_->safe_psql('postgres', 'SELECT count(*) FROM payidem.channel_bill') } @shards),
 		join(',', map { $_ == 0 ? 2 : 1 } 0 .. $n - 1),
 		"$tag: ... and no shard lost or replaced its part of the bill");
 
-	my $routed = $router->safe_psql('postgres', q{
+	my $routed = $router->safe_psql('postgres', qq{
 		SELECT concat_ws(',', matched, platform_only, channel_only, amount_mismatch, status_mismatch)
-		  FROM payidem.reconcile('WX_001', '2026-11-28')});
+		  FROM payidem.reconcile('WX_001', '$day')});
 	my @sum = (0) x 5;
 	for my $s (@shards)
 	{
-		my @c = split /,/, $s->safe_psql('postgres', q{
+		my @c = split /,/, $s->safe_psql('postgres', qq{
 			SELECT concat_ws(',', matched, platform_only, channel_only, amount_mismatch, status_mismatch)
-			  FROM payidem.recon_batch WHERE channel_no = 'WX_001' AND bill_date = '2026-11-28'
+			  FROM payidem.recon_batch WHERE channel_no = 'WX_001' AND bill_date = '$day'
 			 ORDER BY started_at DESC LIMIT 1});
 		$sum[$_] += $c[$_] for 0 .. 4;
 	}
 	is($routed, join(',', @sum), "$tag: reconcile through the router = sum of the shards' batches");
 	is($routed, join(',', $n - 1, 0, 1, 1, 0), "$tag: ... " . ($n - 1) . ' matched, 1 channel_only, 1 amount_mismatch');
+	# no bill, no reconciliation, on the router as on one database
+	($ok, $out, $err) = try_sql($router, "SELECT * FROM payidem.reconcile('WX_001', '2001-01-01')");
+	ok(!$ok && $err =~ /ERROR:\s+no bill of channel WX_001 for 2001-01-01 is loaded/,
+		"$tag: reconcile of a day without a bill is refused through the router") or diag($err);
+	is($router->safe_psql('postgres',
+			"SELECT concat_ws(',', matched, platform_only) FROM payidem.reconcile('WX_001', '2001-01-01', allow_empty => true)"),
+		'0,0', "$tag: ... and reconciled as empty when asked");
 
 	my $last = $shards[ $n - 1 ];
 	my $diff = $last->safe_psql('postgres',

@@ -11,7 +11,7 @@
 #   - every number a client received (after its COMMIT) is still there;
 #   - numbers issued after the restart are above all of them;
 #   - each payment's success was applied at most once (outcomes recorded in
-#     the same transaction, status log, idempotency keys);
+#     the same transaction, status log, no idempotency key of payidem's own);
 #   - an order is paid iff one attempt succeeded while it was pending; every
 #     other success is an anomaly;
 #   - refunds never exceed what was paid, per payment and per order;

@@ -2,9 +2,11 @@
 # channels with encrypted configuration, orders in every status, payments,
 # refunds, anomalies, idempotency keys, notifications, a channel bill and its
 # reconciliation, and a flow a DBA added to the whitelist — is dumped with
-# pg_dump -Fc and restored into a fresh cluster as docs/state-machines.md says:
+# pg_dump -Fc and restored into a fresh cluster with a plain pg_restore, no
+# options (the guards load a restore's COPY, run by the tables' owner, as
+# dumped):
 #
-#   PGOPTIONS='-c session_replication_role=replica' pg_restore -d <db> <dump>
+#   pg_restore -d <db> <dump>
 #
 # Then: every payidem table has the same row count and the same checksum
 # (md5 of its rows ordered by primary key) on both sides; the state-machine
@@ -69,10 +71,13 @@ SELECT payidem.apply_payment_result(p.payment_no, 'callback', 'succeeded', 'TX' 
   FROM bk_payment p WHERE p.i % 10 <= 5 ORDER BY p.i;
 SELECT payidem.apply_payment_result(p.payment_no, 'query', 'failed') FROM bk_payment p WHERE p.i % 10 = 6 ORDER BY p.i;
 SELECT payidem.close_order(p.order_no) FROM bk_payment p WHERE p.i % 10 IN (7, 8) ORDER BY p.i;
-SELECT payidem.apply_payment_result(p.payment_no, 'callback', 'succeeded', 'TX' || p.payment_no)
+SELECT payidem.apply_payment_result(p.payment_no, 'callback', 'succeeded', 'TX' || p.payment_no,
+                                    (SELECT amount FROM payidem.payment x WHERE x.payment_no = p.payment_no))
   FROM bk_payment p WHERE p.i % 10 = 8 ORDER BY p.i;
 -- duplicates
-SELECT payidem.apply_payment_result(p.payment_no, 'query', 'succeeded') FROM bk_payment p WHERE p.i % 10 = 1 ORDER BY p.i;
+SELECT payidem.apply_payment_result(p.payment_no, 'query', 'succeeded', 'TX' || p.payment_no,
+                                    (SELECT amount FROM payidem.payment x WHERE x.payment_no = p.payment_no))
+  FROM bk_payment p WHERE p.i % 10 = 1 ORDER BY p.i;
 -- refunds: partial, full, failed, pending
 SELECT payidem.apply_refund_result(payidem.refund(p.payment_no, 10, 'BKR-' || p.i), 'succeeded')
   FROM bk_payment p WHERE p.i % 10 IN (1, 2) ORDER BY p.i;
@@ -119,11 +124,8 @@ command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', $src->connstr('shop') ], 'pg_d
 
 my $dst = new_node('backup_dst');
 $dst->safe_psql('postgres', 'CREATE DATABASE shop_restored');
-{
-	local $ENV{PGOPTIONS} = '-c session_replication_role=replica';
-	command_ok([ 'pg_restore', '--exit-on-error', '-d', $dst->connstr('shop_restored'), $dump ],
-		'pg_restore with session_replication_role=replica (as documented)');
-}
+command_ok([ 'pg_restore', '--exit-on-error', '-d', $dst->connstr('shop_restored'), $dump ],
+	'a plain pg_restore, no options');
 
 my $sums_dst = $dst->safe_psql('shop_restored', $sums_sql);
 is($src->safe_psql('shop', q{SELECT count(*) FROM payidem.merchant_role}), '1',
@@ -178,6 +180,23 @@ refused(q{UPDATE payidem.payment SET refunded_amount = amount + 1 WHERE status =
 refused(q{INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, amount, fee, status, paid_at)
 	VALUES ('BK_WX', current_date, 'TXNEG', -5, 0, 'succeeded', now())}, '23514', 'a negative bill amount');
 refused(q{UPDATE payidem.merchant SET status = 'deleted'}, '23514', 'an unknown merchant status');
+refused(qq{DELETE FROM payidem."order" WHERE order_no = '$pending'}, '42501', 'DELETE of an order');
+refused(q{TRUNCATE payidem.refund}, '42501', 'TRUNCATE of refunds');
+# the rows a restore loads, written by an application: refused, by INSERT and
+# by COPY (only the tables' owner or a superuser loads them as dumped)
+refused(qq{INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, status, paid_at)
+	SELECT payidem.gen_order_no('PO'), merchant_no, 'BK-INS', 'x', 100, now() + interval '1 hour', 'paid', now()
+	  FROM bk_merchant}, 'PI002', 'an INSERT of a paid order, as a superuser');
+$dst->safe_psql('shop_restored', q{CREATE ROLE bk_writer BYPASSRLS;
+	GRANT USAGE ON SCHEMA payidem TO bk_writer;
+	GRANT INSERT ON payidem.refund TO bk_writer;});
+my $copy_line = $dst->safe_psql('shop_restored', q{
+	SELECT concat_ws(E'\t', payidem.gen_order_no('RF'), payment_no, order_no, merchant_no, 'BK-COPY', 1, 'succeeded')
+	  FROM payidem.payment WHERE status = 'succeeded' LIMIT 1});
+my ($copy_rc, $copy_out, $copy_err) = $dst->psql('shop_restored',
+	"SET ROLE bk_writer;\nCOPY payidem.refund (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, status) FROM stdin;\n$copy_line\n\\.\n");
+like($copy_err, qr/ERROR:.*must start in status 'pending'.*HINT:.*If this is a restore, run it as the owner/s,
+	'a COPY of a succeeded refund by an application role: refused, with a hint at restores');
 
 # the DBA's flow survived: paid -> shipping allowed, shipping -> pending not
 is($dst->safe_psql('shop_restored', qq{SELECT payidem.transit_order('$paid', 'shipping')}), 't',
@@ -215,7 +234,8 @@ is( $dst->safe_psql('shop_restored', q{
 # a replayed callback from before the backup is still a duplicate
 my $old_paid_payment = $dst->safe_psql('shop_restored',
 	q{SELECT payment_no FROM bk_payment WHERE i = 2});
-is($dst->safe_psql('shop_restored', qq{SELECT payidem.apply_payment_result('$old_paid_payment', 'callback', 'succeeded')}),
+is($dst->safe_psql('shop_restored', qq{SELECT payidem.apply_payment_result('$old_paid_payment', 'callback', 'succeeded',
+	'TX$old_paid_payment', (SELECT amount FROM payidem.payment WHERE payment_no = '$old_paid_payment'))}),
 	'duplicate', 'a callback applied before the backup is a duplicate after the restore');
 
 my $total_rows = 0;

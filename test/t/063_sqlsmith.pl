@@ -53,7 +53,7 @@ SELECT payidem.bind_channel(merchant_no, 'SM_ALI') FROM m;
 CREATE TABLE o AS SELECT i, payidem.create_order(m.merchant_no, 'SM-' || i, 100 + i, 'smith ' || i, 'https://shop.example/n') AS order_no
   FROM m, generate_series(1, 300) i;
 CREATE TABLE p AS SELECT i, payidem.begin_payment(order_no, 'SM_WX') AS payment_no FROM o WHERE i % 5 <> 0;
-SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || payment_no) FROM p WHERE i % 5 IN (1, 2);
+SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || payment_no, 100 + i) FROM p WHERE i % 5 IN (1, 2);
 SELECT payidem.apply_payment_result(payment_no, 'query', 'failed') FROM p WHERE i % 5 = 3;
 SELECT payidem.apply_refund_result(payidem.refund(payment_no, 10, 'SMR-' || i), 'succeeded') FROM p WHERE i % 5 = 1;
 SELECT payidem.load_bill('SM_WX', current_date, 'SM_WX,,TXORPHAN,,500,1,succeeded,' || to_char(current_date, 'YYYY-MM-DD') || ' 00:00:01');
