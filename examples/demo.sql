@@ -41,6 +41,9 @@ SELECT payidem.verify_signature(:'api_key', 'amount=1250&out_trade_no=T-1', :'si
 SELECT payidem.create_channel('WXPAY_001', 'wechat', 0.0025, 100),
        payidem.create_channel('WXPAY_002', 'wechat', 0.0020, 300),
        payidem.create_channel('ALIPAY_001', 'alipay', 0.0060);
+-- (a demo key written into the statement; real keys are loaded from a file the
+-- server reads, so that no log can hold them: payidem.load_channel_config(),
+-- docs/security.md)
 SELECT payidem.set_channel_config('WXPAY_001', '{"mch_id": "1900000109", "api_v3_key": "demo-key"}');
 SELECT payidem.bind_channel(:'merchant_no', 'WXPAY_001'), payidem.bind_channel(:'merchant_no', 'WXPAY_002'),
        payidem.bind_channel(:'merchant_no', 'ALIPAY_001');

@@ -111,7 +111,12 @@ SELECT * FROM payidem.create_merchant('Frozen Shop', 'retail', 0.006) \gset froz
 SELECT payidem.freeze_merchant(:'frozen_merchant_no');
 SELECT status FROM payidem.merchant WHERE merchant_no = :'frozen_merchant_no';
 SELECT payidem.unfreeze_merchant(:'frozen_merchant_no');
+SELECT payidem.sign(:'frozen_merchant_no', 'before close') AS closing_sig \gset
+SELECT payidem.verify_signature(:'frozen_api_key', 'before close', :'closing_sig') AS verifies_before_close;
 SELECT payidem.close_merchant(:'frozen_merchant_no');
+-- a closed merchant's key no longer signs or verifies
+SELECT * FROM pg_temp.try(format('SELECT payidem.sign(%L, %L)', :'frozen_merchant_no', 'after close'));
+SELECT payidem.verify_signature(:'frozen_api_key', 'before close', :'closing_sig') AS verifies_after_close;
 SELECT * FROM pg_temp.try(format('SELECT payidem.unfreeze_merchant(%L)', :'frozen_merchant_no'));
 SELECT payidem.set_merchant_status(:'frozen_merchant_no', 'sleeping');
 SELECT payidem.freeze_merchant('M000000000000000');

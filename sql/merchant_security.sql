@@ -75,6 +75,14 @@ SELECT count(*) AS other_merchants_rows FROM payidem."order" WHERE merchant_no <
 SELECT count(*) FROM payidem.merchant;
 DELETE FROM payidem."order";
 RESET ROLE;
+-- a mapped role learns nothing about other roles' mappings through the
+-- visibility function its policy calls: it answers only for roles the
+-- session can act as
+SET SESSION AUTHORIZATION regress_payidem_report;
+SELECT payidem._row_visible(:'m1', 'regress_payidem_report') AS own_mapping,
+       payidem._row_visible(:'m1', 'regress_payidem_auditor') AS an_auditors,
+       payidem._row_visible(:'m2', 'regress_payidem_auditor') AS an_auditors_elsewhere;
+RESET SESSION AUTHORIZATION;
 SELECT payidem.unmap_merchant_role('regress_payidem_report', :'m1');
 SET ROLE regress_payidem_report;
 SELECT count(*) AS rows_after_unmap FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';

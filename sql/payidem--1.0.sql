@@ -1514,6 +1514,13 @@ BEGIN
 			ERRCODE = 'PI009',
 			DETAIL = 'payidem.merchant has no row with that merchant_no.';
 	END IF;
+	-- a closed merchant's key is dead: it signs nothing more
+	IF EXISTS (SELECT 1 FROM payidem.merchant m
+				WHERE m.merchant_no OPERATOR(pg_catalog.=) s.merchant_no AND m.status OPERATOR(pg_catalog.=) 'closed') THEN
+		RAISE EXCEPTION 'merchant % is closed', s.merchant_no USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status closed; its API secret no longer signs or verifies.', s.merchant_no);
+	END IF;
 	IF payload IS NULL THEN
 		RAISE EXCEPTION 'payload to sign must not be NULL' USING
 			ERRCODE = 'invalid_parameter_value',
@@ -1525,7 +1532,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.sign(text, text) IS
-	'HMAC-SHA256 (64 lowercase hex) of the payload under the merchant''s current API secret.';
+	'HMAC-SHA256 (64 lowercase hex) of the payload under the merchant''s current API secret; PI004 for a closed merchant.';
 
 CREATE FUNCTION payidem.verify_signature(api_key text, payload text, signature text)
 RETURNS boolean
@@ -1542,6 +1549,7 @@ BEGIN
 		SELECT ms.* FROM payidem.merchant m
 		  JOIN payidem.merchant_secret ms ON ms.merchant_no = m.merchant_no
 		 WHERE m.api_key OPERATOR(pg_catalog.=) verify_signature.api_key
+		   AND m.status OPERATOR(pg_catalog.<>) 'closed'
 		   AND ms.valid_from <= now()
 		   AND (ms.valid_until IS NULL OR ms.valid_until > now())
 	LOOP
@@ -1554,7 +1562,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.verify_signature(text, text, text) IS
-	'true if the signature is the HMAC-SHA256 of the payload under a secret of that api_key valid now (current, or previous within its grace window).';
+	'true if the signature is the HMAC-SHA256 of the payload under a secret of that api_key valid now (current, or previous within its grace window); false for a closed merchant.';
 
 CREATE FUNCTION payidem.set_merchant_status(merchant_no text, status text)
 RETURNS void
@@ -1670,6 +1678,16 @@ END
 $$;
 COMMENT ON FUNCTION payidem.set_channel_config(text, jsonb) IS
 	'Store a channel''s keys and certificates (a JSON object), encrypted under the master key.';
+
+-- The same, from a file in payidem.secret_dir that the server reads itself
+-- (src/crypto.c): the configuration is never a statement's text or
+-- parameter, so no logging setting can capture it (docs/security.md).
+CREATE FUNCTION payidem.load_channel_config(channel_no text, file_name text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'payidem_load_channel_config'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem.load_channel_config(text, text) IS
+	'set_channel_config(channel_no, <the JSON object in payidem.secret_dir/file_name>), read by the server so that the keys never appear in a statement (and so in no log). The file: a plain file, chmod 600, owned by the server''s user.';
 
 CREATE FUNCTION payidem.get_channel_config(channel_no text)
 RETURNS jsonb
@@ -1874,12 +1892,16 @@ COMMENT ON TABLE payidem.auditor_role IS
 -- OID (the policy expression runs as that role; inside this SECURITY DEFINER
 -- function CURRENT_USER would be the owner).  Runs as the extension's owner,
 -- so the mapping tables need no grants.
+-- (SECURITY DEFINER: it reads the mapping tables, which a mapped role may
+-- not; and it answers only for a role the session can act as, so that no
+-- role learns another's mappings by calling it with that role's name)
 CREATE FUNCTION payidem._row_visible(p_merchant_no text, p_role regrole)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role = p_role)
-	OR EXISTS (SELECT 1 FROM payidem.merchant_role r
-				WHERE r.role = p_role AND r.merchant_no = p_merchant_no);
+RETURN pg_catalog.pg_has_role(SESSION_USER, p_role, 'MEMBER')
+	AND (EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role = p_role)
+		 OR EXISTS (SELECT 1 FROM payidem.merchant_role r
+					 WHERE r.role = p_role AND r.merchant_no = p_merchant_no));
 
 -- Rows of roles that no longer exist (a role is dropped with DROP OWNED BY,
 -- which revokes the grants but cannot see these rows): removed whenever a
@@ -3844,6 +3866,14 @@ END
 $$;
 COMMENT ON FUNCTION payidem.import_merchant_secret(text, text, interval) IS
 	'Scale-out: make a secret rotated on partition 0 the current secret here too (same grace rule as rotate_merchant_secret). Returns rotated, or present if it already is current.';
+
+-- The same, from a file in payidem.secret_dir (see load_channel_config).
+CREATE FUNCTION payidem.load_merchant_secret(merchant_no text, file_name text, grace interval DEFAULT '24 hours')
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_load_merchant_secret'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem.load_merchant_secret(text, text, interval) IS
+	'import_merchant_secret(merchant_no, <the text of payidem.secret_dir/file_name, one final line end dropped>, grace), read by the server so that the secret never appears in a statement (and so in no log).';
 
 CREATE FUNCTION payidem.import_channel(channel_no text, channel_type text, fee_rate numeric,
 	weight integer DEFAULT 100, allowed_merchant_types text[] DEFAULT NULL)

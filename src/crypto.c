@@ -27,12 +27,19 @@
 #include <openssl/evp.h>
 
 #include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/hmac.h"
 #include "funcapi.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
 #include "storage/fd.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
 
 #include "payidem.h"
 
@@ -43,6 +50,7 @@
 
 static char *payidem_master_key_file = NULL;
 static char *payidem_previous_master_key_file = NULL;
+static char *payidem_secret_dir = NULL;
 
 typedef struct MasterKey
 {
@@ -71,6 +79,15 @@ crypto_define_gucs(void)
 							   gettext_noop("File holding the previous master key, used only to open records not yet re-encrypted after a key rotation."),
 							   NULL,
 							   &payidem_previous_master_key_file,
+							   "",
+							   PGC_SUSET,
+							   0,
+							   NULL, NULL, NULL);
+	DefineCustomStringVariable("payidem.secret_dir",
+							   gettext_noop("Directory from which load_channel_config() and load_merchant_secret() read secrets."),
+							   gettext_noop("Its files are read by the server itself, so a secret loaded from one is never "
+											"a statement's text or parameter, which logging settings could capture."),
+							   &payidem_secret_dir,
 							   "",
 							   PGC_SUSET,
 							   0,
@@ -501,3 +518,229 @@ payidem_master_key_version(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_INT32(current_master_key()->version);
 }
+
+/*
+ * ---------------------------------------------------------------------------
+ * Secrets from files only the server reads
+ *
+ * set_channel_config() and import_merchant_secret() take the secret as an
+ * argument, so it is part of the calling statement: its text, or a bound
+ * parameter, which log_statement, log_min_duration_statement,
+ * auto_explain.log_verbose (the plan's Output line), debug_print_plan and
+ * the like may write to the server log.  load_channel_config() and
+ * load_merchant_secret() read it from a file in payidem.secret_dir and hand
+ * it to those same functions by a direct call, not a statement: inside them
+ * the secret is only ever in PL/pgSQL expressions evaluated without the
+ * executor, and only sealed records reach their statements.  The rules of
+ * what a configuration or a secret must be stay in those functions.
+ * ---------------------------------------------------------------------------
+ */
+
+#define SECRET_FILE_MAX (1024 * 1024)
+
+/* payidem.secret_dir/<name>, read whole; NUL-terminated, *len bytes */
+static char *
+read_secret_file(text *file_name, int *len)
+{
+	char	   *name;
+	char		path[MAXPGPATH];
+	struct stat st;
+	FILE	   *f;
+	char	   *buf;
+	size_t		n;
+	int			i;
+
+	if (payidem_secret_dir == NULL || payidem_secret_dir[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("payidem.secret_dir is not set"),
+				 errhint("Set payidem.secret_dir (superuser) to a directory only the server's user can read, and put the file there.")));
+	if (file_name == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid secret file name"),
+				 errdetail("The file name was NULL.")));
+	name = text_to_cstring(file_name);
+	n = strlen(name);
+	for (i = 0; i < (int) n; i++)
+		if (!((name[i] >= 'A' && name[i] <= 'Z') || (name[i] >= 'a' && name[i] <= 'z') ||
+			  (name[i] >= '0' && name[i] <= '9') || name[i] == '.' || name[i] == '_' || name[i] == '-'))
+			break;
+	if (n == 0 || n > 255 || i < (int) n || name[0] == '.')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid secret file name"),
+				 errdetail("The file name was %s; it must be a plain name of letters, digits, '.', '_' and '-' (not starting with '.'), of a file in payidem.secret_dir.",
+						   payidem_quote_value(name, n))));
+	snprintf(path, sizeof(path), "%s/%s", payidem_secret_dir, name);
+	/* no symbolic link: the file itself, as the directory holds it */
+	if (lstat(path, &st) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_PAYIDEM_NOT_FOUND),
+				 errmsg("secret file %s does not exist", payidem_quote_value(name, n)),
+				 errdetail("payidem.secret_dir = '%s' has no readable file of that name.", payidem_secret_dir)));
+	if (!S_ISREG(st.st_mode))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("secret file %s is not a regular file", payidem_quote_value(name, n)),
+				 errhint("Copy the secret into a plain file in payidem.secret_dir (no symbolic link).")));
+	if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("secret file %s is accessible to other users", payidem_quote_value(name, n)),
+				 errhint("chmod 600 it, owned by the server's user.")));
+	if (st.st_size > SECRET_FILE_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("secret file %s is too large", payidem_quote_value(name, n)),
+				 errdetail("It has %lld bytes; at most %d are read.", (long long) st.st_size, SECRET_FILE_MAX)));
+	f = AllocateFile(path, "r");
+	if (f == NULL)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not open secret file %s: %m", payidem_quote_value(name, n))));
+	buf = palloc(SECRET_FILE_MAX + 2);
+	*len = (int) fread(buf, 1, SECRET_FILE_MAX + 1, f);
+	FreeFile(f);
+	if (*len > SECRET_FILE_MAX || memchr(buf, '\0', *len) != NULL)
+	{
+		explicit_bzero(buf, SECRET_FILE_MAX + 2);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("secret file %s is not a text file of at most %d bytes", payidem_quote_value(name, n),
+						SECRET_FILE_MAX)));
+	}
+	buf[*len] = '\0';
+	return buf;
+}
+
+/* forget a secret read from a file */
+static void
+forget_secret(char *buf)
+{
+	explicit_bzero(buf, SECRET_FILE_MAX + 2);
+	pfree(buf);
+}
+
+/*
+ * payidem.<name>(args) by a direct call, not a statement; NULL arguments as
+ * given.  *isnull for a NULL result.
+ */
+static Datum
+call_payidem(const char *name, int nargs, Oid *argtypes, Datum *values, bool *nulls, bool *isnull)
+{
+	Oid			fn = LookupFuncName(list_make2(makeString("payidem"), makeString(pstrdup(name))),
+									nargs, argtypes, false);
+	FmgrInfo	flinfo;
+	LOCAL_FCINFO(call, FUNC_MAX_ARGS);
+	Datum		result;
+	int			i;
+
+	fmgr_info(fn, &flinfo);
+	InitFunctionCallInfoData(*call, &flinfo, nargs, InvalidOid, NULL, NULL);
+	for (i = 0; i < nargs; i++)
+	{
+		call->args[i].value = values[i];
+		call->args[i].isnull = nulls[i];
+	}
+	result = FunctionCallInvoke(call);
+	*isnull = call->isnull;
+	return result;
+}
+
+/*
+ * payidem.load_channel_config(channel_no text, file_name text) RETURNS void
+ *		set_channel_config(channel_no, <the file's JSON object>).
+ */
+PG_FUNCTION_INFO_V1(payidem_load_channel_config);
+Datum
+payidem_load_channel_config(PG_FUNCTION_ARGS)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	Oid			argtypes[2] = {TEXTOID, JSONBOID};
+	Datum		values[2];
+	bool		nulls[2] = {PG_ARGISNULL(0), false};
+	bool		isnull;
+	int			len;
+	char	   *buf;
+	volatile Datum config = (Datum) 0;
+	volatile bool parsed = true;
+
+	buf = read_secret_file(PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1), &len);
+
+	/*
+	 * jsonb_in's errors quote the text they could not parse: caught, and
+	 * replaced by one that names only the file (a subtransaction, as a
+	 * PL/pgSQL exception block, undoes what the failed call left).
+	 */
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		config = DirectFunctionCall1(jsonb_in, CStringGetDatum(buf));
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		parsed = false;
+	}
+	PG_END_TRY();
+	forget_secret(buf);
+	if (!parsed)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("secret file %s does not hold valid JSON",
+						payidem_quote_value(VARDATA_ANY(PG_GETARG_TEXT_PP(1)), VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1)))),
+				 errdetail("Its text is not shown: it holds a secret."),
+				 errhint("It must hold one JSON object, e.g. {\"app_id\": \"...\", \"private_key\": \"...\"}.")));
+	values[0] = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
+	values[1] = config;
+	(void) call_payidem("set_channel_config", 2, argtypes, values, nulls, &isnull);
+	PG_RETURN_VOID();
+}
+
+/*
+ * payidem.load_merchant_secret(merchant_no text, file_name text,
+ *     grace interval DEFAULT '24 hours') RETURNS text
+ *		import_merchant_secret(merchant_no, <the file's text, one final line
+ *		end dropped>, grace).
+ */
+PG_FUNCTION_INFO_V1(payidem_load_merchant_secret);
+Datum
+payidem_load_merchant_secret(PG_FUNCTION_ARGS)
+{
+	Oid			argtypes[3] = {TEXTOID, TEXTOID, INTERVALOID};
+	Datum		values[3];
+	bool		nulls[3] = {PG_ARGISNULL(0), false, PG_ARGISNULL(2)};
+	bool		isnull;
+	int			len;
+	char	   *buf;
+	text	   *secret;
+	Datum		result;
+
+	buf = read_secret_file(PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1), &len);
+	if (len > 0 && buf[len - 1] == '\n')
+		len--;
+	if (len > 0 && buf[len - 1] == '\r')
+		len--;
+	secret = cstring_to_text_with_len(buf, len);
+	forget_secret(buf);
+
+	values[0] = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
+	values[1] = PointerGetDatum(secret);
+	values[2] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
+	result = call_payidem("import_merchant_secret", 3, argtypes, values, nulls, &isnull);
+	explicit_bzero(VARDATA(secret), VARSIZE(secret) - VARHDRSZ);
+	if (isnull)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(result);
+}
+
