@@ -247,6 +247,19 @@ SELECT * FROM pg_temp.try($$SELECT payidem.set_channel_config('BI_WX', '[1, 2]')
 SELECT * FROM pg_temp.try($$SELECT payidem.set_channel_config('BI_WX', '"text"')$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.set_channel_config('BI_WX', NULL)$$);
 SELECT * FROM pg_temp.try(format($$SELECT payidem.set_channel_config(%s, '{}')$$, :'inj2'));
+-- secret files: the names the loaders take (a directory that does not exist)
+SET payidem.secret_dir = '/nonexistent-payidem-secrets';
+SELECT * FROM pg_temp.try($$SELECT payidem.load_channel_config('BI_WX', NULL)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_channel_config('BI_WX', '../../etc/passwd')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_channel_config('BI_WX', '.hidden')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.load_channel_config('BI_WX', '')$$);
+SELECT * FROM pg_temp.try(format($$SELECT payidem.load_channel_config('BI_WX', %s)$$, :'inj'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.load_channel_config('BI_WX', %s)$$, :'long'));
+SELECT * FROM pg_temp.try($$SELECT payidem.load_channel_config('BI_WX', 'missing.json')$$);
+SELECT * FROM pg_temp.try(format($$SELECT payidem.load_merchant_secret(%L, NULL)$$, :'m'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.load_merchant_secret(%L, 'a/b')$$, :'m'));
+RESET payidem.secret_dir;
+SELECT * FROM pg_temp.try($$SELECT payidem.load_channel_config('BI_WX', 'wx.json')$$);
 SELECT * FROM pg_temp.try('SELECT payidem.get_channel_config(NULL)');
 SELECT * FROM pg_temp.try(format('SELECT payidem.get_channel_config(%s)', :'inj'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.bind_channel(%s, 'BI_WX')$$, :'inj'));
@@ -343,6 +356,11 @@ SELECT * FROM pg_temp.try(format($$SELECT payidem.apply_payment_result(%L, 'call
 SELECT * FROM pg_temp.try(format($$SELECT payidem.apply_payment_result(%L, 'callback', 'succeeded', '')$$, :'p1'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.apply_payment_result(%L, 'callback', 'succeeded', %s)$$, :'p1', :'inj'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.apply_payment_result(%L, 'callback', 'succeeded', %s)$$, :'p1', :'long'));
+-- a success must carry its transaction id and amount (p1 succeeded with
+-- TXBI1 and 1000)
+SELECT * FROM pg_temp.try(format($$SELECT payidem.apply_payment_result(%L, 'query', 'succeeded')$$, :'p1'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.apply_payment_result(%L, 'query', 'succeeded', 'TXBI1')$$, :'p1'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.apply_payment_result(%L, 'query', 'succeeded', amount => 1000)$$, :'p1'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.close_payment(%L)$$, :'p1_bad'));
 SELECT * FROM pg_temp.try('SELECT payidem.close_payment(NULL)');
 SELECT * FROM pg_temp.try(format('SELECT payidem.close_payment(%s)', :'inj2'));
@@ -406,6 +424,8 @@ SELECT * FROM pg_temp.try($$SELECT * FROM payidem.reconcile('BI_WX', NULL)$$);
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.reconcile('BI_WX', '-infinity')$$);
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.reconcile('BI_WX', '5874897-12-31')$$);
 SELECT * FROM pg_temp.try(format($$SELECT * FROM payidem.reconcile(%s, '2026-01-01')$$, :'inj3'));
+-- a day with no bill loaded is not reconciled
+SELECT * FROM pg_temp.try($$SELECT * FROM payidem.reconcile('BI_WX', '2001-01-01')$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.resolve_diff(-1, 'handled')$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.resolve_diff(NULL, 'handled')$$);
 SELECT * FROM pg_temp.try(format($$SELECT payidem.resolve_diff(%s, 'done')$$, :d1));

@@ -3329,9 +3329,10 @@ BEGIN
 	IF allow_empty IS NOT TRUE AND NOT EXISTS (
 			SELECT 1 FROM payidem.channel_bill b
 			 WHERE b.channel_no OPERATOR(pg_catalog.=) v_channel AND b.bill_date OPERATOR(pg_catalog.=) v_day) THEN
-		RAISE EXCEPTION 'no bill of channel % for % is loaded', v_channel, v_day USING
+		RAISE EXCEPTION 'no bill of channel % for % is loaded', v_channel, to_char(v_day, 'YYYY-MM-DD') USING
 			ERRCODE = 'object_not_in_prerequisite_state',
-			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', v_channel, v_day),
+			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', v_channel,
+							to_char(v_day, 'YYYY-MM-DD')),
 			HINT = 'Load the day''s bill with payidem.load_bill() first; if the channel really reported nothing that day, call reconcile(channel_no, bill_date, allow_empty => true).';
 	END IF;
 	-- the bill day, midnight to midnight in the channel's zone

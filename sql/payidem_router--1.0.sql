@@ -640,9 +640,10 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF allow_empty IS NOT TRUE AND channel_no IS NOT NULL AND bill_date IS NOT NULL
 		AND (SELECT sum(n) FROM payidem._bill_lines_all(channel_no, bill_date) n) = 0 THEN
-		RAISE EXCEPTION 'no bill of channel % for % is loaded', channel_no, bill_date USING
+		RAISE EXCEPTION 'no bill of channel % for % is loaded', channel_no, to_char(bill_date, 'YYYY-MM-DD') USING
 			ERRCODE = 'object_not_in_prerequisite_state',
-			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', channel_no, bill_date),
+			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', channel_no,
+							to_char(bill_date, 'YYYY-MM-DD')),
 			HINT = 'Load the day''s bill with payidem.load_bill() first; if the channel really reported nothing that day, call reconcile(channel_no, bill_date, allow_empty => true).';
 	END IF;
 	RETURN QUERY
