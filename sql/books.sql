@@ -125,8 +125,18 @@ INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order',
 SET ROLE books_app;
 SELECT payidem.transit_order(:'o3', 'shipping') AS shipped;
 RESET ROLE;
-DELETE FROM payidem.transition WHERE NOT builtin;
 SELECT status FROM payidem."order" WHERE order_no = :'o3';
+-- a DBA's payment status that leaves the succeeded ones, for the payment that
+-- paid its order: the order would be paid without a succeeded payment
+SELECT payidem.create_order(:'m', 'B-0007', 7000, 'Disputed') AS o7 \gset
+SELECT payidem.begin_payment(:'o7', 'BK_WX') AS p7 \gset
+SELECT payidem.apply_payment_result(:'p7', 'callback', 'succeeded', 'BK-T-7', 7000) AS paid;
+INSERT INTO payidem.state (entity, status) VALUES ('payment', 'disputed');
+INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('payment', 'succeeded', 'disputed');
+SELECT * FROM pg_temp.commit_of(format('SELECT payidem.transit_payment(%L, %L)', :'p7', 'disputed'));
+DELETE FROM payidem.transition WHERE NOT builtin;
+DELETE FROM payidem.state WHERE NOT builtin AND entity = 'payment';
+SELECT status FROM payidem.payment WHERE payment_no = :'p7';
 
 ----------------------------------------- 3. late successes, and their refunds
 -- failed -> succeeded pays a pending order
@@ -136,6 +146,10 @@ SELECT payidem.apply_payment_result(:'p4', 'callback', 'failed') AS failed;
 SELECT payidem.apply_payment_result(:'p4', 'query', 'succeeded', 'BK-T-4', 4000) AS late_success;
 SELECT p.status, o.status AS order_status, o.paid_payment_no = :'p4' AS paid_by_it
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p4';
+-- (a DBA who moves the paying payment to another order leaves this one paid
+-- without its payment: refused)
+SELECT * FROM pg_temp.commit_of(format('UPDATE payidem.payment SET order_no = %L WHERE payment_no = %L',
+                                       :'o1', :'p4'));
 -- closed order, then money: anomaly; the payment is refundable in full
 SELECT payidem.create_order(:'m', 'B-0005', 5000, 'After close') AS o5 \gset
 SELECT payidem.begin_payment(:'o5', 'BK_WX') AS p5 \gset
@@ -149,6 +163,27 @@ SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount 
 SELECT a.kind, p.status IN ('succeeded', 'partially_refunded', 'refunded') AS refundable
   FROM payidem.anomaly a JOIN payidem.payment p USING (payment_no)
  WHERE a.kind IN ('paid_after_close', 'duplicate_payment') AND p.merchant_no = :'m' ORDER BY a.anomaly_id;
+
+-- a repeat of a success is held to the paid_at rule too
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 4000, now() + interval ''1 year'')',
+                                 :'p4', 'callback', 'succeeded', 'BK-T-4'));
+
+----------------------------------------------- notifications of a closed merchant
+-- a closed merchant's key signs nothing more: its notifications are given up,
+-- and never stop another merchant's from going out
+SELECT merchant_no AS mc FROM payidem.create_merchant('Closing Shop', 'retail', 0.006) \gset
+SELECT payidem.bind_channel(:'mc', 'BK_WX');
+SELECT payidem.create_order(:'mc', 'C-0001', 1000, 'Last sale', 'https://closing.example/n') AS oc \gset
+SELECT payidem.create_order(:'m', 'B-0006', 1000, 'Notified', 'https://books.example/n') AS o6 \gset
+SELECT payidem.apply_payment_result(payidem.begin_payment(:'oc', 'BK_WX'), 'callback', 'succeeded', 'BK-T-C1', 1000) AS paid_closing;
+SELECT payidem.apply_payment_result(payidem.begin_payment(:'o6', 'BK_WX'), 'callback', 'succeeded', 'BK-T-6', 1000) AS paid_open;
+SELECT payidem.close_merchant(:'mc');
+SET ROLE books_app;
+SELECT order_no = :'o6' AS is_the_open_merchants, signature IS NOT NULL AS signed
+  FROM payidem.notify_due(100) WHERE merchant_no IN (:'m', :'mc');
+RESET ROLE;
+SELECT order_no = :'oc' AS is_closed_merchants, notify_status FROM payidem."order"
+ WHERE order_no IN (:'oc', :'o6') ORDER BY order_no = :'oc' DESC;
 
 ------------------------------------------------------- 4. money records are kept
 SELECT (SELECT count(*) FROM payidem."order") AS orders, (SELECT count(*) FROM payidem.payment) AS payments,

@@ -918,192 +918,44 @@ CREATE TRIGGER status_log_append_only
 ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
 
 -- A status and its bookkeeping never disagree (DESIGN §5), whoever writes:
--- the flow functions, transit_*(), a DBA's own UPDATE.  What one row says
--- about itself is checked at the end of each statement (_books_row); what
--- rows say about each other — an order's paying payment, a payment's
--- refunds — at commit (_books_commit), when every row of a flow step is
--- written.  Refused with PI002: DETAIL names the invariant, HINT the flow
--- function that does the bookkeeping.  Ordinary triggers, like
+-- the flow functions, transit_*(), a DBA's own UPDATE (src/ledger.c, where
+-- the rules are written).  What one row says about itself is checked at the
+-- end of each statement (status_ledger); what rows say about each other — an
+-- order's paying payment, a payment's refunds — at commit
+-- (status_ledger_at_commit), when every row of a flow step is written.
+-- Refused with PI002: the message names the invariant, DETAIL the values,
+-- HINT the flow function that does the bookkeeping.  Ordinary triggers, like
 -- status_guard: session_replication_role = replica (superuser) skips them.
 -- Named status_ledger*: triggers of one event fire in name order, so a
 -- change the whitelist refuses is reported as that (status_guard) first.
-CREATE FUNCTION payidem._books_refuse(entity text, entity_no text, invariant text, detail text, flow text)
-RETURNS void
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	RAISE EXCEPTION '% % would break its bookkeeping: %', entity, entity_no, invariant USING
-		ERRCODE = 'PI002',
-		DETAIL = detail,
-		HINT = format('Use payidem.%s(), which moves the status and its bookkeeping together.', flow);
-END
-$$;
-COMMENT ON FUNCTION payidem._books_refuse(text, text, text, text, text) IS
-	'Internal to the bookkeeping triggers: raises PI002 naming the invariant and the flow function.';
-
--- The status a refunded amount implies: partially_refunded exactly when
--- 0 < refunded < amount, refunded exactly when refunded = amount.
-CREATE FUNCTION payidem._refund_status_ok(status text, refunded bigint, amount bigint)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
-	SELECT CASE WHEN refunded = 0 THEN status NOT IN ('partially_refunded', 'refunded')
-				WHEN refunded < amount THEN status = 'partially_refunded'
-				ELSE status = 'refunded' END
-$$;
-COMMENT ON FUNCTION payidem._refund_status_ok(text, bigint, bigint) IS
-	'Internal to the bookkeeping triggers: does status agree with refunded out of amount?';
-
--- SECURITY DEFINER (a trigger function cannot be called directly): the
--- checks run as the tables' owner for every writer, also at a commit that
--- happens after a flow function returned.
-CREATE FUNCTION payidem._books_row()
+CREATE FUNCTION payidem.ledger_row()
 RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF TG_TABLE_NAME = 'payment' THEN
-		IF NEW.status IN ('succeeded', 'partially_refunded', 'refunded')
-			AND (NEW.transaction_id IS NULL OR NEW.paid_at IS NULL
-				 OR NEW.fee_amount IS NULL OR NEW.cost_amount IS NULL) THEN
-			PERFORM payidem._books_refuse('payment', NEW.payment_no, 'a success without its transaction id, paid_at and fees',
-				format('Payment %s would be %s with transaction_id %s, paid_at %s, fee_amount %s, cost_amount %s; a succeeded payment has all four.',
-					   NEW.payment_no, NEW.status, coalesce(quote_literal(NEW.transaction_id), 'NULL'),
-					   CASE WHEN NEW.paid_at IS NULL THEN 'NULL' ELSE 'set' END, coalesce(NEW.fee_amount::text, 'NULL'),
-					   coalesce(NEW.cost_amount::text, 'NULL')),
-				'apply_payment_result');
-		END IF;
-		IF NOT payidem._refund_status_ok(NEW.status, NEW.refunded_amount, NEW.amount) THEN
-			PERFORM payidem._books_refuse('payment', NEW.payment_no, 'a status that disagrees with its refunded amount',
-				format('Payment %s would be %s with %s of %s refunded.', NEW.payment_no, NEW.status,
-					   NEW.refunded_amount, NEW.amount),
-				'apply_refund_result');
-		END IF;
-	ELSE
-		IF NEW.status IN ('paid', 'partially_refunded', 'refunded')
-			AND (NEW.paid_at IS NULL OR NEW.paid_payment_no IS NULL) THEN
-			PERFORM payidem._books_refuse('order', NEW.order_no, 'paid without its payment',
-				format('Order %s would be %s with paid_payment_no %s and paid_at %s; a paid order names the succeeded payment that paid it.',
-					   NEW.order_no, NEW.status, coalesce(NEW.paid_payment_no, 'NULL'),
-					   CASE WHEN NEW.paid_at IS NULL THEN 'NULL' ELSE 'set' END),
-				'apply_payment_result');
-		END IF;
-		IF NOT payidem._refund_status_ok(NEW.status, NEW.refunded_amount, NEW.amount) THEN
-			PERFORM payidem._books_refuse('order', NEW.order_no, 'a status that disagrees with its refunded amount',
-				format('Order %s would be %s with %s of %s refunded.', NEW.order_no, NEW.status,
-					   NEW.refunded_amount, NEW.amount),
-				'apply_refund_result');
-		END IF;
-	END IF;
-	RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION payidem._books_row() IS
-	'Trigger on payidem."order" and payidem.payment: a paid order names its payment; a succeeded payment has its transaction id, paid_at and fees; a status agrees with the refunded amount (PI002).';
+AS 'MODULE_PATHNAME', 'payidem_ledger_row'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem.ledger_row() IS
+	'Trigger on payidem."order" and payidem.payment: a paid order names its payment and has paid_at; a succeeded payment has its transaction id, paid_at and fees; a status agrees with the refunded amount (PI002).';
+CREATE FUNCTION payidem.ledger_at_commit()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_ledger_at_commit'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem.ledger_at_commit() IS
+	'Deferred constraint trigger on payidem."order", payment and refund: at commit, a paid order''s payment is a succeeded payment of it, and refunded amounts add up and are mirrored on the order (PI002). Reads as the tables'' owner.';
 
 CREATE TRIGGER status_ledger
 	AFTER INSERT OR UPDATE ON payidem."order"
-	FOR EACH ROW WHEN (NEW.status IN ('paid', 'partially_refunded', 'refunded') OR NEW.refunded_amount <> 0)
-	EXECUTE FUNCTION payidem._books_row();
+	FOR EACH ROW EXECUTE FUNCTION payidem.ledger_row();
 CREATE TRIGGER status_ledger
 	AFTER INSERT OR UPDATE ON payidem.payment
-	FOR EACH ROW WHEN (NEW.status IN ('succeeded', 'partially_refunded', 'refunded') OR NEW.refunded_amount <> 0)
-	EXECUTE FUNCTION payidem._books_row();
-
--- At commit: the rows of each changed order, payment or refund as they are
--- then.
-CREATE FUNCTION payidem._books_check_payment(payment_no text)
-RETURNS void
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	p record;
-	v_sum numeric;
-	v_order record;
-BEGIN
-	SELECT x.payment_no, x.order_no, x.refunded_amount INTO p
-	  FROM payidem.payment x WHERE x.payment_no = _books_check_payment.payment_no;
-	IF NOT FOUND THEN
-		RETURN;
-	END IF;
-	SELECT coalesce(sum(r.amount), 0) INTO v_sum
-	  FROM payidem.refund r WHERE r.payment_no = p.payment_no AND r.status = 'succeeded';
-	IF v_sum <> p.refunded_amount THEN
-		PERFORM payidem._books_refuse('payment', p.payment_no, 'a refunded amount that is not the sum of its succeeded refunds',
-			format('Payment %s has refunded_amount %s; its succeeded refunds add up to %s.',
-				   p.payment_no, p.refunded_amount, v_sum),
-			'apply_refund_result');
-	END IF;
-	SELECT x.order_no, x.refunded_amount INTO v_order
-	  FROM payidem."order" x WHERE x.order_no = p.order_no AND x.paid_payment_no = p.payment_no;
-	IF FOUND AND v_order.refunded_amount <> p.refunded_amount THEN
-		PERFORM payidem._books_refuse('order', v_order.order_no, 'a refunded amount that is not its paying payment''s',
-			format('Order %s has refunded_amount %s; payment %s, which paid it, has %s.',
-				   v_order.order_no, v_order.refunded_amount, p.payment_no, p.refunded_amount),
-			'apply_refund_result');
-	END IF;
-END
-$$;
-COMMENT ON FUNCTION payidem._books_check_payment(text) IS
-	'Internal to the bookkeeping triggers: a payment''s refunded amount is the sum of its succeeded refunds and is mirrored on the order it paid (PI002).';
-
-CREATE FUNCTION payidem._books_commit()
-RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	o record;
-	q record;
-BEGIN
-	IF TG_TABLE_NAME = 'refund' THEN
-		PERFORM payidem._books_check_payment(NEW.payment_no);
-		IF OLD.payment_no IS DISTINCT FROM NEW.payment_no THEN
-			PERFORM payidem._books_check_payment(OLD.payment_no);
-		END IF;
-	ELSIF TG_TABLE_NAME = 'payment' THEN
-		PERFORM payidem._books_check_payment(NEW.payment_no);
-	ELSE
-		SELECT x.order_no, x.status, x.paid_payment_no, x.refunded_amount INTO o
-		  FROM payidem."order" x WHERE x.order_no = NEW.order_no;
-		IF FOUND AND o.status IN ('paid', 'partially_refunded', 'refunded') THEN
-			SELECT x.order_no, x.status, x.refunded_amount INTO q
-			  FROM payidem.payment x WHERE x.payment_no = o.paid_payment_no;
-			IF NOT FOUND OR q.order_no <> o.order_no OR q.status NOT IN ('succeeded', 'partially_refunded', 'refunded') THEN
-				PERFORM payidem._books_refuse('order', o.order_no, 'paid without its payment',
-					format('Order %s is %s; its paid_payment_no %s is %s.', o.order_no, o.status,
-						   o.paid_payment_no,
-						   CASE WHEN NOT FOUND THEN 'no payment'
-								WHEN q.order_no <> o.order_no THEN 'a payment of order ' || q.order_no
-								ELSE 'a payment in status ' || q.status END),
-					'apply_payment_result');
-			END IF;
-			IF q.refunded_amount <> o.refunded_amount THEN
-				PERFORM payidem._books_refuse('order', o.order_no, 'a refunded amount that is not its paying payment''s',
-					format('Order %s has refunded_amount %s; payment %s, which paid it, has %s.',
-						   o.order_no, o.refunded_amount, o.paid_payment_no, q.refunded_amount),
-					'apply_refund_result');
-			END IF;
-		END IF;
-	END IF;
-	RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION payidem._books_commit() IS
-	'Deferred constraint trigger on payidem."order", payidem.payment and payidem.refund: at commit, a paid order''s payment is a succeeded payment of it, and refunded amounts add up (PI002).';
-
+	FOR EACH ROW EXECUTE FUNCTION payidem.ledger_row();
 CREATE CONSTRAINT TRIGGER status_ledger_at_commit
 	AFTER UPDATE ON payidem."order" DEFERRABLE INITIALLY DEFERRED
-	FOR EACH ROW WHEN (NEW.status IN ('paid', 'partially_refunded', 'refunded')
-					   AND (OLD.status IS DISTINCT FROM NEW.status
-							OR OLD.paid_payment_no IS DISTINCT FROM NEW.paid_payment_no
-							OR OLD.refunded_amount IS DISTINCT FROM NEW.refunded_amount))
-	EXECUTE FUNCTION payidem._books_commit();
+	FOR EACH ROW EXECUTE FUNCTION payidem.ledger_at_commit();
 CREATE CONSTRAINT TRIGGER status_ledger_at_commit
 	AFTER UPDATE ON payidem.payment DEFERRABLE INITIALLY DEFERRED
-	FOR EACH ROW WHEN (OLD.refunded_amount IS DISTINCT FROM NEW.refunded_amount
-					   OR (OLD.status IS DISTINCT FROM NEW.status AND NEW.status IN ('partially_refunded', 'refunded')))
-	EXECUTE FUNCTION payidem._books_commit();
+	FOR EACH ROW EXECUTE FUNCTION payidem.ledger_at_commit();
 CREATE CONSTRAINT TRIGGER status_ledger_at_commit
 	AFTER UPDATE ON payidem.refund DEFERRABLE INITIALLY DEFERRED
-	FOR EACH ROW WHEN ((OLD.status = 'succeeded' OR NEW.status = 'succeeded')
-					   AND (OLD.status IS DISTINCT FROM NEW.status OR OLD.amount IS DISTINCT FROM NEW.amount
-							OR OLD.payment_no IS DISTINCT FROM NEW.payment_no))
-	EXECUTE FUNCTION payidem._books_commit();
+	FOR EACH ROW EXECUTE FUNCTION payidem.ledger_at_commit();
 
 -- Money records are kept (DESIGN §5): no DELETE or TRUNCATE of orders,
 -- payments, refunds or anomalies, for any role.  Ordinary triggers: the
@@ -2446,6 +2298,12 @@ AS 'MODULE_PATHNAME', 'payidem_check_paid_at'
 LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION payidem._check_paid_at(text, timestamptz, timestamptz) IS
 	'Internal to apply_payment_result(): 22023 unless paid_at lies between the attempt''s creation and now, each widened by payidem.max_clock_skew.';
+CREATE FUNCTION payidem._paid_at_ok(created_at timestamptz, paid_at timestamptz)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_paid_at_ok'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._paid_at_ok(timestamptz, timestamptz) IS
+	'Internal to apply_payment_result(): the rule of _check_paid_at(), as a test.';
 
 -- The contract of apply_payment_result() in full.  apply_payment_result()
 -- itself (src/flow.c) decides a repeated success and the first success of a
@@ -2478,12 +2336,14 @@ BEGIN
 	-- and transaction id) is answered from the committed row, without a
 	-- lock: from succeeded, a payment only moves on to refunded states,
 	-- which answer a success the same way.  Such a repeat's arguments are
-	-- valid: the row vouches for all but the source.
+	-- valid: the row vouches for all but the source and paid_at, which are
+	-- checked here.
 	IF v_status = 'succeeded' AND v_source IN ('callback', 'query', 'close') THEN
-		SELECT x.status, x.amount, x.transaction_id INTO p
+		SELECT x.status, x.amount, x.transaction_id, x.created_at INTO p
 		  FROM payidem.payment x WHERE x.payment_no = v_payment_no;
 		IF FOUND AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
-			AND v_amount = p.amount AND v_txn = p.transaction_id THEN
+			AND v_amount = p.amount AND v_txn = p.transaction_id
+			AND (_apply_payment_result.paid_at IS NULL OR payidem._paid_at_ok(p.created_at, _apply_payment_result.paid_at)) THEN
 			RETURN 'duplicate';
 		END IF;
 	END IF;
@@ -2531,13 +2391,14 @@ BEGIN
 
 	IF v_status = 'succeeded' THEN
 		v_paid_at := coalesce(_apply_payment_result.paid_at, now());
+		IF _apply_payment_result.paid_at IS NOT NULL THEN
+			PERFORM payidem._check_paid_at(p.payment_no, p.created_at, v_paid_at);
+		END IF;
 		IF p.status IN ('succeeded', 'partially_refunded', 'refunded') THEN
 			IF v_amount = p.amount AND v_txn = p.transaction_id THEN
 				RETURN 'duplicate';		-- applied meanwhile, by the delivery we waited for
 			END IF;
 			v_kind := 'conflicting_result';		-- another transaction id or amount: a second charge?
-		ELSIF _apply_payment_result.paid_at IS NOT NULL THEN
-			PERFORM payidem._check_paid_at(p.payment_no, p.created_at, v_paid_at);
 		END IF;
 		IF v_kind IS NOT NULL THEN
 			-- decided above
@@ -2919,6 +2780,14 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL'));
 	END IF;
+	-- a closed merchant's key signs nothing more: its due notifications are
+	-- given up (failed), not handed out, and never hold up the others
+	WITH gone AS (
+		SELECT x.order_no FROM payidem."order" x JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
+		 WHERE x.notify_status = 'pending' AND x.next_notify_at <= now() AND m.status = 'closed'
+		   FOR NO KEY UPDATE OF x SKIP LOCKED)
+	UPDATE payidem."order" x SET notify_status = 'failed', next_notify_at = NULL, updated_at = now()
+	  FROM gone WHERE x.order_no = gone.order_no;
 	-- rows another worker holds are skipped; a row handed out is leased (its
 	-- next_notify_at pushed forward), so it is not handed out again after this
 	-- transaction ends, until notify_result() or the lease runs out
@@ -2926,6 +2795,8 @@ BEGIN
 		WITH due AS (
 			SELECT x.order_no FROM payidem."order" x
 			 WHERE x.notify_status = 'pending' AND x.next_notify_at <= now()
+			   AND NOT EXISTS (SELECT 1 FROM payidem.merchant m
+								WHERE m.merchant_no = x.merchant_no AND m.status = 'closed')
 			 ORDER BY x.next_notify_at
 			 LIMIT max_rows
 			 FOR NO KEY UPDATE SKIP LOCKED)
@@ -2949,7 +2820,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
-	'Hand out up to max_rows due merchant notifications (FOR NO KEY UPDATE SKIP LOCKED; each row leased for 60 s): payload and its HMAC-SHA256 signature (payidem.sign(merchant_no, payload::text)). Report each with notify_result().';
+	'Hand out up to max_rows due merchant notifications (FOR NO KEY UPDATE SKIP LOCKED; each row leased for 60 s): payload and its HMAC-SHA256 signature (payidem.sign(merchant_no, payload::text)). Report each with notify_result(). Notifications of a closed merchant are given up (failed), not handed out.';
 
 CREATE FUNCTION payidem.notify_result(order_no text, ok boolean, response text DEFAULT NULL)
 RETURNS void
@@ -3283,6 +3154,30 @@ CREATE TYPE payidem._recon_leftover AS (
 COMMENT ON TYPE payidem._recon_leftover IS
 	'Internal to reconcile(): a payment and/or bill line the day''s join may not have matched.';
 
+-- The arguments of reconcile(), checked, and how many bill lines of that
+-- channel and day are loaded (the router asks every partition the same).
+CREATE FUNCTION payidem._bill_day_lines(channel_no text, bill_date date)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF channel_no IS NULL OR bill_date IS NULL THEN
+		RAISE EXCEPTION 'channel_no and bill_date must not be null' USING
+			ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM payidem._check_bill_date(bill_date);
+	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) _bill_day_lines.channel_no) THEN
+		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(channel_no, 64)) USING
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.channel has no row with that channel_no.';
+	END IF;
+	RETURN (SELECT count(*) FROM payidem.channel_bill b
+			 WHERE b.channel_no OPERATOR(pg_catalog.=) _bill_day_lines.channel_no
+			   AND b.bill_date OPERATOR(pg_catalog.=) _bill_day_lines.bill_date);
+END
+$$;
+COMMENT ON FUNCTION payidem._bill_day_lines(text, date) IS
+	'Internal to reconcile() (here and on the router): checks its channel and day (22023, PI009) and counts the day''s loaded bill lines.';
+
 CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date, allow_empty boolean DEFAULT false)
 RETURNS TABLE(recon_batch_no text, matched bigint, platform_only bigint,
 			  channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
@@ -3314,21 +3209,9 @@ DECLARE
 	l_rows		payidem._recon_leftover[];
 	n			record;
 BEGIN
-	IF v_channel IS NULL OR v_day IS NULL THEN
-		RAISE EXCEPTION 'channel_no and bill_date must not be null' USING
-			ERRCODE = 'invalid_parameter_value';
-	END IF;
-	PERFORM payidem._check_bill_date(v_day);
-	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
-		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.channel has no row with that channel_no.';
-	END IF;
 	-- no bill, no reconciliation: without one every payment of the day would
 	-- be reported platform_only
-	IF allow_empty IS NOT TRUE AND NOT EXISTS (
-			SELECT 1 FROM payidem.channel_bill b
-			 WHERE b.channel_no OPERATOR(pg_catalog.=) v_channel AND b.bill_date OPERATOR(pg_catalog.=) v_day) THEN
+	IF payidem._bill_day_lines(v_channel, v_day) = 0 AND allow_empty IS NOT TRUE THEN
 		RAISE EXCEPTION 'no bill of channel % for % is loaded', v_channel, to_char(v_day, 'YYYY-MM-DD') USING
 			ERRCODE = 'object_not_in_prerequisite_state',
 			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', v_channel,

@@ -614,11 +614,10 @@ RETURNS SETOF bigint
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
 	RUN ON ALL;
-	SELECT pg_catalog.count(*) FROM payidem.channel_bill b
-	 WHERE b.channel_no OPERATOR(pg_catalog.=) $1 AND b.bill_date OPERATOR(pg_catalog.=) $2;
+	SELECT payidem._bill_day_lines($1, $2);
 $$;
 COMMENT ON FUNCTION payidem._bill_lines_all(text, date) IS
-	'Router, internal to reconcile(): the number of the day''s bill lines on each partition.';
+	'Router, internal to reconcile(): the partitions check the arguments and count the day''s bill lines (payidem._bill_day_lines).';
 
 CREATE FUNCTION payidem._reconcile_all(channel_no text, bill_date date, allow_empty boolean)
 RETURNS TABLE (recon_batch_no text, matched bigint, platform_only bigint,
@@ -638,8 +637,8 @@ RETURNS TABLE (recon_batch_no text, matched bigint, platform_only bigint,
 			   channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-	IF allow_empty IS NOT TRUE AND channel_no IS NOT NULL AND bill_date IS NOT NULL
-		AND (SELECT sum(n) FROM payidem._bill_lines_all(channel_no, bill_date) n) = 0 THEN
+	-- (every partition checks the arguments first, as one database does)
+	IF (SELECT sum(n) FROM payidem._bill_lines_all(channel_no, bill_date) n) = 0 AND allow_empty IS NOT TRUE THEN
 		RAISE EXCEPTION 'no bill of channel % for % is loaded', channel_no, to_char(bill_date, 'YYYY-MM-DD') USING
 			ERRCODE = 'object_not_in_prerequisite_state',
 			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', channel_no,

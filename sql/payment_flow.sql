@@ -186,6 +186,9 @@ SELECT date_trunc('second', now()) AS t_paid \gset
 SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250, :'t_paid') AS first_delivery;
 SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250, :'t_paid') AS second_delivery;
 SELECT payidem.apply_payment_result(:'p1', 'callback', 'succeeded', 'WX-T-0001', 1250) AS third_delivery;
+-- (a repeat with a paid_at outside the attempt's lifetime is malformed too)
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 1250, %L)',
+                                 :'p1', 'callback', 'succeeded', 'WX-T-0001', 'infinity'));
 -- seed 2: the active query learns the same thing: no second effect
 SELECT payidem.apply_payment_result(:'p1', 'query', 'succeeded', 'WX-T-0001', 1250) AS query_result;
 -- payidem's decisions write no idempotency key: the payment row records them

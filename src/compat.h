@@ -253,4 +253,14 @@ CheckConstraintExprCompat(Relation rel, ConstrCheck *check)
 	return expr;
 }
 
+/*
+ * EXECUTE (or another right) on a function: 16 folded the per-kind ACL
+ * checks into object_aclcheck().
+ */
+#if PAYIDEM_PG_MAJOR >= 16
+#define ProcAclCheckCompat(proc, role, mode) object_aclcheck(ProcedureRelationId, (proc), (role), (mode))
+#else
+#define ProcAclCheckCompat(proc, role, mode) pg_proc_aclcheck((proc), (role), (mode))
+#endif
+
 #endif							/* PAYIDEM_COMPAT_H */

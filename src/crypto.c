@@ -24,20 +24,26 @@
 #include "postgres.h"
 
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <openssl/evp.h>
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/hmac.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_func.h"
 #include "storage/fd.h"
 #include "utils/builtins.h"
+#include "utils/acl.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
@@ -545,7 +551,7 @@ read_secret_file(text *file_name, int *len)
 	char	   *name;
 	char		path[MAXPGPATH];
 	struct stat st;
-	FILE	   *f;
+	int			fd;
 	char	   *buf;
 	size_t		n;
 	int			i;
@@ -573,35 +579,65 @@ read_secret_file(text *file_name, int *len)
 				 errdetail("The file name was %s; it must be a plain name of letters, digits, '.', '_' and '-' (not starting with '.'), of a file in payidem.secret_dir.",
 						   payidem_quote_value(name, n))));
 	snprintf(path, sizeof(path), "%s/%s", payidem_secret_dir, name);
-	/* no symbolic link: the file itself, as the directory holds it */
-	if (lstat(path, &st) != 0)
+	/* the file itself, as the directory holds it: no symbolic link followed */
+	fd = OpenTransientFile(path, O_RDONLY | O_NOFOLLOW | PG_BINARY);
+	if (fd < 0 && (errno == ENOENT || errno == ENOTDIR))
 		ereport(ERROR,
 				(errcode(ERRCODE_PAYIDEM_NOT_FOUND),
 				 errmsg("secret file %s does not exist", payidem_quote_value(name, n)),
-				 errdetail("payidem.secret_dir = '%s' has no readable file of that name.", payidem_secret_dir)));
+				 errdetail("payidem.secret_dir = '%s' has no file of that name.", payidem_secret_dir)));
+	if (fd < 0 && errno == ELOOP)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("secret file %s is a symbolic link", payidem_quote_value(name, n)),
+				 errhint("Copy the secret into a plain file in payidem.secret_dir.")));
+	if (fd < 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not open secret file %s: %m", payidem_quote_value(name, n))));
+	/* checked on the open file: what is read is what was checked */
+	if (fstat(fd, &st) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not stat secret file %s: %m", payidem_quote_value(name, n))));
 	if (!S_ISREG(st.st_mode))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("secret file %s is not a regular file", payidem_quote_value(name, n)),
-				 errhint("Copy the secret into a plain file in payidem.secret_dir (no symbolic link).")));
-	if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+				 errhint("Copy the secret into a plain file in payidem.secret_dir.")));
+	if (st.st_uid != geteuid() || (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("secret file %s is accessible to other users", payidem_quote_value(name, n)),
-				 errhint("chmod 600 it, owned by the server's user.")));
+				 errhint("Make it owned by the server's user and chmod 600 it.")));
 	if (st.st_size > SECRET_FILE_MAX)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("secret file %s is too large", payidem_quote_value(name, n)),
 				 errdetail("It has %lld bytes; at most %d are read.", (long long) st.st_size, SECRET_FILE_MAX)));
-	f = AllocateFile(path, "r");
-	if (f == NULL)
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("could not open secret file %s: %m", payidem_quote_value(name, n))));
 	buf = palloc(SECRET_FILE_MAX + 2);
-	*len = (int) fread(buf, 1, SECRET_FILE_MAX + 1, f);
-	FreeFile(f);
+	*len = 0;
+	for (;;)
+	{
+		ssize_t		got = read(fd, buf + *len, SECRET_FILE_MAX + 1 - *len);
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+		{
+			explicit_bzero(buf, SECRET_FILE_MAX + 2);
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("could not read secret file %s: %m", payidem_quote_value(name, n))));
+		}
+		if (got == 0 || *len + got > SECRET_FILE_MAX)
+		{
+			*len += (int) got;
+			break;
+		}
+		*len += (int) got;
+	}
+	CloseTransientFile(fd);
 	if (*len > SECRET_FILE_MAX || memchr(buf, '\0', *len) != NULL)
 	{
 		explicit_bzero(buf, SECRET_FILE_MAX + 2);
@@ -624,7 +660,8 @@ forget_secret(char *buf)
 
 /*
  * payidem.<name>(args) by a direct call, not a statement; NULL arguments as
- * given.  *isnull for a NULL result.
+ * given.  *isnull for a NULL result.  The caller needs EXECUTE on it, as
+ * for a call in SQL.
  */
 static Datum
 call_payidem(const char *name, int nargs, Oid *argtypes, Datum *values, bool *nulls, bool *isnull)
@@ -636,6 +673,9 @@ call_payidem(const char *name, int nargs, Oid *argtypes, Datum *values, bool *nu
 	Datum		result;
 	int			i;
 
+	/* what the caller could not call, it cannot have called for it */
+	if (ProcAclCheckCompat(fn, GetUserId(), ACL_EXECUTE) != ACLCHECK_OK)
+		aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_FUNCTION, get_func_name(fn));
 	fmgr_info(fn, &flinfo);
 	InitFunctionCallInfoData(*call, &flinfo, nargs, InvalidOid, NULL, NULL);
 	for (i = 0; i < nargs; i++)

@@ -1013,6 +1013,13 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 		goto done;				/* PI009 is the SQL function's to raise */
 	d = slot_getattr(pslot, apply.p_status, &isnull);
 	p_amount = DatumGetInt64(slot_getattr(pslot, apply.p_amount, &isnull));
+	if (paid_at_given)
+	{
+		Datum		created = slot_getattr(pslot, apply.p_created_at, &isnull);
+
+		if (isnull || !payidem_paid_at_acceptable(DatumGetTimestampTz(created), paid_at))
+			goto done;			/* 22023 is the SQL function's to raise */
+	}
 	if (text_is(d, "succeeded") || text_is(d, "partially_refunded") || text_is(d, "refunded"))
 	{
 		p_txn = slot_getattr(pslot, apply.p_txn, &p_txn_null);
@@ -1022,9 +1029,6 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 	}
 	if (!text_is(d, "pending") || amount != p_amount)
 		goto done;				/* a late success, amount_mismatch */
-	d = slot_getattr(pslot, apply.p_created_at, &isnull);
-	if (paid_at_given && (isnull || !payidem_paid_at_acceptable(DatumGetTimestampTz(d), paid_at)))
-		goto done;				/* 22023 is the SQL function's to raise */
 	p_order_no = datumCopy(slot_getattr(pslot, apply.p_order_no, &isnull), false, -1);
 
 	/*
@@ -1207,6 +1211,13 @@ payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_at)
  *     paid_at timestamptz) RETURNS void
  *		22023 unless payidem_paid_at_acceptable(); for _apply_payment_result().
  */
+PG_FUNCTION_INFO_V1(payidem_paid_at_ok);
+Datum
+payidem_paid_at_ok(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(payidem_paid_at_acceptable(PG_GETARG_TIMESTAMPTZ(0), PG_GETARG_TIMESTAMPTZ(1)));
+}
+
 PG_FUNCTION_INFO_V1(payidem_check_paid_at);
 Datum
 payidem_check_paid_at(PG_FUNCTION_ARGS)

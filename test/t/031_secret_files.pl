@@ -95,6 +95,20 @@ refused(q{SELECT payidem.load_channel_config('LOG_WX', 'missing.json')},
 	qr/ERROR:  secret file 'missing\.json' does not exist/, 'a missing file');
 refused(q{SET payidem.secret_dir = ''; SELECT payidem.load_channel_config('LOG_WX', 'wx.json')},
 	qr/ERROR:  payidem\.secret_dir is not set/, 'no secret directory');
+# a loader is no way around the EXECUTE right on what it calls
+$node->safe_psql('postgres', q{
+	CREATE ROLE log_ops;
+	GRANT USAGE ON SCHEMA payidem TO log_ops;
+	GRANT EXECUTE ON FUNCTION payidem.load_channel_config(text, text),
+	                          payidem.load_merchant_secret(text, text, interval) TO log_ops;
+});
+refused(q{SET ROLE log_ops; SELECT payidem.load_channel_config('LOG_WX', 'wx.json')},
+	qr/ERROR:  permission denied for function set_channel_config/, 'a role without EXECUTE on set_channel_config');
+refused(qq{SET ROLE log_ops; SELECT payidem.load_merchant_secret('$merchant', 'merchant.secret')},
+	qr/ERROR:  permission denied for function import_merchant_secret/, 'a role without EXECUTE on import_merchant_secret');
+symlink("$dir/wx.json", "$dir/link.json") or die "symlink: $!";
+refused(q{SELECT payidem.load_channel_config('LOG_WX', 'link.json')},
+	qr/ERROR:  secret file 'link\.json' is a symbolic link/, 'a symbolic link');
 like($node->safe_psql('postgres', q{SELECT payidem.get_channel_config('LOG_WX') ->> 'private_key'}),
 	qr/\Q$canary{KEY}\E/, 'the refusals changed nothing');
 

@@ -302,6 +302,9 @@ sub run_cluster
 	is($router->safe_psql('postgres',
 			"SELECT concat_ws(',', matched, platform_only) FROM payidem.reconcile('WX_001', '2001-01-01', allow_empty => true)"),
 		'0,0', "$tag: ... and reconciled as empty when asked");
+	($ok, $out, $err) = try_sql($router, "SELECT * FROM payidem.reconcile('NO_SUCH', '2001-01-01')");
+	ok(!$ok && $err =~ /channel 'NO_SUCH' does not exist/,
+		"$tag: an unknown channel is that, through the router as on one database") or diag($err);
 
 	my $last = $shards[ $n - 1 ];
 	my $diff = $last->safe_psql('postgres',

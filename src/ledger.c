@@ -1,0 +1,460 @@
+/*-------------------------------------------------------------------------
+ *
+ * ledger.c
+ *		A status and its bookkeeping never disagree (DESIGN §5), whoever
+ *		writes: the flow functions, transit_*(), a DBA's own UPDATE.
+ *
+ * Two triggers, the one place these rules are written:
+ *
+ *   payidem.ledger_row() — AFTER INSERT OR UPDATE ... FOR EACH ROW on
+ *     "order" and payment (trigger status_ledger, which fires after
+ *     status_guard: triggers of one event fire in name order, so a change
+ *     the whitelist refuses is reported as that first).  What a row says
+ *     about itself: a paid order has paid_at and paid_payment_no; a
+ *     succeeded payment has its transaction id, paid_at and fees; a status
+ *     agrees with the refunded amount (partially_refunded exactly when
+ *     0 < refunded < amount, refunded exactly when refunded = amount).
+ *     Checked on the trigger tuple, no query.
+ *
+ *   payidem.ledger_at_commit() — a DEFERRABLE INITIALLY DEFERRED constraint
+ *     trigger AFTER UPDATE on "order", payment and refund (trigger
+ *     status_ledger_at_commit).  What rows say about each other, once every
+ *     row of a flow step is written: a paid order's paid_payment_no names a
+ *     payment of that order in a succeeded status; a payment's refunded
+ *     amount is the sum of its succeeded refunds and is mirrored on the
+ *     order it paid.  It compares OLD and NEW and returns at once unless
+ *     something those rules read changed; then one or two look-ups by
+ *     index, through saved plans, as the tables' owner.
+ *
+ * A change that breaks one is refused with PI002: the message names the
+ * invariant, DETAIL the values, HINT the flow function that does the
+ * bookkeeping.  Ordinary triggers, like status_guard: a superuser's
+ * session_replication_role = replica skips them.  An INSERT is checked by
+ * ledger_row() only: status_guard admits new rows in the initial status
+ * alone (which have no cross-row bookkeeping), or a restore's rows as
+ * dumped.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/syscache.h"
+
+#include "payidem.h"
+
+/* the statuses the rules speak of */
+static bool
+text_in(Datum d, const char *const *list)
+{
+	text	   *t = DatumGetTextPP(d);
+	int			len = VARSIZE_ANY_EXHDR(t);
+
+	for (; *list; list++)
+		if ((int) strlen(*list) == len && memcmp(VARDATA_ANY(t), *list, len) == 0)
+			return true;
+	return false;
+}
+
+static const char *const paid_order[] = {"paid", "partially_refunded", "refunded", NULL};
+static const char *const paid_payment[] = {"succeeded", "partially_refunded", "refunded", NULL};
+static const char *const partly[] = {"partially_refunded", NULL};
+static const char *const fully[] = {"refunded", NULL};
+
+/* a column of a trigger tuple, by name */
+static Datum
+col(Relation rel, HeapTuple tup, const char *name, bool *isnull)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			attnum = SPI_fnumber(desc, name);
+
+	if (attnum <= 0)
+		elog(ERROR, "payidem: column \"%s\" of relation \"%s\" does not exist",
+			 name, RelationGetRelationName(rel));
+	return heap_getattr(tup, attnum, desc, isnull);
+}
+
+/* a column as text (its type's output), or "NULL" */
+static char *
+col_text(Relation rel, HeapTuple tup, const char *name)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			attnum = SPI_fnumber(desc, name);
+	char	   *v;
+
+	if (attnum <= 0)
+		elog(ERROR, "payidem: column \"%s\" of relation \"%s\" does not exist",
+			 name, RelationGetRelationName(rel));
+	v = SPI_getvalue(tup, desc, attnum);
+	return v ? v : pstrdup("NULL");
+}
+
+static bool
+col_null(Relation rel, HeapTuple tup, const char *name)
+{
+	bool		isnull;
+
+	(void) col(rel, tup, name, &isnull);
+	return isnull;
+}
+
+static int64
+col_int8(Relation rel, HeapTuple tup, const char *name)
+{
+	bool		isnull;
+	Datum		d = col(rel, tup, name, &isnull);
+
+	return isnull ? 0 : DatumGetInt64(d);
+}
+
+/* do the status and the refunded amount agree? */
+static bool
+refund_status_agrees(Datum status, int64 refunded, int64 amount)
+{
+	if (refunded == 0)
+		return !text_in(status, partly) && !text_in(status, fully);
+	if (refunded < amount)
+		return text_in(status, partly);
+	return text_in(status, fully);
+}
+
+#define refuse(entity, key, invariant, flow, ...) \
+	ereport(ERROR, \
+			(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION), \
+			 errmsg("%s %s would break its bookkeeping: %s", (entity), (key), (invariant)), \
+			 errdetail(__VA_ARGS__), \
+			 errhint("Use payidem.%s(), which moves the status and its bookkeeping together.", (flow))))
+
+static TriggerData *
+trigger_data(FunctionCallInfo fcinfo, const char *fn)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem.%s() must be fired AFTER ... FOR EACH ROW", fn)));
+	return trigdata;
+}
+
+/* which of payidem's tables: 'o'rder, 'p'ayment, 'r'efund */
+static char
+table_kind(Relation rel)
+{
+	const char *name = RelationGetRelationName(rel);
+
+	if (strcmp(get_namespace_name(RelationGetNamespace(rel)), "payidem") == 0)
+	{
+		if (strcmp(name, "order") == 0)
+			return 'o';
+		if (strcmp(name, "payment") == 0)
+			return 'p';
+		if (strcmp(name, "refund") == 0)
+			return 'r';
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+			 errmsg("payidem's bookkeeping triggers belong to payidem.\"order\", payidem.payment and payidem.refund"),
+			 errdetail("One fired on relation \"%s\".", name)));
+	return 0;					/* keep the compiler quiet */
+}
+
+/*
+ * payidem.ledger_row() — what a row of "order" or payment says about itself.
+ */
+PG_FUNCTION_INFO_V1(payidem_ledger_row);
+Datum
+payidem_ledger_row(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = trigger_data(fcinfo, "ledger_row");
+	Relation	rel = trigdata->tg_relation;
+	HeapTuple	tup = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event)
+		? trigdata->tg_newtuple : trigdata->tg_trigtuple;
+	char		kind = table_kind(rel);
+	bool		isnull;
+	Datum		status = col(rel, tup, "status", &isnull);
+	int64		refunded = col_int8(rel, tup, "refunded_amount");
+	int64		amount = col_int8(rel, tup, "amount");
+
+	if (isnull)
+		return PointerGetDatum(NULL);	/* status_guard refuses it */
+	if (kind == 'p')
+	{
+		if (text_in(status, paid_payment) &&
+			(col_null(rel, tup, "transaction_id") || col_null(rel, tup, "paid_at") ||
+			 col_null(rel, tup, "fee_amount") || col_null(rel, tup, "cost_amount")))
+		{
+			char	   *txn = col_text(rel, tup, "transaction_id");
+
+			refuse("payment", col_text(rel, tup, "payment_no"),
+				   "a success without its transaction id, paid_at and fees", "apply_payment_result",
+				   "Payment %s would be %s with transaction_id %s, paid_at %s, fee_amount %s, cost_amount %s; a succeeded payment has all four.",
+				   col_text(rel, tup, "payment_no"), TextDatumGetCString(status),
+				   col_null(rel, tup, "transaction_id") ? "NULL" : quote_literal_cstr(txn),
+				   col_null(rel, tup, "paid_at") ? "NULL" : "set",
+				   col_text(rel, tup, "fee_amount"), col_text(rel, tup, "cost_amount"));
+		}
+		if (!refund_status_agrees(status, refunded, amount))
+			refuse("payment", col_text(rel, tup, "payment_no"),
+				   "a status that disagrees with its refunded amount", "apply_refund_result",
+				   "Payment %s would be %s with " INT64_FORMAT " of " INT64_FORMAT " refunded.",
+				   col_text(rel, tup, "payment_no"), TextDatumGetCString(status), refunded, amount);
+	}
+	else if (kind == 'o')
+	{
+		if (text_in(status, paid_order) &&
+			(col_null(rel, tup, "paid_at") || col_null(rel, tup, "paid_payment_no")))
+			refuse("order", col_text(rel, tup, "order_no"),
+				   "paid without its payment", "apply_payment_result",
+				   "Order %s would be %s with paid_payment_no %s and paid_at %s; a paid order names the succeeded payment that paid it.",
+				   col_text(rel, tup, "order_no"), TextDatumGetCString(status),
+				   col_text(rel, tup, "paid_payment_no"),
+				   col_null(rel, tup, "paid_at") ? "NULL" : "set");
+		if (!refund_status_agrees(status, refunded, amount))
+			refuse("order", col_text(rel, tup, "order_no"),
+				   "a status that disagrees with its refunded amount", "apply_refund_result",
+				   "Order %s would be %s with " INT64_FORMAT " of " INT64_FORMAT " refunded.",
+				   col_text(rel, tup, "order_no"), TextDatumGetCString(status), refunded, amount);
+	}
+	return PointerGetDatum(NULL);
+}
+
+/* ---------------------------------------------------------------- at commit */
+
+static SPIPlanPtr payment_plan = NULL;	/* a payment and its succeeded refunds */
+static SPIPlanPtr own_order_plan = NULL;	/* the order it paid, if it is its own */
+static SPIPlanPtr other_orders_plan = NULL; /* orders of other numbers naming it */
+static SPIPlanPtr order_plan = NULL;	/* an order and its paying payment */
+
+static SPIPlanPtr
+saved_plan(SPIPlanPtr *plan, const char *sql, int nargs)
+{
+	Oid			types[2] = {TEXTOID, TEXTOID};
+
+	if (*plan == NULL)
+	{
+		SPIPlanPtr	p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
+
+		if (p == NULL || SPI_keepplan(p) != 0)
+			elog(ERROR, "payidem: could not prepare \"%s\": %s", sql, SPI_result_code_string(SPI_result));
+		*plan = p;
+	}
+	return *plan;
+}
+
+static void
+run(SPIPlanPtr plan, Datum a, Datum b)
+{
+	Datum		values[2] = {a, b};
+
+	if (SPI_execute_plan(plan, values, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "payidem: a bookkeeping look-up failed");
+}
+
+static Datum
+res(int col_no, bool *isnull)
+{
+	return SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, col_no, isnull);
+}
+
+static char *
+res_text(int col_no)
+{
+	char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, col_no);
+
+	return v ? v : pstrdup("NULL");
+}
+
+/*
+ * A payment's refunded amount is the sum of its succeeded refunds; the order
+ * it paid (its own, by number) mirrors it and is paid by a succeeded
+ * payment; with moved, no order of another number names it.
+ */
+static void
+check_payment(Datum payment_no, bool moved)
+{
+	bool		isnull;
+	int64		refunded;
+	int64		refunds;
+	char	   *status;
+	Datum		order_no;
+
+	run(saved_plan(&payment_plan,
+				   "SELECT p.refunded_amount, p.status, p.order_no,"
+				   " (SELECT pg_catalog.sum(r.amount) FROM payidem.refund r"
+				   "   WHERE r.payment_no OPERATOR(pg_catalog.=) p.payment_no"
+				   "     AND r.status OPERATOR(pg_catalog.=) 'succeeded')::bigint"
+				   " FROM payidem.payment p WHERE p.payment_no OPERATOR(pg_catalog.=) $1", 1),
+		payment_no, (Datum) 0);
+	if (SPI_processed == 0)
+		return;
+	refunded = DatumGetInt64(res(1, &isnull));
+	status = res_text(2);
+	order_no = datumCopy(res(3, &isnull), false, -1);
+	refunds = DatumGetInt64(res(4, &isnull));
+	if (isnull)
+		refunds = 0;
+	if (refunds != refunded)
+		refuse("payment", TextDatumGetCString(payment_no),
+			   "a refunded amount that is not the sum of its succeeded refunds", "apply_refund_result",
+			   "Payment %s has refunded_amount " INT64_FORMAT "; its succeeded refunds add up to " INT64_FORMAT ".",
+			   TextDatumGetCString(payment_no), refunded, refunds);
+
+	run(saved_plan(&own_order_plan,
+				   "SELECT o.order_no, o.status, o.refunded_amount FROM payidem.\"order\" o"
+				   " WHERE o.order_no OPERATOR(pg_catalog.=) $2 AND o.paid_payment_no OPERATOR(pg_catalog.=) $1", 2),
+		payment_no, order_no);
+	if (SPI_processed > 0)
+	{
+		int64		order_refunded;
+
+		if (text_in(res(2, &isnull), paid_order) && !text_in(CStringGetTextDatum(status), paid_payment))
+			refuse("order", res_text(1), "paid without its payment", "apply_payment_result",
+				   "Order %s is %s; its paid_payment_no %s is a payment in status %s.",
+				   res_text(1), res_text(2), TextDatumGetCString(payment_no), status);
+		order_refunded = DatumGetInt64(res(3, &isnull));
+		if (order_refunded != refunded)
+			refuse("order", res_text(1), "a refunded amount that is not its paying payment's", "apply_refund_result",
+				   "Order %s has refunded_amount " INT64_FORMAT "; payment %s, which paid it, has " INT64_FORMAT ".",
+				   res_text(1), order_refunded, TextDatumGetCString(payment_no), refunded);
+	}
+	if (moved)
+	{
+		/* (no index on paid_payment_no: only for a payment moved to another order) */
+		run(saved_plan(&other_orders_plan,
+					   "SELECT o.order_no FROM payidem.\"order\" o"
+					   " WHERE o.paid_payment_no OPERATOR(pg_catalog.=) $1 AND o.order_no OPERATOR(pg_catalog.<>) $2"
+					   " LIMIT 1", 2),
+			payment_no, order_no);
+		if (SPI_processed > 0)
+			refuse("order", res_text(1), "paid without its payment", "apply_payment_result",
+				   "Order %s is paid by payment %s, which now belongs to order %s.",
+				   res_text(1), TextDatumGetCString(payment_no), TextDatumGetCString(order_no));
+	}
+}
+
+/* A paid order's paying payment is a succeeded payment of it, mirrored. */
+static void
+check_order(Datum order_no)
+{
+	bool		isnull;
+	bool		q_missing;
+
+	run(saved_plan(&order_plan,
+				   "SELECT o.status, o.paid_payment_no, o.refunded_amount, q.order_no, q.status, q.refunded_amount"
+				   " FROM payidem.\"order\" o LEFT JOIN payidem.payment q"
+				   "   ON q.payment_no OPERATOR(pg_catalog.=) o.paid_payment_no"
+				   " WHERE o.order_no OPERATOR(pg_catalog.=) $1", 1),
+		order_no, (Datum) 0);
+	if (SPI_processed == 0 || !text_in(res(1, &isnull), paid_order))
+		return;
+	(void) res(4, &q_missing);
+	if (q_missing || !payidem_text_equal(res(4, &isnull), order_no) || !text_in(res(5, &isnull), paid_payment))
+		refuse("order", TextDatumGetCString(order_no), "paid without its payment", "apply_payment_result",
+			   "Order %s is %s; its paid_payment_no %s is %s.", TextDatumGetCString(order_no), res_text(1),
+			   res_text(2),
+			   q_missing ? "no payment"
+			   : !payidem_text_equal(res(4, &isnull), order_no) ? psprintf("a payment of order %s", res_text(4))
+			   : psprintf("a payment in status %s", res_text(5)));
+	if (DatumGetInt64(res(3, &isnull)) != DatumGetInt64(res(6, &isnull)))
+		refuse("order", TextDatumGetCString(order_no), "a refunded amount that is not its paying payment's",
+			   "apply_refund_result",
+			   "Order %s has refunded_amount %s; payment %s, which paid it, has %s.",
+			   TextDatumGetCString(order_no), res_text(3), res_text(2), res_text(6));
+}
+
+static bool
+changed(Relation rel, TriggerData *td, const char *name)
+{
+	bool		old_null;
+	bool		new_null;
+	Datum		o = col(rel, td->tg_trigtuple, name, &old_null);
+	Datum		n = col(rel, td->tg_newtuple, name, &new_null);
+	Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), SPI_fnumber(RelationGetDescr(rel), name) - 1);
+
+	if (old_null || new_null)
+		return old_null != new_null;
+	return !datumIsEqual(o, n, att->attbyval, att->attlen);
+}
+
+/*
+ * payidem.ledger_at_commit() — what rows say about each other, at commit.
+ */
+PG_FUNCTION_INFO_V1(payidem_ledger_at_commit);
+Datum
+payidem_ledger_at_commit(PG_FUNCTION_ARGS)
+{
+	TriggerData *td = trigger_data(fcinfo, "ledger_at_commit");
+	Relation	rel = td->tg_relation;
+	char		kind = table_kind(rel);
+	bool		isnull;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	if (!TRIGGER_FIRED_BY_UPDATE(td->tg_event))
+		return PointerGetDatum(NULL);
+
+	/* nothing the rules read changed: done, without a query */
+	if (kind == 'o')
+	{
+		if (!text_in(col(rel, td->tg_newtuple, "status", &isnull), paid_order) ||
+			!(changed(rel, td, "status") || changed(rel, td, "paid_payment_no") ||
+			  changed(rel, td, "refunded_amount")))
+			return PointerGetDatum(NULL);
+	}
+	else if (kind == 'p')
+	{
+		/*
+		 * refunds moved it, it left the succeeded statuses (a DBA's own flow)
+		 * or another order: not a first success, which changes none of that
+		 */
+		if (!(changed(rel, td, "refunded_amount") || changed(rel, td, "order_no") ||
+			  (changed(rel, td, "status") &&
+			   (text_in(col(rel, td->tg_trigtuple, "status", &isnull), paid_payment) ||
+				text_in(col(rel, td->tg_newtuple, "status", &isnull), partly) ||
+				text_in(col(rel, td->tg_newtuple, "status", &isnull), fully)))))
+			return PointerGetDatum(NULL);
+	}
+	else
+	{
+		Datum		os = col(rel, td->tg_trigtuple, "status", &isnull);
+		Datum		ns = col(rel, td->tg_newtuple, "status", &isnull);
+		static const char *const succeeded[] = {"succeeded", NULL};
+
+		if (!(text_in(os, succeeded) || text_in(ns, succeeded)) ||
+			!(changed(rel, td, "status") || changed(rel, td, "amount") || changed(rel, td, "payment_no")))
+			return PointerGetDatum(NULL);
+	}
+
+	/* as the tables' owner: the committing role may not read them */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(rel->rd_rel->relowner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (kind == 'o')
+		check_order(col(rel, td->tg_newtuple, "order_no", &isnull));
+	else if (kind == 'p')
+		check_payment(col(rel, td->tg_newtuple, "payment_no", &isnull), changed(rel, td, "order_no"));
+	else
+	{
+		check_payment(col(rel, td->tg_newtuple, "payment_no", &isnull), false);
+		if (changed(rel, td, "payment_no"))
+			check_payment(col(rel, td->tg_trigtuple, "payment_no", &isnull), false);
+	}
+	SPI_finish();
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	return PointerGetDatum(NULL);
+}
