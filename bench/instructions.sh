@@ -70,7 +70,7 @@ declare -A CALL=(
 	[gen_order_no]="SELECT count(payidem.gen_order_no()) FROM generate_series(1, :n) AS i;"
 	[idem_claim_new]="SELECT count(c.outcome) FROM generate_series(1, :n) AS i, LATERAL payidem.idem_claim('new:' || i, 'pay', 'PO1', 'BENCH_WX', 100) AS c;"
 	[idem_claim_dup]="SELECT count(c.outcome) FROM generate_series(1, :n) AS i, LATERAL payidem.idem_claim('dup:' || i, 'pay', 'PO1', 'BENCH_WX', 100) AS c;"
-	[transit_order]="SELECT count(payidem.transit_order(payidem.order_no_make('PO', '2026-01-01 00:00:00+00', 0, i), 'paid')) FROM generate_series(1, :n) AS i;"
+	[transit_order]="SELECT count(payidem.transit_order(payidem.order_no_make('PO', '2026-01-01 00:00:00+00', 0, i), 'closed')) FROM generate_series(1, :n) AS i;"
 	[apply_payment_result]="SELECT count(payidem.apply_payment_result(p.payment_no, 'callback', 'succeeded', 'TX' || p.payment_no, p.amount)) FROM (SELECT payment_no, amount FROM payidem.payment WHERE channel_no = 'BENCH_PAY' ORDER BY payment_no LIMIT :n) AS p;"
 )
 declare -A BASE=(
