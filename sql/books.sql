@@ -113,8 +113,12 @@ SELECT * FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_
                                        :'p1', :'o2'));
 SELECT * FROM pg_temp.try(format('UPDATE payidem."order" SET refunded_amount = 2000 WHERE order_no = %L', :'o2'));
 SELECT * FROM pg_temp.try(format('UPDATE payidem.payment SET fee_amount = NULL WHERE payment_no = %L', :'p2'));
--- the flow function does it all together; each row then agrees
+-- the flow function does it all together; each row then agrees, also when
+-- the checks across rows run at the end of each statement
+BEGIN;
+SET CONSTRAINTS ALL IMMEDIATE;
 SELECT payidem.apply_refund_result(:'r2', 'succeeded') AS refund_applied;
+COMMIT;
 SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount AS order_refunded
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p2';
 -- a DBA's own flow works as before: paid -> shipping

@@ -2686,6 +2686,7 @@ DECLARE
 	v_payment_no text;
 	v_order_no text;
 	v_refunded bigint;
+	v_order_refunded bigint;
 	p payidem.payment;
 	r payidem.refund;
 	o payidem."order";
@@ -2743,25 +2744,29 @@ BEGIN
 		RETURN 'applied';
 	END IF;
 
-	IF v_crid IS NOT NULL THEN
-		UPDATE payidem.refund x SET channel_refund_id = v_crid WHERE x.refund_no = r.refund_no;
-	END IF;
-	PERFORM payidem.transit_refund(r.refund_no, 'succeeded');
-	-- each row's status and refunded amount in one update: they never
-	-- disagree (the bookkeeping triggers check it)
+	-- The refund, its payment and (only if that payment paid it) the order,
+	-- each row's status with its refunded amount, in one statement: the
+	-- bookkeeping checks across rows see all three written also when they
+	-- run at the end of each statement (SET CONSTRAINTS ... IMMEDIATE).
+	-- status_guard checks and logs each status change.
 	v_refunded := p.refunded_amount + r.amount;
-	UPDATE payidem.payment x
-	   SET refunded_amount = v_refunded, updated_at = now(),
-		   status = CASE WHEN v_refunded >= p.amount THEN 'refunded' ELSE 'partially_refunded' END
-	 WHERE x.payment_no = p.payment_no;
-	-- the order follows only the refunds of the payment that paid it
-	IF o.paid_payment_no = p.payment_no THEN
-		v_refunded := o.refunded_amount + r.amount;
-		UPDATE payidem."order" x
+	v_order_refunded := o.refunded_amount + r.amount;
+	WITH refund_done AS (
+		UPDATE payidem.refund x
+		   SET status = 'succeeded', refunded_at = now(), updated_at = now(),
+			   channel_refund_id = coalesce(v_crid, x.channel_refund_id)
+		 WHERE x.refund_no = r.refund_no
+		RETURNING x.refund_no),
+	payment_done AS (
+		UPDATE payidem.payment x
 		   SET refunded_amount = v_refunded, updated_at = now(),
-			   status = CASE WHEN v_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END
-		 WHERE x.order_no = o.order_no;
-	END IF;
+			   status = CASE WHEN v_refunded >= p.amount THEN 'refunded' ELSE 'partially_refunded' END
+		 WHERE x.payment_no = p.payment_no
+		RETURNING x.payment_no)
+	UPDATE payidem."order" x
+	   SET refunded_amount = v_order_refunded, updated_at = now(),
+		   status = CASE WHEN v_order_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END
+	 WHERE x.order_no = o.order_no AND o.paid_payment_no = p.payment_no;
 	RETURN 'applied';
 END
 $$;
