@@ -189,6 +189,45 @@ RESET ROLE;
 SELECT order_no = :'oc' AS is_closed_merchants, notify_status FROM payidem."order"
  WHERE order_no IN (:'oc', :'o6') ORDER BY order_no = :'oc' DESC;
 
+---------------------------------------------------- anomalies, and who resolves them
+-- open anomalies are listed oldest first; a person closes each
+SELECT kind, amount, action IS NOT NULL AS says_what_to_do
+  FROM payidem.open_anomalies WHERE payment_no IN (:'p5', :'p1') ORDER BY anomaly_id;
+SELECT anomaly_id AS a5 FROM payidem.anomaly WHERE payment_no = :'p5' AND kind = 'paid_after_close' \gset
+SET ROLE books_app;
+SELECT payidem.resolve_anomaly(:a5, 'handled', 'refunded with BR-5');
+SELECT err_code, err_hint FROM pg_temp.try(format('SELECT payidem.resolve_anomaly(%s, %L)', :a5, 'ignored'));
+SELECT * FROM pg_temp.try('SELECT payidem.resolve_anomaly(-1, ''handled'')');
+SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_anomaly(%s, %L)', :a5, 'done'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.resolve_anomaly(%s, %L, repeat(%L, 1025))', :a5, 'handled', 'x'));
+SELECT * FROM pg_temp.try('SELECT payidem.resolve_anomaly(NULL, ''handled'')');
+RESET ROLE;
+SELECT handle_status, handled_by = session_user AS by_the_session, handled_at IS NOT NULL AS when_known, note
+  FROM payidem.anomaly WHERE anomaly_id = :a5;
+SELECT count(*) AS still_listed FROM payidem.open_anomalies WHERE anomaly_id = :a5;
+-- a merchant-scoped role sees its merchant's open anomalies only
+SELECT payidem.create_order(:'m', 'B-0008', 800, 'Late too') AS o8 \gset
+SELECT payidem.begin_payment(:'o8', 'BK_WX') AS p8 \gset
+SELECT payidem.close_order(:'o8') AS closed, payidem.apply_payment_result(:'p8', 'callback', 'succeeded', 'BK-T-8', 800) AS late;
+SELECT merchant_no AS mx FROM payidem.create_merchant('Other Shop', 'retail', 0.006) \gset
+SELECT payidem.bind_channel(:'mx', 'BK_WX');
+SELECT payidem.create_order(:'mx', 'X-0001', 900, 'Late') AS ox \gset
+SELECT payidem.begin_payment(:'ox', 'BK_WX') AS px \gset
+SELECT payidem.close_order(:'ox') AS closed, payidem.apply_payment_result(:'px', 'callback', 'succeeded', 'BK-T-X', 900) AS late;
+SELECT count(*) AS mx_open FROM payidem.open_anomalies a JOIN payidem."order" o USING (order_no)
+ WHERE o.merchant_no = :'mx' \gset
+SELECT count(*) > :mx_open AS others_have_open_ones FROM payidem.open_anomalies;
+CREATE ROLE books_report;
+SELECT payidem.map_merchant_role('books_report', :'mx');
+SET ROLE books_report;
+SELECT count(*) = :mx_open AS sees_its_merchants_only, count(*) AS open_ones FROM payidem.open_anomalies;
+RESET ROLE;
+SELECT payidem.unmap_merchant_role('books_report', :'mx');
+REVOKE ALL ON ALL TABLES IN SCHEMA payidem FROM books_report;
+REVOKE ALL ON SCHEMA payidem FROM books_report;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM books_report;
+DROP ROLE books_report;
+
 ------------------------------------------------------- 4. money records are kept
 SELECT (SELECT count(*) FROM payidem."order") AS orders, (SELECT count(*) FROM payidem.payment) AS payments,
        (SELECT count(*) FROM payidem.refund) AS refunds, (SELECT count(*) FROM payidem.anomaly) AS anomalies \gset before_

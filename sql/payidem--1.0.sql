@@ -1838,7 +1838,7 @@ BEGIN ATOMIC
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
-						 'reconcile', 'resolve_diff');
+						 'reconcile', 'resolve_diff', 'resolve_anomaly');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -1870,7 +1870,8 @@ BEGIN
 	EXECUTE format('GRANT SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
 				   'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.status_log, '
 				   'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
-				   'payidem.reconciliation, payidem.recon_summary TO %I', v_role);
+				   'payidem.reconciliation, payidem.recon_summary, payidem.open_anomalies, '
+				   'payidem.open_differences TO %I', v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
 END
@@ -1894,10 +1895,11 @@ BEGIN
 	-- what grant_auditor() granted, except what a merchant mapping still needs
 	EXECUTE format('REVOKE SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
 				   'payidem.status_log, payidem.state, payidem.transition, payidem.channel_bill, '
-				   'payidem.recon_batch, payidem.reconciliation, payidem.recon_summary FROM %I', v_role);
+				   'payidem.recon_batch, payidem.reconciliation, payidem.recon_summary, '
+				   'payidem.open_differences FROM %I', v_role);
 	IF NOT EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE r.role = revoke_auditor.role) THEN
-		EXECUTE format('REVOKE SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly FROM %I',
-					   v_role);
+		EXECUTE format('REVOKE SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
+					   'payidem.open_anomalies FROM %I', v_role);
 	END IF;
 END
 $$;
@@ -1913,7 +1915,8 @@ BEGIN
 	PERFORM payidem._merchant_for_update(map_merchant_role.merchant_no);
 	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
-	EXECUTE format('GRANT SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
+				   'payidem.open_anomalies TO %I', v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.merchant_role (role, merchant_no)
 	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
@@ -3483,6 +3486,26 @@ $$;
 COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
 	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments (55000 if no bill line of that day is loaded, unless allow_empty): one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
 
+-- How a person closes a difference or an anomaly: one rule for both.
+CREATE FUNCTION payidem._check_resolution(what text, handle_status text, note text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
+		RAISE EXCEPTION 'invalid handle status %', coalesce(quote_literal(left(handle_status, 64)), 'NULL') USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('A person resolves %s as handled or ignored.', what);
+	END IF;
+	IF length(note) > 1024 THEN
+		RAISE EXCEPTION 'note too long' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The note has %s characters; at most 1024 are kept.', length(note));
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_resolution(text, text, text) IS
+	'Internal to resolve_diff() and resolve_anomaly(): handle_status handled or ignored, a note of at most 1024 characters (22023).';
+
 CREATE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -3494,16 +3517,7 @@ DECLARE
 	d			payidem.reconciliation;
 BEGIN
 	PERFORM payidem._require('recon_id', resolve_diff.recon_id::text);
-	IF v_status IS NULL OR v_status NOT IN ('handled', 'ignored') THEN
-		RAISE EXCEPTION 'invalid handle status %', coalesce(quote_literal(left(v_status, 64)), 'NULL') USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = 'A person resolves a difference as handled or ignored.';
-	END IF;
-	IF length(v_note) > 1024 THEN
-		RAISE EXCEPTION 'note too long' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The note has %s characters; at most 1024 are kept.', length(v_note));
-	END IF;
+	PERFORM payidem._check_resolution('a difference', v_status, v_note);
 
 	UPDATE payidem.reconciliation rc
 	   SET handle_status = v_status, handled_by = session_user, handled_at = now(),
@@ -3848,6 +3862,61 @@ REVOKE ALL ON FUNCTION payidem._bill_line_partition(text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.load_bill_part(text, date, text, integer) FROM PUBLIC;
 
 -- (end of shard helpers)
+
+------------------------------------------------------------------------------
+-- What a person should look at (DESIGN §10)
+------------------------------------------------------------------------------
+
+CREATE FUNCTION payidem.resolve_anomaly(anomaly_id bigint, handle_status text, note text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	a payidem.anomaly;
+BEGIN
+	PERFORM payidem._require('anomaly_id', resolve_anomaly.anomaly_id::text);
+	PERFORM payidem._check_resolution('an anomaly', resolve_anomaly.handle_status, resolve_anomaly.note);
+	UPDATE payidem.anomaly x
+	   SET handle_status = resolve_anomaly.handle_status, handled_by = session_user, handled_at = now(),
+		   note = resolve_anomaly.note, updated_at = now()
+	 WHERE x.anomaly_id = resolve_anomaly.anomaly_id AND x.handle_status = 'open'
+	RETURNING x.* INTO a;
+	IF NOT FOUND THEN
+		SELECT x.* INTO a FROM payidem.anomaly x WHERE x.anomaly_id = resolve_anomaly.anomaly_id;
+		IF NOT FOUND THEN
+			RAISE EXCEPTION 'anomaly % does not exist', resolve_anomaly.anomaly_id USING
+				ERRCODE = 'PI009',
+				DETAIL = 'payidem.anomaly has no row with that anomaly_id.';
+		END IF;
+		RAISE EXCEPTION 'anomaly % is not open', a.anomaly_id USING
+			ERRCODE = 'PI002',
+			DETAIL = format('It is already %s%s.', a.handle_status,
+							CASE WHEN a.handled_by IS NOT NULL THEN ' by ' || a.handled_by ELSE '' END),
+			HINT = 'Only an open anomaly can be resolved.';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.resolve_anomaly(bigint, text, text) IS
+	'Close an open anomaly as handled (e.g. refunded through refund()) or ignored, with a note; records who and when. PI009 unknown, PI002 not open, 22023 bad status or note.';
+
+-- Views of what is open, oldest first.  security_invoker: a merchant-scoped
+-- role sees its merchant's rows only (the tables' row-level security).
+CREATE VIEW payidem.open_anomalies WITH (security_invoker = true) AS
+SELECT a.anomaly_id, a.kind, a.order_no, a.payment_no, a.channel_no, a.amount, a.created_at,
+	   pg_catalog.now() - a.created_at AS open_for, a.detail ->> 'action' AS action, a.detail
+  FROM payidem.anomaly a
+ WHERE a.handle_status = 'open'
+ ORDER BY a.created_at, a.anomaly_id;
+COMMENT ON VIEW payidem.open_anomalies IS
+	'Open anomalies (money that needs a person), oldest first; resolve each with payidem.resolve_anomaly().';
+CREATE VIEW payidem.open_differences WITH (security_invoker = true) AS
+SELECT r.recon_id, r.channel_no, r.bill_date, r.diff_type, r.transaction_id, r.payment_no,
+	   r.platform_amount, r.channel_amount, r.platform_status, r.channel_status, r.created_at,
+	   pg_catalog.now() - r.created_at AS open_for
+  FROM payidem.reconciliation r
+ WHERE r.handle_status = 'open'
+ ORDER BY r.bill_date, r.recon_id;
+COMMENT ON VIEW payidem.open_differences IS
+	'Open reconciliation differences, oldest bill day first; resolve each with payidem.resolve_diff().';
 
 ------------------------------------------------------------------------------
 -- pg_dump keeps the rows of every data table (built-in whitelist rows are
