@@ -219,14 +219,41 @@ SELECT count(*) AS mx_open FROM payidem.open_anomalies a JOIN payidem."order" o 
 SELECT count(*) > :mx_open AS others_have_open_ones FROM payidem.open_anomalies;
 CREATE ROLE books_report;
 SELECT payidem.map_merchant_role('books_report', :'mx');
+GRANT EXECUTE ON FUNCTION payidem.get_order(text), payidem.find_order(text, text) TO books_report;
 SET ROLE books_report;
 SELECT count(*) = :mx_open AS sees_its_merchants_only, count(*) AS open_ones FROM payidem.open_anomalies;
+-- and reads its merchant's orders only through the read API
+SELECT payidem.get_order(:'ox') ->> 'out_trade_no' AS its_own_order;
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.get_order(%L)', :'o2'));
+SELECT err_code FROM pg_temp.try(format('SELECT payidem.find_order(%L, %L)', :'m', 'B-0002'));
 RESET ROLE;
 SELECT payidem.unmap_merchant_role('books_report', :'mx');
 REVOKE ALL ON ALL TABLES IN SCHEMA payidem FROM books_report;
 REVOKE ALL ON SCHEMA payidem FROM books_report;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM books_report;
 DROP ROLE books_report;
+
+------------------------------------------------------------------ the read API
+-- an application reads an order with its attempts and refunds, without any
+-- table privilege; times in UTC ISO 8601
+SET ROLE books_app;
+SELECT payidem.get_order(:'o2') AS j \gset
+SELECT :'j'::jsonb ->> 'status' AS status, (:'j'::jsonb ->> 'amount')::bigint AS amount,
+       (:'j'::jsonb ->> 'refunded_amount')::bigint AS refunded,
+       :'j'::jsonb ->> 'paid_payment_no' = :'p2' AS paid_by_p2,
+       :'j'::jsonb ->> 'paid_at' ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$' AS paid_at_utc_iso,
+       jsonb_array_length(:'j'::jsonb -> 'payments') AS payments,
+       :'j'::jsonb -> 'payments' -> 0 ->> 'status' AS payment_status,
+       :'j'::jsonb -> 'payments' -> 0 ->> 'transaction_id' AS txn,
+       jsonb_array_length(:'j'::jsonb -> 'refunds') AS refunds,
+       :'j'::jsonb -> 'refunds' -> 0 ->> 'status' AS refund_status;
+SELECT string_agg(k, ', ' ORDER BY k) AS order_keys FROM jsonb_object_keys(:'j'::jsonb) k;
+SELECT payidem.find_order(:'m', 'B-0002') = :'j'::jsonb AS find_order_says_the_same;
+SELECT err_code, err_message FROM pg_temp.try('SELECT payidem.get_order(''PO202401010000000000000067'')');
+SELECT err_code, err_message FROM pg_temp.try('SELECT payidem.get_order(''PO123'')');
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.find_order(%L, %L)', :'m', 'NO-SUCH'));
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.find_order(%L, NULL)', :'m'));
+RESET ROLE;
 
 ------------------------------------------------------- 4. money records are kept
 SELECT (SELECT count(*) FROM payidem."order") AS orders, (SELECT count(*) FROM payidem.payment) AS payments,

@@ -1200,6 +1200,15 @@ $$;
 -- An order, payment or refund number must be one before it is looked up:
 -- PO/PY/RF, 24 digits, a real date and matching check digits (a valid number
 -- that names no row is PI009).
+-- A point in time as an application reads it, whatever its session's
+-- DateStyle and TimeZone: UTC, ISO 8601, microseconds.
+CREATE FUNCTION payidem._utc(t timestamptz)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+COMMENT ON FUNCTION payidem._utc(timestamptz) IS
+	'Internal: a timestamp as UTC ISO 8601 text (2026-11-30T07:33:36.463208Z), for payloads and the read API.';
+
 CREATE FUNCTION payidem._check_number(kind text, value text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -1838,7 +1847,7 @@ BEGIN ATOMIC
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
-						 'reconcile', 'resolve_diff', 'resolve_anomaly');
+						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -2819,8 +2828,7 @@ BEGIN
 		payload := jsonb_build_object('order_no', n.order_no, 'out_trade_no', n.out_trade_no,
 									  'merchant_no', n.merchant_no, 'amount', n.amount,
 									  'currency', n.currency, 'status', n.status,
-									  'paid_at', to_char(n.paid_at AT TIME ZONE 'UTC',
-														 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'));
+									  'paid_at', payidem._utc(n.paid_at));
 		signature := payidem.sign(n.merchant_no, payload::text);
 		attempt := n.notify_attempts + 1;
 		RETURN NEXT;
@@ -2875,6 +2883,97 @@ END
 $$;
 COMMENT ON FUNCTION payidem.notify_result(text, boolean, text) IS
 	'Report one notification attempt: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts). No change if the notification is not pending. PI009 unknown order. The response text is not stored.';
+
+-- The read API: an order with its attempts and refunds, as an application
+-- reads it (it has no table privileges).  A merchant-scoped role (one
+-- map_merchant_role() mapped) reads only its merchants' orders, as its
+-- row-level security says; any other caller reads them all.
+CREATE FUNCTION payidem._acting_role()
+RETURNS regrole
+AS 'MODULE_PATHNAME', 'payidem_acting_role'
+LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._acting_role() IS
+	'Internal: the role a call is made as (the session''s current role, not the owner a SECURITY DEFINER function runs as).';
+
+CREATE FUNCTION payidem._may_read(p_merchant_no text)
+RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN NOT EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE r.role = payidem._acting_role())
+	OR EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role = payidem._acting_role())
+	OR EXISTS (SELECT 1 FROM payidem.merchant_role r
+				WHERE r.role = payidem._acting_role() AND r.merchant_no = p_merchant_no);
+COMMENT ON FUNCTION payidem._may_read(text) IS
+	'Internal to get_order() and find_order(): may the acting role read this merchant''s orders?';
+
+CREATE FUNCTION payidem._order_json(o payidem."order")
+RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN jsonb_build_object(
+	'order_no', o.order_no, 'merchant_no', o.merchant_no, 'out_trade_no', o.out_trade_no,
+	'subject', o.subject, 'body', o.body, 'amount', o.amount, 'currency', o.currency,
+	'status', o.status, 'refunded_amount', o.refunded_amount, 'paid_payment_no', o.paid_payment_no,
+	'paid_at', payidem._utc(o.paid_at), 'expire_at', payidem._utc(o.expire_at),
+	'closed_at', payidem._utc(o.closed_at), 'created_at', payidem._utc(o.created_at),
+	'updated_at', payidem._utc(o.updated_at), 'notify_url', o.notify_url, 'return_url', o.return_url,
+	'payments', coalesce((
+		SELECT jsonb_agg(jsonb_build_object(
+					'payment_no', p.payment_no, 'channel_no', p.channel_no, 'amount', p.amount,
+					'status', p.status, 'transaction_id', p.transaction_id, 'fee_amount', p.fee_amount,
+					'cost_amount', p.cost_amount, 'refunded_amount', p.refunded_amount,
+					'paid_at', payidem._utc(p.paid_at), 'closed_at', payidem._utc(p.closed_at),
+					'created_at', payidem._utc(p.created_at)) ORDER BY p.created_at, p.payment_no)
+		  FROM payidem.payment p WHERE p.order_no = o.order_no), '[]'),
+	'refunds', coalesce((
+		SELECT jsonb_agg(jsonb_build_object(
+					'refund_no', r.refund_no, 'payment_no', r.payment_no, 'out_refund_no', r.out_refund_no,
+					'amount', r.amount, 'status', r.status, 'channel_refund_id', r.channel_refund_id,
+					'reason', r.reason, 'refunded_at', payidem._utc(r.refunded_at),
+					'created_at', payidem._utc(r.created_at)) ORDER BY r.created_at, r.refund_no)
+		  FROM payidem.refund r WHERE r.order_no = o.order_no), '[]'));
+COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
+	'Internal to get_order() and find_order(): the order, its attempts and its refunds as one JSON object (times in UTC ISO 8601).';
+
+CREATE FUNCTION payidem.get_order(order_no text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	o payidem."order";
+BEGIN
+	PERFORM payidem._check_number('order', get_order.order_no);
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = get_order.order_no;
+	-- (an order the caller may not read does not exist for it)
+	IF NOT FOUND OR NOT payidem._may_read(o.merchant_no) THEN
+		RAISE EXCEPTION 'order % does not exist', quote_literal(get_order.order_no) USING
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem."order" has no row with that order_no.';
+	END IF;
+	RETURN payidem._order_json(o);
+END
+$$;
+COMMENT ON FUNCTION payidem.get_order(text) IS
+	'The order with its payment attempts and refunds, as JSON (times in UTC ISO 8601). PI009 unknown (or another merchant''s, for a merchant-scoped role), 22023 malformed number.';
+
+CREATE FUNCTION payidem.find_order(merchant_no text, out_trade_no text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	o payidem."order";
+BEGIN
+	PERFORM payidem._require('merchant_no', find_order.merchant_no);
+	PERFORM payidem._require('out_trade_no', find_order.out_trade_no);
+	SELECT * INTO o FROM payidem."order" x
+	 WHERE x.merchant_no = find_order.merchant_no AND x.out_trade_no = find_order.out_trade_no;
+	IF NOT FOUND OR NOT payidem._may_read(o.merchant_no) THEN
+		RAISE EXCEPTION 'merchant % has no order %', quote_literal(left(find_order.merchant_no, 64)),
+			quote_literal(left(find_order.out_trade_no, 64)) USING
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem."order" has no row with that merchant_no and out_trade_no.';
+	END IF;
+	RETURN payidem._order_json(o);
+END
+$$;
+COMMENT ON FUNCTION payidem.find_order(text, text) IS
+	'The order a merchant created with out_trade_no, as get_order() shows it. PI009 if there is none (or it is another merchant''s, for a merchant-scoped role).';
 
 -- (end of payment-flow functions)
 

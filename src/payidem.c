@@ -78,3 +78,15 @@ payidem_text_equal(Datum a, Datum b)
 	return la == VARSIZE_ANY_EXHDR(tb) &&
 		memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), la) == 0;
 }
+
+/*
+ * payidem._acting_role() RETURNS regrole
+ *		The role a call is made as: the session's current role (SET ROLE),
+ *		not the owner a SECURITY DEFINER function runs as.
+ */
+PG_FUNCTION_INFO_V1(payidem_acting_role);
+Datum
+payidem_acting_role(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_OID(GetOuterUserId());
+}
