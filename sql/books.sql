@@ -227,7 +227,27 @@ SELECT payidem.get_order(:'ox') ->> 'out_trade_no' AS its_own_order;
 SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.get_order(%L)', :'o2'));
 SELECT err_code FROM pg_temp.try(format('SELECT payidem.find_order(%L, %L)', :'m', 'B-0002'));
 RESET ROLE;
+-- (fail closed: a member of the mapped role, a SECURITY DEFINER wrapper the
+-- mapped role owns, called by another role, and the role once unmapped read
+-- no more than row-level security shows them)
+CREATE ROLE books_report_member IN ROLE books_report;
+SET ROLE books_report_member;
+SELECT err_code FROM pg_temp.try(format('SELECT payidem.get_order(%L)', :'o2')) AS member_reading_another;
+SELECT err_code FROM pg_temp.try(format('SELECT payidem.get_order(%L)', :'ox')) AS member_reading_its_roles;
+RESET ROLE;
+CREATE FUNCTION pg_temp.wrapped_get_order(o text) RETURNS jsonb LANGUAGE sql SECURITY DEFINER
+	AS $$ SELECT payidem.get_order(o) $$;
+ALTER FUNCTION pg_temp.wrapped_get_order(text) OWNER TO books_report;
+GRANT EXECUTE ON FUNCTION pg_temp.wrapped_get_order(text) TO books_app;
+SET ROLE books_app;
+SELECT err_code FROM pg_temp.try(format('SELECT pg_temp.wrapped_get_order(%L)', :'o2')) AS through_its_wrapper;
+RESET ROLE;
+DROP FUNCTION pg_temp.wrapped_get_order(text);
 SELECT payidem.unmap_merchant_role('books_report', :'mx');
+SET ROLE books_report;
+SELECT err_code FROM pg_temp.try(format('SELECT payidem.get_order(%L)', :'ox')) AS once_unmapped;
+RESET ROLE;
+DROP ROLE books_report_member;
 REVOKE ALL ON ALL TABLES IN SCHEMA payidem FROM books_report;
 REVOKE ALL ON SCHEMA payidem FROM books_report;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM books_report;
@@ -251,7 +271,7 @@ SELECT string_agg(k, ', ' ORDER BY k) AS order_keys FROM jsonb_object_keys(:'j':
 SELECT payidem.find_order(:'m', 'B-0002') = :'j'::jsonb AS find_order_says_the_same;
 SELECT err_code, err_message FROM pg_temp.try('SELECT payidem.get_order(''PO202401010000000000000067'')');
 SELECT err_code, err_message FROM pg_temp.try('SELECT payidem.get_order(''PO123'')');
-SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.find_order(%L, %L)', :'m', 'NO-SUCH'));
+SELECT err_code, err_detail FROM pg_temp.try(format('SELECT payidem.find_order(%L, %L)', :'m', 'NO-SUCH'));
 SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.find_order(%L, NULL)', :'m'));
 RESET ROLE;
 

@@ -2885,26 +2885,9 @@ COMMENT ON FUNCTION payidem.notify_result(text, boolean, text) IS
 	'Report one notification attempt: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts). No change if the notification is not pending. PI009 unknown order. The response text is not stored.';
 
 -- The read API: an order with its attempts and refunds, as an application
--- reads it (it has no table privileges).  A merchant-scoped role (one
--- map_merchant_role() mapped) reads only its merchants' orders, as its
--- row-level security says; any other caller reads them all.
-CREATE FUNCTION payidem._acting_role()
-RETURNS regrole
-AS 'MODULE_PATHNAME', 'payidem_acting_role'
-LANGUAGE C STABLE PARALLEL SAFE;
-COMMENT ON FUNCTION payidem._acting_role() IS
-	'Internal: the role a call is made as (the session''s current role, not the owner a SECURITY DEFINER function runs as).';
-
-CREATE FUNCTION payidem._may_read(p_merchant_no text)
-RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN NOT EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE r.role = payidem._acting_role())
-	OR EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role = payidem._acting_role())
-	OR EXISTS (SELECT 1 FROM payidem.merchant_role r
-				WHERE r.role = payidem._acting_role() AND r.merchant_no = p_merchant_no);
-COMMENT ON FUNCTION payidem._may_read(text) IS
-	'Internal to get_order() and find_order(): may the acting role read this merchant''s orders?';
-
+-- reads it (it has no table privileges).  get_order() and find_order() are
+-- C (src/read_api.c) only to know who calls and whether row-level security
+-- applies to it; _read_order() decides, run as the tables' owner.
 CREATE FUNCTION payidem._order_json(o payidem."order")
 RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -2933,47 +2916,57 @@ RETURN jsonb_build_object(
 COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
 	'Internal to get_order() and find_order(): the order, its attempts and its refunds as one JSON object (times in UTC ISO 8601).';
 
-CREATE FUNCTION payidem.get_order(order_no text)
+-- Who reads what: a caller row-level security does not apply to, or one
+-- without SELECT on "order" (an application role), reads every order; any
+-- other reads what its row-level security shows it (the policies' rule,
+-- _row_visible): a merchant-mapped role, a member of one, one unmapped.
+CREATE FUNCTION payidem._read_order(order_no text, merchant_no text, out_trade_no text,
+	caller regrole, scoped boolean)
 RETURNS jsonb
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	o payidem."order";
 BEGIN
-	PERFORM payidem._check_number('order', get_order.order_no);
-	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = get_order.order_no;
-	-- (an order the caller may not read does not exist for it)
-	IF NOT FOUND OR NOT payidem._may_read(o.merchant_no) THEN
-		RAISE EXCEPTION 'order % does not exist', quote_literal(get_order.order_no) USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem."order" has no row with that order_no.';
+	IF _read_order.merchant_no IS NULL AND _read_order.out_trade_no IS NULL THEN
+		PERFORM payidem._check_number('order', _read_order.order_no);
+		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
+		-- (an order the caller may not read does not exist for it)
+		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+			RAISE EXCEPTION 'order % does not exist', quote_literal(_read_order.order_no) USING
+				ERRCODE = 'PI009',
+				DETAIL = 'payidem."order" has no row with that order_no.';
+		END IF;
+	ELSE
+		PERFORM payidem._require('merchant_no', _read_order.merchant_no);
+		PERFORM payidem._require('out_trade_no', _read_order.out_trade_no);
+		SELECT * INTO o FROM payidem."order" x
+		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
+		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+			RAISE EXCEPTION 'merchant % has no order %', quote_literal(left(_read_order.merchant_no, 64)),
+				quote_literal(left(_read_order.out_trade_no, 64)) USING
+				ERRCODE = 'PI009',
+				DETAIL = 'payidem."order" has no row with that merchant_no and out_trade_no.';
+		END IF;
 	END IF;
 	RETURN payidem._order_json(o);
 END
 $$;
+COMMENT ON FUNCTION payidem._read_order(text, text, text, regrole, boolean) IS
+	'Internal to get_order() and find_order() (src/read_api.c): the order as JSON, if the caller may read it; PI009 otherwise.';
+
+CREATE FUNCTION payidem.get_order(order_no text)
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'payidem_get_order'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.get_order(text) IS
-	'The order with its payment attempts and refunds, as JSON (times in UTC ISO 8601). PI009 unknown (or another merchant''s, for a merchant-scoped role), 22023 malformed number.';
+	'The order with its payment attempts and refunds, as JSON (times in UTC ISO 8601). PI009 unknown (or one the caller''s row-level security hides), 22023 malformed number.';
 
 CREATE FUNCTION payidem.find_order(merchant_no text, out_trade_no text)
 RETURNS jsonb
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	o payidem."order";
-BEGIN
-	PERFORM payidem._require('merchant_no', find_order.merchant_no);
-	PERFORM payidem._require('out_trade_no', find_order.out_trade_no);
-	SELECT * INTO o FROM payidem."order" x
-	 WHERE x.merchant_no = find_order.merchant_no AND x.out_trade_no = find_order.out_trade_no;
-	IF NOT FOUND OR NOT payidem._may_read(o.merchant_no) THEN
-		RAISE EXCEPTION 'merchant % has no order %', quote_literal(left(find_order.merchant_no, 64)),
-			quote_literal(left(find_order.out_trade_no, 64)) USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem."order" has no row with that merchant_no and out_trade_no.';
-	END IF;
-	RETURN payidem._order_json(o);
-END
-$$;
+AS 'MODULE_PATHNAME', 'payidem_find_order'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.find_order(text, text) IS
-	'The order a merchant created with out_trade_no, as get_order() shows it. PI009 if there is none (or it is another merchant''s, for a merchant-scoped role).';
+	'The order a merchant created with out_trade_no, as get_order() shows it. PI009 if there is none (or the caller''s row-level security hides it).';
 
 -- (end of payment-flow functions)
 
@@ -3988,14 +3981,13 @@ BEGIN
 		END IF;
 		RAISE EXCEPTION 'anomaly % is not open', a.anomaly_id USING
 			ERRCODE = 'PI002',
-			DETAIL = format('It is already %s%s.', a.handle_status,
-							CASE WHEN a.handled_by IS NOT NULL THEN ' by ' || a.handled_by ELSE '' END),
+			DETAIL = format('It is already %s.', a.handle_status),
 			HINT = 'Only an open anomaly can be resolved.';
 	END IF;
 END
 $$;
 COMMENT ON FUNCTION payidem.resolve_anomaly(bigint, text, text) IS
-	'Close an open anomaly as handled (e.g. refunded through refund()) or ignored, with a note; records who and when. PI009 unknown, PI002 not open, 22023 bad status or note.';
+	'Close an open anomaly as handled (e.g. refunded through refund()) or ignored, with a note; records the session user and the time. PI009 unknown, PI002 not open, 22023 bad status or note.';
 
 -- Views of what is open, oldest first.  security_invoker: a merchant-scoped
 -- role sees its merchant's rows only (the tables' row-level security).

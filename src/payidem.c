@@ -14,11 +14,14 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
+#include "catalog/pg_class.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/guc.h"
+#include "utils/syscache.h"
 
 #include "payidem.h"
 
@@ -79,14 +82,16 @@ payidem_text_equal(Datum a, Datum b)
 		memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), la) == 0;
 }
 
-/*
- * payidem._acting_role() RETURNS regrole
- *		The role a call is made as: the session's current role (SET ROLE),
- *		not the owner a SECURITY DEFINER function runs as.
- */
-PG_FUNCTION_INFO_V1(payidem_acting_role);
-Datum
-payidem_acting_role(PG_FUNCTION_ARGS)
+/* The owner of a relation, from the syscache. */
+Oid
+payidem_relation_owner(Oid relid)
 {
-	PG_RETURN_OID(GetOuterUserId());
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
 }

@@ -74,5 +74,6 @@ typedef enum IdemOutcome
 extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);
 extern bool payidem_text_equal(Datum a, Datum b);
+extern Oid	payidem_relation_owner(Oid relid);
 
 #endif							/* PAYIDEM_H */

@@ -229,20 +229,6 @@ payidem_relid(const char *relname)
 	return relid;
 }
 
-/* owner of a relation, from the syscache */
-static Oid
-relation_owner(Oid relid)
-{
-	HeapTuple	tup;
-	Oid			owner;
-
-	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "cache lookup failed for relation %u", relid);
-	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
-	ReleaseSysCache(tup);
-	return owner;
-}
 
 /* prepare and keep a generic plan (SPI must be connected) */
 static SPIPlanPtr
@@ -301,7 +287,7 @@ whitelist_load(void)
 	state_relid = payidem_relid("state");
 	transition_relid = payidem_relid("transition");
 	status_log_relid = payidem_relid("status_log");
-	whitelist_owner = relation_owner(state_relid);
+	whitelist_owner = payidem_relation_owner(state_relid);
 	status_log_seq = payidem_relid("status_log_log_id_seq");
 
 	buildcxt = AllocSetContextCreate(CurrentMemoryContext,

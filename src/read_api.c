@@ -1,0 +1,114 @@
+/*-------------------------------------------------------------------------
+ *
+ * read_api.c
+ *		get_order() and find_order(): the read API of an application that has
+ *		no table privileges (DESIGN §7).
+ *
+ * Both are C only to know who calls: the role current at the call
+ * (GetUserId(), which a SECURITY DEFINER wrapper sets to its owner, as it
+ * does for a query of the table), and whether row-level security applies
+ * to it.  What they answer is payidem._read_order(), in SQL, run as the
+ * owner of payidem."order":
+ *
+ *   - a caller row-level security does not apply to (the tables' owner, a
+ *     superuser, BYPASSRLS), or one without SELECT on "order" (an
+ *     application role: grant_app grants functions only), reads every
+ *     order;
+ *   - any other caller — a role given SELECT on the tables (an auditor, a
+ *     merchant-mapped role, a member of one, one whose mapping was removed)
+ *     — reads exactly the orders its row-level security shows it
+ *     (payidem._row_visible(), the policies' own rule): fail closed.
+ *
+ * An order the caller may not read is PI009, as one that does not exist.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/rls.h"
+#include "utils/syscache.h"
+
+#include "payidem.h"
+
+static SPIPlanPtr read_plan = NULL;
+
+static Datum
+read_order(FunctionCallInfo fcinfo, Datum order_no, bool order_no_null,
+		   Datum merchant_no, bool merchant_no_null, Datum out_trade_no, bool out_trade_no_null)
+{
+	Oid			caller = GetUserId();
+	Oid			order_rel = get_relname_relid("order", get_namespace_oid("payidem", false));
+	bool		scoped;
+	Oid			save_userid;
+	int			save_sec_context;
+	Datum		values[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	Oid			types[5] = {TEXTOID, TEXTOID, TEXTOID, REGROLEOID, BOOLOID};
+	Datum		result;
+	bool		isnull;
+
+	if (!OidIsValid(order_rel))
+		elog(ERROR, "payidem: relation payidem.\"order\" does not exist");
+	scoped = check_enable_rls(order_rel, caller, true) == RLS_ENABLED &&
+		pg_class_aclcheck(order_rel, caller, ACL_SELECT) == ACLCHECK_OK;
+
+	values[0] = order_no;
+	nulls[0] = order_no_null ? 'n' : ' ';
+	values[1] = merchant_no;
+	nulls[1] = merchant_no_null ? 'n' : ' ';
+	values[2] = out_trade_no;
+	nulls[2] = out_trade_no_null ? 'n' : ' ';
+	values[3] = ObjectIdGetDatum(caller);
+	values[4] = BoolGetDatum(scoped);
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(payidem_relation_owner(order_rel),
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (read_plan == NULL)
+	{
+		SPIPlanPtr	p = SPI_prepare_cursor("SELECT payidem._read_order($1, $2, $3, $4, $5)", 5, types,
+										   CURSOR_OPT_GENERIC_PLAN);
+
+		if (p == NULL || SPI_keepplan(p) != 0)
+			elog(ERROR, "payidem: could not prepare the read of an order");
+		read_plan = p;
+	}
+	if (SPI_execute_plan(read_plan, values, nulls, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "payidem: the read of an order failed");
+	result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	result = isnull ? (Datum) 0 : SPI_datumTransfer(result, false, -1);
+	SPI_finish();
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	if (isnull)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(result);
+}
+
+/* payidem.get_order(order_no text) RETURNS jsonb */
+PG_FUNCTION_INFO_V1(payidem_get_order);
+Datum
+payidem_get_order(PG_FUNCTION_ARGS)
+{
+	return read_order(fcinfo, PG_GETARG_DATUM(0), PG_ARGISNULL(0), (Datum) 0, true, (Datum) 0, true);
+}
+
+/* payidem.find_order(merchant_no text, out_trade_no text) RETURNS jsonb */
+PG_FUNCTION_INFO_V1(payidem_find_order);
+Datum
+payidem_find_order(PG_FUNCTION_ARGS)
+{
+	return read_order(fcinfo, (Datum) 0, true, PG_GETARG_DATUM(0), PG_ARGISNULL(0),
+					  PG_GETARG_DATUM(1), PG_ARGISNULL(1));
+}
