@@ -629,30 +629,23 @@ LANGUAGE plproxy AS $$
 	  FROM payidem.reconcile(channel_no, bill_date, allow_empty) r;
 $$;
 
--- No bill, no reconciliation, as on one database: the bill is split between
--- the partitions (a partition may hold none of its lines), so the router
--- asks them all before it reconciles each with allow_empty.
+-- No bill, no reconciliation, decided by the partitions as on one database:
+-- the bill is split between them (a partition may hold none of its lines),
+-- so each reconciles with allow_empty when the others hold lines; when no
+-- partition holds one, each refuses the day itself.
 CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date, allow_empty boolean DEFAULT false)
 RETURNS TABLE (recon_batch_no text, matched bigint, platform_only bigint,
 			   channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	-- (every partition checks the arguments first, as one database does)
-	IF (SELECT sum(n) FROM payidem._bill_lines_all(channel_no, bill_date) n) = 0 AND allow_empty IS NOT TRUE THEN
-		RAISE EXCEPTION 'no bill of channel % for % is loaded', channel_no, to_char(bill_date, 'YYYY-MM-DD') USING
-			ERRCODE = 'object_not_in_prerequisite_state',
-			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', channel_no,
-							to_char(bill_date, 'YYYY-MM-DD')),
-			HINT = 'Load the day''s bill with payidem.load_bill() first; if the channel really reported nothing that day, call reconcile(channel_no, bill_date, allow_empty => true).';
-	END IF;
-	RETURN QUERY
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
 	SELECT pg_catalog.string_agg(DISTINCT r.recon_batch_no, ','),
 		   pg_catalog.sum(r.matched)::bigint, pg_catalog.sum(r.platform_only)::bigint,
 		   pg_catalog.sum(r.channel_only)::bigint, pg_catalog.sum(r.amount_mismatch)::bigint,
 		   pg_catalog.sum(r.status_mismatch)::bigint
-	  FROM payidem._reconcile_all(channel_no, bill_date, true) r;
-END
-$$;
+	  FROM payidem._reconcile_all(channel_no, bill_date,
+			   allow_empty IS TRUE
+			   OR (SELECT pg_catalog.sum(n) FROM payidem._bill_lines_all(channel_no, bill_date) n) > 0) r;
+END;
 COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
 	'Router: reconcile the channel''s day on every partition and return the summed counts (55000 if no partition holds a bill line of that day, unless allow_empty). recon_batch_no is the shards'' batch number (they agree when every run went through the router), else their distinct numbers joined with commas.';
 

@@ -149,13 +149,20 @@ trigger_data(FunctionCallInfo fcinfo, const char *fn)
 	return trigdata;
 }
 
-/* which of payidem's tables: 'o'rder, 'p'ayment, 'r'efund */
+/*
+ * which of payidem's tables: 'o'rder, 'p'ayment, 'r'efund.  The schema's OID
+ * is kept, and looked up again only when a table is not in it (the
+ * extension dropped and created again): no catalog look-up per row.
+ */
 static char
 table_kind(Relation rel)
 {
+	static Oid	payidem_nsp = InvalidOid;
 	const char *name = RelationGetRelationName(rel);
 
-	if (strcmp(get_namespace_name(RelationGetNamespace(rel)), "payidem") == 0)
+	if (RelationGetNamespace(rel) != payidem_nsp)
+		payidem_nsp = get_namespace_oid("payidem", true);
+	if (RelationGetNamespace(rel) == payidem_nsp)
 	{
 		if (strcmp(name, "order") == 0)
 			return 'o';
