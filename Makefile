@@ -17,7 +17,7 @@ EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*
 MODULE_big = payidem
 
 # Each part of payidem lists its own objects and tests on its own lines.
-OBJS_CORE      = src/payidem.o src/shmem.o
+OBJS_CORE      = src/payidem.o src/shmem.o src/housekeeping.o
 OBJS_ORDER_NO  = src/order_no.o src/order_no_codec.o
 OBJS_IDEM      = src/idem.o
 OBJS_STATE     = src/state_machine.o src/ledger.o
@@ -34,7 +34,7 @@ REGRESS_ORDER_NO = order_no
 REGRESS_IDEM     = idempotency
 REGRESS_STATE    = state_machine
 REGRESS_MERCHANT = merchant merchant_security
-REGRESS_FLOW     = payment_flow books generated_columns
+REGRESS_FLOW     = payment_flow books notifications generated_columns
 REGRESS_RECON    = reconciliation reconciliation_generated
 REGRESS_RELIABILITY = bad_input
 REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON) $(REGRESS_RELIABILITY)
@@ -43,7 +43,7 @@ REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $
 ISOLATION_ORDER_NO = order_no_concurrent
 ISOLATION_IDEM     = idem_commit idem_rollback idem_lease_finish idem_three idem_repeatable_read idem_record
 ISOLATION_STATE    = state_transit_race state_whitelist_cache
-ISOLATION_FLOW     = flow_duplicate_callbacks flow_callback_vs_query flow_close_vs_success flow_close_vs_begin flow_two_channels flow_refund_race flow_notify_workers flow_ddl_meanwhile flow_same_transaction_id
+ISOLATION_FLOW     = flow_duplicate_callbacks flow_callback_vs_query flow_close_vs_success flow_close_vs_begin flow_two_channels flow_refund_race flow_notify_workers notify_events flow_ddl_meanwhile flow_same_transaction_id
 ISOLATION_RECON    = recon_concurrent
 ISOLATION = $(ISOLATION_ORDER_NO) $(ISOLATION_IDEM) $(ISOLATION_STATE) $(ISOLATION_FLOW) $(ISOLATION_RECON)
 ISOLATION_OPTS = --inputdir=test
@@ -63,6 +63,10 @@ PG_CPPFLAGS = -I$(srcdir)/src
 override PG_CFLAGS += -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	-Wno-missing-field-initializers -Wno-cast-function-type
 SHLIB_LINK += -lcrypto
+
+# rebuild an object when a header it includes changes (.deps/, as PostgreSQL's
+# own --enable-depend builds do)
+override autodepend = yes
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

@@ -128,10 +128,10 @@ SELECT payidem.apply_payment_result(:'ali_payment', 'callback', 'succeeded', 'AL
 SELECT payidem.apply_payment_result(:'ali_payment', 'query', 'succeeded', 'ALI-20261129-0001', 2599) AS query_result;
 SELECT payment_no = :'ali_payment' AS alipay, channel_no, status, fee_amount, cost_amount
   FROM payidem.payment WHERE order_no = :'order_no' ORDER BY created_at;
-SELECT status, paid_payment_no = :'ali_payment' AS paid_by_alipay, notify_status FROM payidem."order" WHERE order_no = :'order_no';
-\echo 'One idempotency key per payment and result, written once with the first delivery''s outcome:'
-SELECT replace(idem_key, :'ali_payment', '<alipay payment>') AS idem_key, status, result
-  FROM payidem.idempotency WHERE idem_key LIKE 'payment:' || :'ali_payment' || ':%';
+SELECT status, paid_payment_no = :'ali_payment' AS paid_by_alipay FROM payidem."order" WHERE order_no = :'order_no';
+\echo 'The payment row itself records the decision: the repeats were answered duplicate, and one'
+\echo 'order.paid event for the merchant was written in the same transaction as the first success:'
+SELECT event, status FROM payidem.notify_event WHERE order_no = :'order_no';
 \echo 'The status log holds every change, and nobody can rewrite it:'
 SELECT entity, from_status, to_status FROM payidem.status_log
  WHERE entity_no IN (:'order_no', :'wx_payment', :'ali_payment') ORDER BY log_id;
@@ -161,10 +161,16 @@ SELECT status, refunded_amount FROM payidem."order" WHERE order_no = :'order_no'
 
 \echo
 \echo '== 10. Signed notifications to the merchant ================================='
-SELECT order_no = :'order_no' AS our_order, payload ->> 'status' AS status, attempt,
-       payidem.verify_signature(:'api_key', payload::text, signature) AS merchant_can_verify
-  FROM payidem.notify_due(10);
-SELECT payidem.notify_result(:'order_no', true);
+\echo 'One event per change (paid, each refund, closed), its payload the state at that event.'
+\echo 'A worker POSTs payload as it is, with the signature as a header; the merchant checks'
+\echo 'HMAC-SHA256(secret, "<t>.<payload>") and that t is recent (see docs/notifications.md).'
+SELECT order_no = :'order_no' AS our_order, event, payload::jsonb ->> 'status' AS status,
+       payload::jsonb ->> 'refunded_amount' AS refunded, attempt,
+       regexp_replace(signature, 'v1=(.{8}).*', 'v1=\1...') AS signature,
+       payidem.verify_notification(:'api_key', payload, signature) AS merchant_can_verify
+  FROM payidem.notify_due(10) ORDER BY event_id;
+SELECT payidem.notify_result(event_id, true) FROM payidem.notify_event WHERE order_no = :'order_no';
+SELECT * FROM payidem.notification_backlog;
 
 \echo
 \echo '== 11. Reconciliation: only the differences are stored ======================='

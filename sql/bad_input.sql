@@ -400,10 +400,23 @@ SELECT * FROM pg_temp.try('SELECT * FROM payidem.notify_due(0)');
 SELECT * FROM pg_temp.try('SELECT * FROM payidem.notify_due(-1)');
 SELECT * FROM pg_temp.try('SELECT * FROM payidem.notify_due(NULL)');
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.notify_due('2147483648')$$);
-SELECT * FROM pg_temp.try(format('SELECT payidem.notify_result(%L, NULL)', :'o1'));
-SELECT * FROM pg_temp.try(format('SELECT payidem.notify_result(%L, false)', :'o1_bad'));
+SELECT * FROM pg_temp.try('SELECT payidem.notify_result(100, NULL)');
+SELECT * FROM pg_temp.try('SELECT payidem.notify_result(0, false)');
+SELECT * FROM pg_temp.try('SELECT payidem.notify_result(-100, false)');
+SELECT * FROM pg_temp.try('SELECT payidem.notify_result(9223372036854775807, false)');
+SELECT * FROM pg_temp.try(format('SELECT payidem.notify_result(%L, false)', :'o1'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.notify_result(%s, true, %s)', :'inj', :'inj2'));
 SELECT * FROM pg_temp.try('SELECT payidem.notify_result(NULL, true)');
+SELECT * FROM pg_temp.try($$SELECT payidem.verify_notification('k', 'p', 't=1,v1=00', NULL)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.verify_notification('k', 'p', 't=1,v1=00', '-1 second')$$);
+SELECT payidem.verify_notification(NULL, 'p', 't=1') AS null_key,
+       payidem.verify_notification('k', NULL, 't=1') AS null_payload,
+       payidem.verify_notification('k', 'p', NULL) AS null_signature,
+       payidem.verify_notification('k', 'p', '') AS empty_signature,
+       payidem.verify_notification('k', 'p', repeat('v1=00,', 1000)) AS long_signature,
+       payidem.verify_notification('k', 'p', :'inj') AS injection;
+SELECT * FROM pg_temp.try('SELECT * FROM payidem.query_due(0)');
+SELECT * FROM pg_temp.try('SELECT * FROM payidem.query_due(NULL)');
 
 ------------------------------------------------------------- reconciliation
 SELECT * FROM pg_temp.try($$SELECT payidem.load_bill(NULL, '2026-01-01', '')$$);

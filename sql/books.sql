@@ -186,7 +186,7 @@ SET ROLE books_app;
 SELECT order_no = :'o6' AS is_the_open_merchants, signature IS NOT NULL AS signed
   FROM payidem.notify_due(100) WHERE merchant_no IN (:'m', :'mc');
 RESET ROLE;
-SELECT order_no = :'oc' AS is_closed_merchants, notify_status FROM payidem."order"
+SELECT order_no = :'oc' AS is_closed_merchants, event, status, last_response FROM payidem.notify_event
  WHERE order_no IN (:'oc', :'o6') ORDER BY order_no = :'oc' DESC;
 
 ---------------------------------------------------- anomalies, and who resolves them

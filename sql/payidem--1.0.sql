@@ -343,9 +343,9 @@ CREATE DOMAIN payidem.order_body AS text
 COMMENT ON DOMAIN payidem.order_body IS
 	'An order''s longer description: at most 1024 characters.';
 CREATE DOMAIN payidem.notify_status AS text
-	CONSTRAINT notify_status_known CHECK (VALUE IN ('none', 'pending', 'sent', 'failed'));
+	CONSTRAINT notify_status_known CHECK (VALUE IN ('pending', 'sent', 'failed'));
 COMMENT ON DOMAIN payidem.notify_status IS
-	'State of an order''s merchant notification: none, pending, sent or failed.';
+	'Delivery state of a merchant notification event: pending (due at next_attempt_at), sent or failed (gave up).';
 CREATE DOMAIN payidem.attempt_count AS integer
 	CONSTRAINT attempt_count_nonnegative CHECK (VALUE >= 0);
 COMMENT ON DOMAIN payidem.attempt_count IS
@@ -368,9 +368,6 @@ CREATE TABLE payidem."order" (
 	refunded_amount	bigint		NOT NULL DEFAULT 0,
 	notify_url		payidem.http_url,
 	return_url		payidem.http_url,
-	notify_status	payidem.notify_status NOT NULL DEFAULT 'none',
-	notify_attempts	payidem.attempt_count NOT NULL DEFAULT 0,
-	next_notify_at	timestamptz,
 	expire_at		timestamptz	NOT NULL,
 	paid_at			timestamptz,
 	paid_payment_no	payidem.payment_number,
@@ -387,7 +384,6 @@ CREATE TABLE payidem."order" (
 	CONSTRAINT order_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount),
 	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
 );
-CREATE INDEX order_notify_due ON payidem."order" (next_notify_at) WHERE notify_status = 'pending';
 CREATE INDEX order_pending_expiry ON payidem."order" (expire_at) WHERE status = 'pending';
 CREATE INDEX order_merchant_created ON payidem."order" (merchant_no, created_at);
 COMMENT ON TABLE payidem."order" IS
@@ -404,8 +400,8 @@ COMMENT ON COLUMN payidem."order".status_entity IS
 	'Always ''order'': lets the status reference payidem.state (entity, status).';
 COMMENT ON COLUMN payidem."order".refunded_amount IS
 	'Sum of succeeded refunds, minor units; never above amount.';
-COMMENT ON COLUMN payidem."order".notify_status IS
-	'Merchant notification (outbox): none, pending (due at next_notify_at), sent, failed (gave up).';
+COMMENT ON COLUMN payidem."order".notify_url IS
+	'Where the merchant''s notifications of this order go (payidem.notify_event); NULL: none are written.';
 COMMENT ON COLUMN payidem."order".paid_payment_no IS
 	'The payment attempt that paid the order (its refunds move the order''s refunded_amount).';
 COMMENT ON COLUMN payidem."order".expire_at IS
@@ -501,6 +497,49 @@ COMMENT ON COLUMN payidem.refund.status_entity IS
 	'Always ''refund'': lets the status reference payidem.state (entity, status).';
 COMMENT ON COLUMN payidem.refund.channel_refund_id IS
 	'The channel''s id for the refund, once it has one.';
+
+-- The merchant-notification outbox: one row per event, written by a trigger
+-- in the transaction of the change it reports (status_notify, below), so an
+-- event is delivered if and only if that change committed.  The id carries
+-- the shard's two digits (id % 100), as the order numbers do, so the router
+-- knows where an event lives.
+CREATE SEQUENCE payidem.notify_event_seq AS bigint MINVALUE 1 MAXVALUE 92233720368547758 NO CYCLE;
+CREATE TABLE payidem.notify_event (
+	event_id		bigint		NOT NULL,
+	event			text		NOT NULL,
+	order_no		text		NOT NULL,
+	merchant_no		text		NOT NULL,
+	refund_no		text,
+	payload			text		NOT NULL,
+	status			payidem.notify_status NOT NULL DEFAULT 'pending',
+	attempts		payidem.attempt_count NOT NULL DEFAULT 0,
+	next_attempt_at	timestamptz,
+	last_attempt_at	timestamptz,
+	last_response	text,
+	sent_at			timestamptz,
+	created_at		timestamptz	NOT NULL,
+	CONSTRAINT notify_event_pkey PRIMARY KEY (event_id),
+	CONSTRAINT notify_event_order_fkey FOREIGN KEY (order_no, merchant_no)
+		REFERENCES payidem."order" (order_no, merchant_no),
+	CONSTRAINT notify_event_refund_fkey FOREIGN KEY (refund_no)
+		REFERENCES payidem.refund (refund_no),
+	CONSTRAINT notify_event_known CHECK (event IN ('order.paid', 'refund.succeeded', 'order.closed')),
+	CONSTRAINT notify_event_refund_given CHECK ((event = 'refund.succeeded') = (refund_no IS NOT NULL)),
+	CONSTRAINT notify_event_due CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL)),
+	CONSTRAINT notify_event_response_length CHECK (pg_catalog.length(last_response) <= 256)
+);
+CREATE INDEX notify_event_due ON payidem.notify_event (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX notify_event_failed ON payidem.notify_event (created_at) WHERE status = 'failed';
+COMMENT ON TABLE payidem.notify_event IS
+	'Merchant notifications (outbox): one row per order.paid, refund.succeeded and order.closed event of an order with a notify_url; handed out by notify_due(), answered by notify_result().';
+COMMENT ON COLUMN payidem.notify_event.event_id IS
+	'The event''s id, unique across shards: a sequence number times 100 plus payidem.shard_id.';
+COMMENT ON COLUMN payidem.notify_event.payload IS
+	'The JSON text sent, byte for byte what the signature covers; the state of the order at the event.';
+COMMENT ON COLUMN payidem.notify_event.next_attempt_at IS
+	'When a pending event is due next (also pushed forward while a worker holds it, the lease).';
+COMMENT ON COLUMN payidem.notify_event.last_response IS
+	'The start (256 characters) of the last failed attempt''s response, as notify_result() reported it.';
 
 ------------------------------------------------------------------------------
 -- Idempotency
@@ -723,11 +762,18 @@ COMMENT ON FUNCTION payidem.order_no_make(text, timestamptz, integer, integer) I
 	'The number with these parts and its check digits (the inverse of order_no_parse). Reserves nothing: gen_order_no() may issue the same number. For fixtures, benchmarks and migrations.';
 
 CREATE FUNCTION payidem.stats()
-RETURNS TABLE (name text, value bigint)
+RETURNS TABLE (name text, value bigint, server_value bigint)
 AS 'MODULE_PATHNAME', 'payidem_stats'
 LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION payidem.stats() IS
-	'Counters from shared memory since server start: order numbers issued, clock rollbacks absorbed, seconds borrowed, ...';
+	'Counters from shared memory since the server started: value for the current database, server_value for every database. Order numbers issued, clock rollbacks absorbed, seconds borrowed, claims and payment results by outcome, transitions, notifications, housekeeping (docs/operations.md).';
+
+CREATE FUNCTION payidem._count(counter text, n bigint DEFAULT 1)
+RETURNS void
+AS 'MODULE_PATHNAME', 'payidem_count_sql'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem._count(text, bigint) IS
+	'Internal: add n to a counter of stats() (for the SQL parts that count).';
 
 CREATE FUNCTION payidem._order_no_mark()
 RETURNS bigint
@@ -779,6 +825,13 @@ AS 'MODULE_PATHNAME', 'payidem_idem_purge'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem.idem_purge(interval) IS
 	'Delete completed and failed keys unchanged for longer than older_than; never a processing key. Returns the number deleted.';
+
+CREATE FUNCTION payidem._idem_purge_batch(older_than interval, max_rows integer)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'payidem_idem_purge_batch'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem._idem_purge_batch(interval, integer) IS
+	'Internal (housekeeping): idem_purge(older_than), at most max_rows keys, oldest first; keys another transaction holds are left for the next batch.';
 
 -- (end of idempotency functions)
 
@@ -1395,6 +1448,22 @@ $$;
 COMMENT ON FUNCTION payidem.sign(text, text) IS
 	'HMAC-SHA256 (64 lowercase hex) of the payload under the merchant''s current API secret; PI004 for a closed merchant.';
 
+-- Every secret of a merchant valid now: the current one and, within its
+-- grace window, the previous one; none for a closed merchant.  What
+-- verify_signature() accepts and a notification is signed with.
+CREATE FUNCTION payidem._secrets_valid_now(p_merchant_no text)
+RETURNS SETOF payidem.merchant_secret
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+	SELECT ms.* FROM payidem.merchant m
+	  JOIN payidem.merchant_secret ms ON ms.merchant_no OPERATOR(pg_catalog.=) m.merchant_no
+	 WHERE m.merchant_no OPERATOR(pg_catalog.=) p_merchant_no
+	   AND m.status OPERATOR(pg_catalog.<>) 'closed'
+	   AND ms.valid_from OPERATOR(pg_catalog.<=) pg_catalog.now()
+	   AND (ms.valid_until IS NULL OR ms.valid_until OPERATOR(pg_catalog.>) pg_catalog.now())
+$$;
+COMMENT ON FUNCTION payidem._secrets_valid_now(text) IS
+	'Internal: the merchant''s API secrets valid now (none if the merchant is closed).';
+
 CREATE FUNCTION payidem.verify_signature(api_key text, payload text, signature text)
 RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1405,14 +1474,9 @@ BEGIN
 	IF api_key IS NULL OR payload IS NULL OR signature IS NULL THEN
 		RETURN false;
 	END IF;
-	-- every secret valid now: the current one and, within its grace window, the previous one
 	FOR s IN
-		SELECT ms.* FROM payidem.merchant m
-		  JOIN payidem.merchant_secret ms ON ms.merchant_no = m.merchant_no
+		SELECT v.* FROM payidem.merchant m, payidem._secrets_valid_now(m.merchant_no) v
 		 WHERE m.api_key OPERATOR(pg_catalog.=) verify_signature.api_key
-		   AND m.status OPERATOR(pg_catalog.<>) 'closed'
-		   AND ms.valid_from <= now()
-		   AND (ms.valid_until IS NULL OR ms.valid_until > now())
 	LOOP
 		-- no early exit: the time taken does not say which secret matched
 		ok := payidem._hmac_verify(payidem._secret_aad(s.merchant_no, s.secret_version),
@@ -1847,6 +1911,7 @@ BEGIN ATOMIC
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
+						 'verify_notification', 'query_due',
 						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
@@ -1880,7 +1945,7 @@ BEGIN
 				   'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.status_log, '
 				   'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
 				   'payidem.reconciliation, payidem.recon_summary, payidem.open_anomalies, '
-				   'payidem.open_differences TO %I', v_role);
+				   'payidem.open_differences, payidem.notify_event, payidem.notification_backlog TO %I', v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
 END
@@ -1905,7 +1970,7 @@ BEGIN
 	EXECUTE format('REVOKE SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
 				   'payidem.status_log, payidem.state, payidem.transition, payidem.channel_bill, '
 				   'payidem.recon_batch, payidem.reconciliation, payidem.recon_summary, '
-				   'payidem.open_differences FROM %I', v_role);
+				   'payidem.open_differences, payidem.notify_event, payidem.notification_backlog FROM %I', v_role);
 	IF NOT EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE r.role = revoke_auditor.role) THEN
 		EXECUTE format('REVOKE SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
 					   'payidem.open_anomalies FROM %I', v_role);
@@ -2300,7 +2365,7 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'payidem_record_order_paid'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem._record_order_paid(tid, text, payidem.payment_number, timestamptz) IS
-	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at; its merchant notification is due now if it has a notify_url. False (nothing done) as for _record_payment_success().';
+	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at (its order.paid event is written by the status_notify trigger). False (nothing done) as for _record_payment_success().';
 
 -- The one rule for a reported paid_at (src/flow.c, payidem.max_clock_skew),
 -- which the C path of apply_payment_result() applies too.
@@ -2499,10 +2564,7 @@ BEGIN
 		IF NOT payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at) THEN
 			UPDATE payidem."order" x
 			   SET status = 'paid', updated_at = now(),
-				   paid_payment_no = p.payment_no, paid_at = v_paid_at,
-				   notify_status = CASE WHEN x.notify_url IS NULL THEN x.notify_status ELSE 'pending' END,
-				   next_notify_at = CASE WHEN x.notify_url IS NULL THEN x.next_notify_at ELSE now() END,
-				   notify_attempts = CASE WHEN x.notify_url IS NULL THEN x.notify_attempts ELSE 0 END
+				   paid_payment_no = p.payment_no, paid_at = v_paid_at
 			 WHERE x.order_no = p.order_no;
 		END IF;
 	ELSE
@@ -2596,6 +2658,42 @@ END
 $$;
 COMMENT ON FUNCTION payidem.close_order(text) IS
 	'Close a pending order and its pending payment attempt (query and close it at the channel first): true = closed now, false = already closed; PI002 if paid or refunded, PI009 if unknown. A success arriving later is recorded as anomaly paid_after_close.';
+
+-- Housekeeping (the background worker, src/housekeeping.c, calls this in a
+-- transaction of its own per order, so it never holds more than one order's
+-- lock): the next order past expire_at with no pending attempt is closed, as
+-- close_order() closes it.  SKIP LOCKED: an order a payment call holds is left
+-- for the next run.  Returns the order looked at (closed, or found to have an
+-- attempt begun meanwhile), NULL when none is due.
+CREATE FUNCTION payidem._close_expired_order()
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_order_no text;
+BEGIN
+	SELECT x.order_no INTO v_order_no FROM payidem."order" x
+	 WHERE x.status = 'pending' AND x.expire_at <= now()
+	   AND NOT EXISTS (SELECT 1 FROM payidem.payment p
+						WHERE p.order_no = x.order_no AND p.status = 'pending')
+	 ORDER BY x.expire_at
+	 LIMIT 1
+	   FOR NO KEY UPDATE SKIP LOCKED;
+	IF v_order_no IS NULL THEN
+		RETURN NULL;
+	END IF;
+	-- the order is ours: an attempt begin_payment() committed before we took
+	-- its lock is seen now (a new statement), and is the channel's to decide
+	IF EXISTS (SELECT 1 FROM payidem.payment p WHERE p.order_no = v_order_no AND p.status = 'pending') THEN
+		RETURN v_order_no;
+	END IF;
+	IF payidem.close_order(v_order_no) THEN
+		PERFORM payidem._count('housekeeping_orders_closed');
+	END IF;
+	RETURN v_order_no;
+END
+$$;
+COMMENT ON FUNCTION payidem._close_expired_order() IS
+	'Internal (housekeeping): close the next expired order that has no pending attempt; the order looked at, NULL if none is due.';
 
 CREATE FUNCTION payidem.refund(payment_no text, amount bigint, out_refund_no text, reason text DEFAULT NULL)
 RETURNS text
@@ -2785,8 +2883,142 @@ $$;
 COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
 	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order. Returns applied, duplicate or rejected (the other final word came first).';
 
+-- Merchant notifications: one event per order.paid, refund.succeeded and
+-- order.closed, written by the status_notify triggers (below) in the
+-- transaction of the change, whoever makes it (a flow function, its C fast
+-- path, a DBA's transit_order()).  The payload is built once, when the event
+-- is written, and never again: it says the state at the event.
+
+-- The payload: JSON text, keys in this fixed order, the ones that do not
+-- apply to the event left out.  The only place a payload is made.
+CREATE FUNCTION payidem._event_payload(p_event_id bigint, p_event text, p_created_at timestamptz,
+									   o payidem."order", p payidem.payment, r payidem.refund)
+RETURNS text
+-- (a string body: a parsed one would tie the three tables' row types to this
+-- function, and refuse ALTER TABLE of them that rewrites the table)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+	SELECT '{' OPERATOR(pg_catalog.||)
+		   pg_catalog.string_agg(pg_catalog.to_json(f.k)::text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) f.v,
+								 ',' ORDER BY f.i) OPERATOR(pg_catalog.||) '}'
+	  FROM unnest(ARRAY['event_id', 'event', 'created_at', 'merchant_no', 'order_no', 'out_trade_no',
+						'amount', 'currency', 'status', 'payment_no', 'transaction_id', 'paid_at',
+						'refund_no', 'refund_amount', 'refunded_amount'],
+				  ARRAY[pg_catalog.to_json(p_event_id)::text,
+						pg_catalog.to_json(p_event)::text,
+						pg_catalog.to_json(payidem._utc(p_created_at))::text,
+						pg_catalog.to_json(o.merchant_no)::text,
+						pg_catalog.to_json(o.order_no::text)::text,
+						pg_catalog.to_json(o.out_trade_no::text)::text,
+						pg_catalog.to_json(o.amount::bigint)::text,
+						pg_catalog.to_json(o.currency::text)::text,
+						pg_catalog.to_json(o.status)::text,
+						pg_catalog.to_json(p.payment_no::text)::text,
+						pg_catalog.to_json(p.transaction_id::text)::text,
+						pg_catalog.to_json(payidem._utc(p.paid_at))::text,
+						pg_catalog.to_json(r.refund_no::text)::text,
+						pg_catalog.to_json(r.amount::bigint)::text,
+						CASE WHEN r.refund_no IS NOT NULL THEN pg_catalog.to_json(o.refunded_amount)::text END])
+			 WITH ORDINALITY AS f(k, v, i)
+	 WHERE f.v IS NOT NULL
+$$;
+COMMENT ON FUNCTION payidem._event_payload(bigint, text, timestamptz, payidem."order", payidem.payment, payidem.refund) IS
+	'Internal: the payload of a notification event, as signed and sent (docs/notifications.md).';
+
+-- Write one event of order o (p: the payment concerned, r: the refund).
+CREATE FUNCTION payidem._add_event(p_event text, o payidem."order", p payidem.payment, r payidem.refund)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_id bigint := nextval('payidem.notify_event_seq') * 100 + payidem.shard_id();
+BEGIN
+	INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, refund_no, payload,
+									  next_attempt_at, created_at)
+	VALUES (v_id, p_event, o.order_no, o.merchant_no, r.refund_no,
+			payidem._event_payload(v_id, p_event, now(), o, p, r), now(), now());
+END
+$$;
+COMMENT ON FUNCTION payidem._add_event(text, payidem."order", payidem.payment, payidem."refund") IS
+	'Internal: write a notification event of an order (due now).';
+
+-- The triggers: an order that becomes paid or closed, a refund that
+-- succeeds, of an order with a notify_url.  SECURITY DEFINER: the event is
+-- written whoever changed the row.
+CREATE FUNCTION payidem._order_event()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	p payidem.payment;
+BEGIN
+	IF NEW.status = 'paid' THEN
+		SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = NEW.paid_payment_no;
+		PERFORM payidem._add_event('order.paid', NEW, p, NULL);
+	ELSE
+		PERFORM payidem._add_event('order.closed', NEW, NULL, NULL);
+	END IF;
+	RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION payidem._order_event() IS
+	'Trigger status_notify on payidem."order": the order.paid or order.closed event.';
+
+CREATE FUNCTION payidem._refund_event()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	o payidem."order";
+	p payidem.payment;
+BEGIN
+	-- at the end of the statement: the order with this refund counted
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = NEW.order_no;
+	IF o.notify_url IS NOT NULL THEN
+		SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = NEW.payment_no;
+		PERFORM payidem._add_event('refund.succeeded', o, p, NEW);
+	END IF;
+	RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION payidem._refund_event() IS
+	'Trigger status_notify on payidem.refund: the refund.succeeded event.';
+
+-- Named to fire after status_guard and status_ledger (AFTER triggers fire in
+-- name order): a change they refuse writes no event.
+CREATE TRIGGER status_notify
+	AFTER UPDATE ON payidem."order"
+	FOR EACH ROW
+	WHEN (NEW.status IS DISTINCT FROM OLD.status AND NEW.status IN ('paid', 'closed')
+		  AND NEW.notify_url IS NOT NULL)
+	EXECUTE FUNCTION payidem._order_event();
+CREATE TRIGGER status_notify
+	AFTER UPDATE ON payidem.refund
+	FOR EACH ROW
+	WHEN (NEW.status = 'succeeded' AND OLD.status IS DISTINCT FROM 'succeeded')
+	EXECUTE FUNCTION payidem._refund_event();
+
+-- The signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<payload>")>,
+-- one v1 per secret of the merchant valid now (two during a rotation's grace
+-- period, the current one first).  The only place a notification is signed.
+CREATE FUNCTION payidem._sign_notification(p_merchant_no text, p_payload text)
+RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_t text := floor(extract(epoch FROM now()))::bigint::text;
+	v_sig text := 't=' || v_t;
+	s payidem.merchant_secret;
+BEGIN
+	FOR s IN SELECT * FROM payidem._secrets_valid_now(p_merchant_no) ORDER BY secret_version DESC LOOP
+		v_sig := v_sig || ',v1=' || payidem._hmac_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
+														s.key_version, s.nonce, s.ciphertext, s.auth_tag,
+														v_t || '.' || p_payload);
+	END LOOP;
+	RETURN v_sig;
+END
+$$;
+COMMENT ON FUNCTION payidem._sign_notification(text, text) IS
+	'Internal: the signature header of a notification payload, signed now (docs/notifications.md).';
+
 CREATE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
-RETURNS TABLE (order_no text, merchant_no text, notify_url text, payload jsonb, signature text, attempt integer)
+RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text,
+			   event text, payload text, signature text, attempt integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_lease constant interval := '60 seconds';
@@ -2795,50 +3027,50 @@ BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
 		RAISE EXCEPTION 'invalid max_rows' USING
 			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL'));
+			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
+			HINT = 'Pass how many events one worker takes at a time, e.g. 100.';
 	END IF;
-	-- a closed merchant's key signs nothing more: its due notifications are
-	-- given up (failed), not handed out, and never hold up the others
+	-- a closed merchant's key signs nothing more: its due events are given
+	-- up (failed), not handed out, and never hold up the others
 	WITH gone AS (
-		SELECT x.order_no FROM payidem."order" x JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
-		 WHERE x.notify_status = 'pending' AND x.next_notify_at <= now() AND m.status = 'closed'
-		   FOR NO KEY UPDATE OF x SKIP LOCKED)
-	UPDATE payidem."order" x SET notify_status = 'failed', next_notify_at = NULL, updated_at = now()
-	  FROM gone WHERE x.order_no = gone.order_no;
-	-- rows another worker holds are skipped; a row handed out is leased (its
-	-- next_notify_at pushed forward), so it is not handed out again after this
-	-- transaction ends, until notify_result() or the lease runs out
+		SELECT e.event_id FROM payidem.notify_event e JOIN payidem.merchant m ON m.merchant_no = e.merchant_no
+		 WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND m.status = 'closed'
+		   FOR UPDATE OF e SKIP LOCKED)
+	UPDATE payidem.notify_event e
+	   SET status = 'failed', next_attempt_at = NULL, last_response = 'merchant closed'
+	  FROM gone WHERE e.event_id = gone.event_id;
+	-- events another worker holds are skipped; an event handed out is leased
+	-- (its next_attempt_at pushed forward), so it is not handed out again
+	-- after this transaction ends, until notify_result() or the lease ends
 	FOR n IN
 		WITH due AS (
-			SELECT x.order_no FROM payidem."order" x
-			 WHERE x.notify_status = 'pending' AND x.next_notify_at <= now()
+			SELECT e.event_id FROM payidem.notify_event e
+			 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
 			   AND NOT EXISTS (SELECT 1 FROM payidem.merchant m
-								WHERE m.merchant_no = x.merchant_no AND m.status = 'closed')
-			 ORDER BY x.next_notify_at
+								WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
+			 ORDER BY e.next_attempt_at
 			 LIMIT max_rows
-			 FOR NO KEY UPDATE SKIP LOCKED)
-		UPDATE payidem."order" x SET next_notify_at = now() + v_lease
-		  FROM due WHERE x.order_no = due.order_no
-		RETURNING x.order_no, x.merchant_no, x.out_trade_no, x.notify_url, x.amount, x.currency,
-				  x.status, x.paid_at, x.notify_attempts
+			 FOR UPDATE SKIP LOCKED)
+		UPDATE payidem.notify_event e SET next_attempt_at = now() + v_lease
+		  FROM due WHERE e.event_id = due.event_id
+		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts
 	LOOP
+		event_id := n.event_id;
 		order_no := n.order_no;
 		merchant_no := n.merchant_no;
-		notify_url := n.notify_url;
-		payload := jsonb_build_object('order_no', n.order_no, 'out_trade_no', n.out_trade_no,
-									  'merchant_no', n.merchant_no, 'amount', n.amount,
-									  'currency', n.currency, 'status', n.status,
-									  'paid_at', payidem._utc(n.paid_at));
-		signature := payidem.sign(n.merchant_no, payload::text);
-		attempt := n.notify_attempts + 1;
+		SELECT x.notify_url INTO notify_url FROM payidem."order" x WHERE x.order_no = n.order_no;
+		event := n.event;
+		payload := n.payload;
+		signature := payidem._sign_notification(n.merchant_no, n.payload);
+		attempt := n.attempts + 1;
 		RETURN NEXT;
 	END LOOP;
 END
 $$;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
-	'Hand out up to max_rows due merchant notifications (FOR NO KEY UPDATE SKIP LOCKED; each row leased for 60 s): payload and its HMAC-SHA256 signature (payidem.sign(merchant_no, payload::text)). Report each with notify_result(). Notifications of a closed merchant are given up (failed), not handed out.';
+	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each is leased for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...). Report each with notify_result(). Events of a closed merchant are given up (failed), not handed out.';
 
-CREATE FUNCTION payidem.notify_result(order_no text, ok boolean, response text DEFAULT NULL)
+CREATE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2847,42 +3079,154 @@ DECLARE
 		'10 minutes', '20 minutes', '30 minutes', '30 minutes', '30 minutes', '60 minutes',
 		'3 hours', '3 hours', '3 hours', '6 hours', '6 hours']::interval[];
 	v_attempts integer;
-	o payidem."order";
+	e payidem.notify_event;
 BEGIN
-	PERFORM payidem._check_number('order', notify_result.order_no);
+	IF notify_result.event_id IS NULL OR notify_result.event_id <= 0 THEN
+		RAISE EXCEPTION 'invalid event_id' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('event_id was %s; it must be an id notify_due() handed out.',
+							coalesce(notify_result.event_id::text, 'NULL'));
+	END IF;
 	IF ok IS NULL THEN
 		RAISE EXCEPTION 'notification result must not be NULL' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = 'ok was NULL.',
 			HINT = 'Pass true if the merchant acknowledged the notification, false otherwise.';
 	END IF;
-	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = notify_result.order_no FOR NO KEY UPDATE;
+	SELECT * INTO e FROM payidem.notify_event x WHERE x.event_id = notify_result.event_id FOR UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(notify_result.order_no, 64)), 'NULL') USING
+		RAISE EXCEPTION 'notification event % does not exist', notify_result.event_id USING
 			ERRCODE = 'PI009',
-			DETAIL = 'payidem."order" has no row with that order_no.';
+			DETAIL = 'payidem.notify_event has no row with that event_id.';
 	END IF;
-	IF o.notify_status <> 'pending' THEN
+	IF e.status <> 'pending' THEN
 		RETURN;			-- already sent or given up: a late or repeated report changes nothing
 	END IF;
-	v_attempts := o.notify_attempts + 1;
+	v_attempts := e.attempts + 1;
 	IF ok THEN
-		UPDATE payidem."order" x
-		   SET notify_status = 'sent', notify_attempts = v_attempts, next_notify_at = NULL, updated_at = now()
-		 WHERE x.order_no = o.order_no;
+		UPDATE payidem.notify_event x
+		   SET status = 'sent', attempts = v_attempts, next_attempt_at = NULL,
+			   last_attempt_at = now(), sent_at = now()
+		 WHERE x.event_id = e.event_id;
+		PERFORM payidem._count('notify_sent');
 	ELSIF v_attempts > cardinality(v_schedule) THEN
-		UPDATE payidem."order" x
-		   SET notify_status = 'failed', notify_attempts = v_attempts, next_notify_at = NULL, updated_at = now()
-		 WHERE x.order_no = o.order_no;
+		UPDATE payidem.notify_event x
+		   SET status = 'failed', attempts = v_attempts, next_attempt_at = NULL,
+			   last_attempt_at = now(), last_response = left(response, 256)
+		 WHERE x.event_id = e.event_id;
+		PERFORM payidem._count('notify_failed');
 	ELSE
-		UPDATE payidem."order" x
-		   SET notify_attempts = v_attempts, next_notify_at = now() + v_schedule[v_attempts], updated_at = now()
-		 WHERE x.order_no = o.order_no;
+		UPDATE payidem.notify_event x
+		   SET attempts = v_attempts, next_attempt_at = now() + v_schedule[v_attempts],
+			   last_attempt_at = now(), last_response = left(response, 256)
+		 WHERE x.event_id = e.event_id;
+		PERFORM payidem._count('notify_retried');
 	END IF;
 END
 $$;
-COMMENT ON FUNCTION payidem.notify_result(text, boolean, text) IS
-	'Report one notification attempt: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts). No change if the notification is not pending. PI009 unknown order. The response text is not stored.';
+COMMENT ON FUNCTION payidem.notify_result(bigint, boolean, text) IS
+	'Report one delivery attempt of an event: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts); the start of a failure''s response is kept. No change if the event is no longer pending. PI009 unknown event.';
+
+-- The receiver's check, for tests and for merchants running PostgreSQL: a
+-- signature header of the payload under a secret of api_key valid now, made
+-- at most tolerance ago (or ahead: clocks differ).  Unknown schemes in the
+-- header (anything but t and v1) are ignored, as a receiver should.
+CREATE FUNCTION payidem.verify_notification(api_key text, payload text, signature text,
+											tolerance interval DEFAULT '5 minutes')
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_part text;
+	v_t text;
+	v_sigs text[] := '{}';
+	v_sig text;
+	ok boolean := false;
+BEGIN
+	IF tolerance IS NULL OR tolerance < interval '0' THEN
+		RAISE EXCEPTION 'invalid tolerance' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('tolerance was %s; it must be zero or more.', coalesce(tolerance::text, 'NULL')),
+			HINT = 'Pass how old a notification may be, e.g. ''5 minutes''.';
+	END IF;
+	IF api_key IS NULL OR payload IS NULL OR signature IS NULL OR length(signature) > 1024 THEN
+		RETURN false;
+	END IF;
+	FOREACH v_part IN ARRAY string_to_array(signature, ',') LOOP
+		IF v_part ~ '^t=[0-9]{1,12}$' THEN
+			IF v_t IS NOT NULL THEN
+				RETURN false;		-- two timestamps: which one was signed?
+			END IF;
+			v_t := substr(v_part, 3);
+		ELSIF v_part ~ '^v1=[0-9a-f]{64}$' THEN
+			v_sigs := v_sigs || substr(v_part, 4);
+		END IF;
+	END LOOP;
+	IF v_t IS NULL OR cardinality(v_sigs) = 0
+	   OR abs(extract(epoch FROM now()) - v_t::numeric) > extract(epoch FROM tolerance) THEN
+		RETURN false;
+	END IF;
+	FOREACH v_sig IN ARRAY v_sigs LOOP
+		ok := payidem.verify_signature(api_key, v_t || '.' || payload, v_sig) OR ok;
+	END LOOP;
+	RETURN ok;
+END
+$$;
+COMMENT ON FUNCTION payidem.verify_notification(text, text, text, interval) IS
+	'true if the signature header (t=...,v1=...) signs the payload under a secret of api_key valid now and its t is within tolerance of now; false otherwise (a stale t, a changed byte, a rotated-out secret, a closed merchant).';
+
+-- Attempts past their order's expiry: the application asks the channel and
+-- reports with apply_payment_result(..., 'query' | 'close', ...).  A lease
+-- per attempt (60 s, as notify_due()'s) keeps two callers, or one calling
+-- again, from querying the same attempt at once.
+CREATE TABLE payidem.query_lease (
+	payment_no		text		NOT NULL,
+	leased_until	timestamptz	NOT NULL,
+	CONSTRAINT query_lease_pkey PRIMARY KEY (payment_no)
+);
+COMMENT ON TABLE payidem.query_lease IS
+	'Which expired pending attempts query_due() handed out, until when; query_due() drops leases that ran out.';
+
+CREATE FUNCTION payidem.query_due(max_rows integer DEFAULT 100)
+RETURNS TABLE (payment_no text, order_no text, channel_no text, expire_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_lease constant interval := '60 seconds';
+BEGIN
+	IF max_rows IS NULL OR max_rows <= 0 THEN
+		RAISE EXCEPTION 'invalid max_rows' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
+			HINT = 'Pass how many attempts one worker queries at a time, e.g. 100.';
+	END IF;
+	-- leases that ran out are dropped (the table holds only live ones)
+	DELETE FROM payidem.query_lease l WHERE l.leased_until <= now();
+	-- an attempt is handed out to whoever writes its lease: the insert, or
+	-- the update of a lease that ran out, decides on the latest row (a
+	-- concurrent caller's committed lease is seen), so two callers never
+	-- get the same attempt; the attempts themselves are not locked
+	RETURN QUERY
+	WITH due AS (
+		SELECT p.payment_no::text AS payment_no, p.order_no, p.channel_no, o.expire_at
+		  FROM payidem."order" o
+		  JOIN payidem.payment p ON p.order_no = o.order_no AND p.status = 'pending'
+		 WHERE o.status = 'pending' AND o.expire_at <= now()
+		   AND NOT EXISTS (SELECT 1 FROM payidem.query_lease l
+							WHERE l.payment_no = p.payment_no AND l.leased_until > now())
+		 ORDER BY o.expire_at
+		 LIMIT max_rows),
+	leased AS (
+		INSERT INTO payidem.query_lease AS l (payment_no, leased_until)
+		SELECT d.payment_no, now() + v_lease FROM due d
+		ON CONFLICT ON CONSTRAINT query_lease_pkey DO UPDATE SET leased_until = excluded.leased_until
+		 WHERE l.leased_until <= now()
+		RETURNING l.payment_no AS leased_no)
+	SELECT d.payment_no, d.order_no, d.channel_no, d.expire_at
+	  FROM due d JOIN leased ON leased.leased_no = d.payment_no
+	 ORDER BY d.expire_at;
+END
+$$;
+COMMENT ON FUNCTION payidem.query_due(integer) IS
+	'Up to max_rows pending payment attempts whose order has expired, oldest expiry first, each leased for 60 s (two callers never get the same one): query the channel, then report with apply_payment_result(payment_no, ''query'' or ''close'', ...).';
 
 -- The read API: an order with its attempts and refunds, as an application
 -- reads it (it has no table privileges).  get_order() and find_order() are
@@ -4008,6 +4352,22 @@ SELECT r.recon_id, r.channel_no, r.bill_date, r.diff_type, r.transaction_id, r.p
  ORDER BY r.bill_date, r.recon_id;
 COMMENT ON VIEW payidem.open_differences IS
 	'Open reconciliation differences, oldest bill day first; resolve each with payidem.resolve_diff().';
+-- The notification backlog: events not delivered, by state and by how many
+-- attempts they have had; the oldest due one says how far behind the
+-- workers are.  Sent events are not read (the partial indexes on pending and
+-- failed events serve it).
+CREATE VIEW payidem.notification_backlog AS
+SELECT e.status, e.attempts, pg_catalog.count(*) AS events,
+	   pg_catalog.count(*) FILTER (WHERE e.next_attempt_at <= pg_catalog.now()) AS due_now,
+	   pg_catalog.min(e.next_attempt_at) FILTER (WHERE e.next_attempt_at <= pg_catalog.now()) AS oldest_due_at,
+	   pg_catalog.now() - pg_catalog.min(e.next_attempt_at) FILTER (WHERE e.next_attempt_at <= pg_catalog.now()) AS behind_by,
+	   pg_catalog.min(e.created_at) AS oldest_event_at
+  FROM payidem.notify_event e
+ WHERE e.status IN ('pending', 'failed')
+ GROUP BY e.status, e.attempts
+ ORDER BY e.status DESC, e.attempts;
+COMMENT ON VIEW payidem.notification_backlog IS
+	'Undelivered notification events by status (pending, failed) and attempts so far: how many, how many due now, the oldest due and how far behind it is.';
 
 ------------------------------------------------------------------------------
 -- pg_dump keeps the rows of every data table (built-in whitelist rows are
@@ -4026,6 +4386,9 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_channel', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem."order"', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.payment', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.refund', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.notify_event', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.notify_event_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.query_lease', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.idempotency', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.anomaly', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.anomaly_anomaly_id_seq', '');

@@ -21,13 +21,15 @@
  *	   payment or refund number      checked first: a malformed number is 22023 here, a
  *	                                 well-formed one naming no partition PI009
  *	 sign, route_channel             hashtext(merchant_no) (any shard would do: same data)
- *	 verify_signature                hashtext(api_key)
+ *	 verify_signature,               hashtext(api_key)
+ *	   verify_notification
  *	 get_channel_config              hashtext(channel_no)
  *	 create_merchant                 made on partition 0, then copied to all partitions
  *	 rotate_merchant_secret          rotated on partition 0, then copied to all partitions
  *	 channels, configs, bindings,    RUN ON ALL (idempotent on the shards, so a call
  *	   merchant status                 can be repeated after a shard was down)
- *	 notify_due                      all partitions, max_rows shared out between them
+ *	 notify_due, query_due           all partitions, max_rows shared out between them
+ *	 notify_result                   event_id % 100 (shards number their events so)
  *	 load_bill                       all partitions; each keeps the lines whose payment_no names it
  *	 reconcile                       all partitions; the router sums the counts
  *	 resolve_diff                    recon_id / 10^15 (shards number their differences so)
@@ -155,6 +157,27 @@ BEGIN
 							payidem.cluster_partitions(), payidem.cluster_partitions());
 	END IF;
 	RETURN (recon_id / 1000000000000000)::integer;
+END
+$$;
+
+-- Notification events are numbered sequence * 100 + shard on each shard
+-- (payidem._add_event()).
+CREATE FUNCTION payidem.event_partition(event_id bigint)
+RETURNS integer
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF event_id IS NULL OR event_id <= 0 THEN
+		RAISE EXCEPTION 'invalid event_id' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('event_id was %s; it must be an id notify_due() handed out.', coalesce(event_id::text, 'NULL'));
+	END IF;
+	IF event_id % 100 >= payidem.cluster_partitions() THEN
+		RAISE EXCEPTION 'notification event % does not exist', event_id USING
+			ERRCODE = 'PI009',
+			DETAIL = format('Its last two digits name shard %s; the cluster has %s partitions.',
+							event_id % 100, payidem.cluster_partitions());
+	END IF;
+	RETURN (event_id % 100)::integer;
 END
 $$;
 
@@ -531,23 +554,24 @@ $$;
 -- Each partition gets its own share of max_rows (SPLIT sends element i of
 -- both arrays to partition partitions[i]).
 CREATE FUNCTION payidem._notify_due_split(partitions integer[], max_rows integer[])
-RETURNS TABLE (order_no text, merchant_no text, notify_url text, payload jsonb, signature text, attempt integer)
+RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text,
+			   event text, payload text, signature text, attempt integer)
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
 	SPLIT partitions, max_rows;
 	RUN ON partitions;
-	SELECT d.order_no, d.merchant_no, d.notify_url, d.payload, d.signature, d.attempt
+	SELECT d.event_id, d.order_no, d.merchant_no, d.notify_url, d.event, d.payload, d.signature, d.attempt
 	  FROM unnest(max_rows) AS s(n), payidem.notify_due(s.n) d;
 $$;
 
-CREATE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
-RETURNS TABLE (order_no text, merchant_no text, notify_url text, payload jsonb, signature text, attempt integer)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- A queue's max_rows shared out between the partitions: max_rows / n each,
+-- the remainder one by one from a random partition on, so that small
+-- batches do not always come from the same shards.
+CREATE FUNCTION payidem._split_rows(max_rows integer, OUT partitions integer[], OUT shares integer[])
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	n        integer := payidem.cluster_partitions();
 	v_first  integer;
-	v_parts  integer[];
-	v_shares integer[];
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
 		RAISE EXCEPTION 'invalid max_rows' USING
@@ -555,36 +579,69 @@ BEGIN
 			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL'));
 	END IF;
 	PERFORM payidem.check_partition(0);
-	-- max_rows / n each, the remainder one by one from a random partition on,
-	-- so that small batches do not always come from the same shards
 	v_first := floor(random() * n)::integer;
 	SELECT array_agg(p.i ORDER BY p.i), array_agg(p.share ORDER BY p.i)
-	  INTO v_parts, v_shares
+	  INTO partitions, shares
 	  FROM (SELECT i, max_rows / n + CASE WHEN (i - v_first + n) % n < max_rows % n THEN 1 ELSE 0 END AS share
 			  FROM generate_series(0, n - 1) i) p
 	 WHERE p.share > 0;
-	RETURN QUERY SELECT * FROM payidem._notify_due_split(v_parts, v_shares);
 END
 $$;
+
+CREATE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
+RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text,
+			   event text, payload text, signature text, attempt integer)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT d.* FROM payidem._split_rows(max_rows) s, payidem._notify_due_split(s.partitions, s.shares) d;
+END;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
-	'Router: due merchant notifications from all partitions, at most max_rows in all (shared out between the partitions). A worker per shard can use notify_due_on(partition, max_rows) instead.';
+	'Router: due merchant notification events from all partitions, at most max_rows in all (shared out between the partitions). A worker per shard can use notify_due_on(partition, max_rows) instead.';
 
 CREATE FUNCTION payidem.notify_due_on(partition integer, max_rows integer DEFAULT 100)
-RETURNS TABLE (order_no text, merchant_no text, notify_url text, payload jsonb, signature text, attempt integer)
+RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text,
+			   event text, payload text, signature text, attempt integer)
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
 	RUN ON payidem.check_partition(partition);
-	SELECT d.order_no, d.merchant_no, d.notify_url, d.payload, d.signature, d.attempt
+	SELECT d.event_id, d.order_no, d.merchant_no, d.notify_url, d.event, d.payload, d.signature, d.attempt
 	  FROM payidem.notify_due(max_rows) d;
 $$;
 COMMENT ON FUNCTION payidem.notify_due_on(integer, integer) IS
 	'Router: due merchant notifications of one partition (a notification worker per shard keeps working while another shard is down).';
 
-CREATE FUNCTION payidem.notify_result(order_no text, ok boolean, response text DEFAULT NULL)
+CREATE FUNCTION payidem._query_due_split(partitions integer[], max_rows integer[])
+RETURNS TABLE (payment_no text, order_no text, channel_no text, expire_at timestamptz)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	SPLIT partitions, max_rows;
+	RUN ON partitions;
+	SELECT d.payment_no, d.order_no, d.channel_no, d.expire_at
+	  FROM unnest(max_rows) AS s(n), payidem.query_due(s.n) d;
+$$;
+
+CREATE FUNCTION payidem.query_due(max_rows integer DEFAULT 100)
+RETURNS TABLE (payment_no text, order_no text, channel_no text, expire_at timestamptz)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT d.* FROM payidem._split_rows(max_rows) s, payidem._query_due_split(s.partitions, s.shares) d;
+END;
+COMMENT ON FUNCTION payidem.query_due(integer) IS
+	'Router: expired pending payment attempts from all partitions, at most max_rows in all (shared out between the partitions).';
+
+CREATE FUNCTION payidem.verify_notification(api_key text, payload text, signature text,
+											tolerance interval DEFAULT '5 minutes')
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(coalesce(api_key, ''));
+$$;
+
+CREATE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL)
 RETURNS void
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON payidem.order_partition(order_no);
+	RUN ON payidem.event_partition(event_id);
 $$;
 
 ------------------------------------------------------------------------------
@@ -676,10 +733,10 @@ BEGIN ATOMIC
 	   AND p.proname IN ('sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_due_on',
-						 'notify_result', 'reconcile', 'resolve_diff',
+						 'notify_result', 'verify_notification', 'query_due', 'reconcile', 'resolve_diff',
 						 'cluster_partitions', 'check_partition', 'partition_of', 'order_partition',
-						 'payment_partition', 'refund_partition', 'recon_partition',
-						 '_notify_due_split', '_reconcile_all', '_bill_lines_all');
+						 'payment_partition', 'refund_partition', 'recon_partition', 'event_partition',
+						 '_split_rows', '_notify_due_split', '_query_due_split', '_reconcile_all', '_bill_lines_all');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'Router: the functions grant_app() lets an application role execute (the API and the routing functions it calls).';

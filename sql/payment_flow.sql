@@ -43,6 +43,14 @@ LANGUAGE sql AS $$
 	 ORDER BY l.log_id
 $$;
 
+-- the notification events of an order so far, in order: event (status)
+CREATE FUNCTION pg_temp.events(p_order_no text)
+RETURNS text
+LANGUAGE sql AS $$
+	SELECT coalesce(string_agg(e.event || ' (' || e.status || ')', ', ' ORDER BY e.event_id), 'none')
+	  FROM payidem.notify_event e WHERE e.order_no = p_order_no
+$$;
+
 ------------------------------------------------------------------------ set-up
 SELECT merchant_no AS m1, api_key AS m1_key FROM payidem.create_merchant('Flow Tea House', 'retail', 0.006) \gset
 SELECT merchant_no AS m2 FROM payidem.create_merchant('Flow Noodles', 'catering', 0.0038) \gset
@@ -68,7 +76,7 @@ SELECT payidem.create_order(:'m1', 'T-0001', 1250, 'Green tea 250 g',
 SELECT :'o1' ~ '^PO[0-9]{24}$' AS order_no_format, payidem.order_no_valid(:'o1') AS check_digits_ok,
        (payidem.order_no_parse(:'o1')).prefix AS prefix;
 SELECT merchant_no = :'m1' AS merchant, out_trade_no, amount, currency, subject, status, refunded_amount,
-       notify_status, notify_attempts, next_notify_at IS NULL AS no_notify_yet,
+       pg_temp.events(order_no) AS events,
        expire_at - created_at AS expires_after, paid_at IS NULL AS unpaid, paid_payment_no
   FROM payidem."order" WHERE order_no = :'o1';
 -- seed 4: a double click returns the same order; another amount or subject is PI001
@@ -195,8 +203,7 @@ SELECT payidem.apply_payment_result(:'p1', 'query', 'succeeded', 'WX-T-0001', 12
 SELECT count(*) AS idem_keys FROM payidem.idempotency WHERE order_no = :'o1';
 -- fees: 1250 * 0.006 = 7.5 -> 8 (half-up); cost 1250 * 0.002 = 2.5 -> 3
 SELECT status, transaction_id, paid_at = :'t_paid' AS paid_then, fee_amount, cost_amount FROM payidem.payment WHERE payment_no = :'p1';
-SELECT status, paid_payment_no = :'p1' AS paid_by_p1, paid_at = :'t_paid' AS paid_then, notify_status, notify_attempts,
-       next_notify_at <= now() AS notify_due
+SELECT status, paid_payment_no = :'p1' AS paid_by_p1, paid_at = :'t_paid' AS paid_then, pg_temp.events(order_no) AS events
   FROM payidem."order" WHERE order_no = :'o1';
 SELECT * FROM pg_temp.history(:'o1');
 -- a failure or close reported after the success, or a success with another
@@ -262,7 +269,7 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'o6', 
 SELECT payidem.apply_payment_result(:'p6', 'callback', 'succeeded', 'WX-T-0006', 1500,
                                     raw => '{"transaction_id": "WX-T-0006"}') AS late_success;
 SELECT payidem.apply_payment_result(:'p6', 'callback', 'succeeded', 'WX-T-0006', 1500) AS late_success_again;
-SELECT o.status AS "order", o.paid_payment_no, o.notify_status, p.status AS payment, p.transaction_id
+SELECT o.status AS "order", o.paid_payment_no, pg_temp.events(o.order_no) AS events, p.status AS payment, p.transaction_id
   FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = :'o6';
 SELECT kind, amount, handle_status, detail ->> 'order_status' AS order_status, detail ->> 'action' AS action,
        detail -> 'raw' AS raw
@@ -348,57 +355,65 @@ SELECT o.out_trade_no, o.status AS "order", o.refunded_amount AS order_refunded,
  WHERE p.payment_no IN (:'p6', :'p8a', :'p8b') ORDER BY o.out_trade_no, p.channel_no;
 
 ---------------------------------------------------------- notify_due / notify_result
--- only an order with a notify_url gets a notification: of the paid ones only T-0001 has one
-SELECT count(*) AS pending_notifications FROM payidem."order" WHERE merchant_no = :'m1' AND notify_status = 'pending';
+-- (payloads and signatures byte for byte: the notifications test)
+-- only an order with a notify_url gets events: of the paid ones only T-0001
+-- has one (paid, then refunded in two parts: three events)
+SELECT count(*) AS pending_events FROM payidem.notify_event WHERE merchant_no = :'m1' AND status = 'pending';
 SELECT payidem.create_order(:'m1', 'T-0009', 990, 'Matcha', 'http://shop.example/n') AS o9 \gset
 SELECT date_trunc('second', now()) AS t9 \gset
 SELECT payidem.apply_payment_result(payidem.begin_payment(:'o9', 'FLOW_ALI'), 'callback', 'succeeded', 'ALI-0009', 990,
                                     :'t9') AS o9_paid;
--- (paid_at in the payload is UTC ISO 8601 whatever the worker's DateStyle and TimeZone)
+SELECT event_id AS e9 FROM payidem.notify_event WHERE order_no = :'o9' \gset
+-- (times in the payload are UTC ISO 8601 whatever the worker's DateStyle and TimeZone)
 SET datestyle = 'SQL, DMY';
 SET timezone = 'Asia/Shanghai';
 CREATE TEMP TABLE handed AS SELECT * FROM payidem.notify_due(100) WHERE merchant_no = :'m1';
 RESET datestyle;
 RESET timezone;
-SELECT order_no = :'o1' AS is_o1, order_no = :'o9' AS is_o9, notify_url, attempt,
-       payload - 'order_no' - 'merchant_no' - 'paid_at' AS payload, payload ->> 'order_no' = order_no AS payload_order,
-       payload ->> 'paid_at' = (SELECT to_char(o.paid_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-                                  FROM payidem."order" o WHERE o.order_no = handed.order_no) AS payload_paid_at_utc,
-       payload ->> 'merchant_no' = :'m1' AS payload_merchant,
-       signature = payidem.sign(merchant_no, payload::text) AS signed
-  FROM handed ORDER BY payload ->> 'out_trade_no';
-SELECT bool_and(payidem.verify_signature(:'m1_key', payload::text, signature)) AS merchant_can_verify FROM handed;
--- handed out rows are leased: not handed out again at once
+SELECT order_no = :'o1' AS is_o1, order_no = :'o9' AS is_o9, notify_url, event, attempt,
+       payload::jsonb - 'event_id' - 'order_no' - 'merchant_no' - 'payment_no' - 'refund_no' - 'paid_at' - 'created_at' AS payload,
+       payload::jsonb ->> 'event_id' = event_id::text AS payload_event_id,
+       payload::jsonb ->> 'order_no' = order_no AS payload_order,
+       payload::jsonb ->> 'paid_at' = (SELECT to_char(o.paid_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+                                         FROM payidem."order" o WHERE o.order_no = handed.order_no) AS payload_paid_at_utc,
+       payload::jsonb ->> 'merchant_no' = :'m1' AS payload_merchant,
+       payidem.verify_notification(:'m1_key', payload, signature) AS merchant_can_verify
+  FROM handed ORDER BY payload::jsonb ->> 'out_trade_no';
+-- handed out events are leased: not handed out again at once
 SELECT count(*) AS handed_again FROM payidem.notify_due(100) WHERE merchant_no = :'m1';
-SELECT count(*) FILTER (WHERE next_notify_at > now() + interval '50 seconds') AS leased
-  FROM payidem."order" WHERE order_no IN (:'o1', :'o9');
+SELECT count(*) FILTER (WHERE next_attempt_at > now() + interval '50 seconds') AS leased
+  FROM payidem.notify_event WHERE order_no IN (:'o1', :'o9');
 -- ok -> sent; a repeated or late report changes nothing
-SELECT payidem.notify_result(:'o9', true);
-SELECT payidem.notify_result(:'o9', false, 'HTTP 500');
-SELECT notify_status, notify_attempts, next_notify_at FROM payidem."order" WHERE order_no = :'o9';
--- failures follow the schedule, then failed after the 16th attempt
-CREATE TEMP TABLE schedule (attempt int, notify_status text, wait interval);
+SELECT payidem.notify_result(:e9, true);
+SELECT payidem.notify_result(:e9, false, 'HTTP 500');
+SELECT status, attempts, next_attempt_at, sent_at IS NOT NULL AS sent_at_set, last_response
+  FROM payidem.notify_event WHERE event_id = :e9;
+-- failures follow the schedule, then failed after the 16th attempt; the
+-- start of the last failure's response is kept
+CREATE TEMP TABLE schedule (attempt int, status text, wait interval, response text);
 DO $$
 DECLARE
-	v_order text := (SELECT order_no FROM payidem."order" WHERE out_trade_no = 'T-0001'
-					  AND merchant_no = (SELECT merchant_no FROM payidem.merchant WHERE merchant_name = 'Flow Tea House'));
+	v_event bigint := (SELECT e.event_id FROM payidem.notify_event e JOIN payidem."order" o USING (order_no)
+						WHERE o.out_trade_no = 'T-0001' AND e.event = 'order.paid'
+						  AND o.merchant_no = (SELECT merchant_no FROM payidem.merchant WHERE merchant_name = 'Flow Tea House'));
 	i int;
 BEGIN
 	FOR i IN 1..17 LOOP
-		PERFORM payidem.notify_result(v_order, false, 'HTTP 502');
-		INSERT INTO schedule SELECT i, o.notify_status, o.next_notify_at - now()
-		  FROM payidem."order" o WHERE o.order_no = v_order;
+		PERFORM payidem.notify_result(v_event, false, 'HTTP 502 ' || i || repeat('.', 300));
+		INSERT INTO schedule SELECT i, e.status, e.next_attempt_at - now(), left(e.last_response, 12) || '... (' || length(e.last_response) || ')'
+		  FROM payidem.notify_event e WHERE e.event_id = v_event;
 	END LOOP;
 END
 $$;
 SELECT * FROM schedule ORDER BY attempt;
-SELECT notify_attempts FROM payidem."order" WHERE order_no = :'o1';
-SELECT * FROM pg_temp.try('SELECT payidem.notify_result(''PO202401010000000000000067'', true)');
-SELECT * FROM pg_temp.try(format('SELECT payidem.notify_result(%L, NULL)', :'o1'));
+SELECT event, attempts, status FROM payidem.notify_event WHERE order_no = :'o1' ORDER BY event_id;
+SELECT * FROM pg_temp.try('SELECT payidem.notify_result(867, true)');
+SELECT * FROM pg_temp.try(format('SELECT payidem.notify_result(%s, NULL)', :e9));
 SELECT * FROM pg_temp.try('SELECT payidem.notify_due(0)');
--- a due row comes back after its retry wait
-UPDATE payidem."order" SET notify_status = 'pending', notify_attempts = 3, next_notify_at = now() - interval '1 second'
- WHERE order_no = :'o9';
+-- a due event comes back after its retry wait
+UPDATE payidem.notify_event SET status = 'pending', attempts = 3, next_attempt_at = now() - interval '1 second',
+       sent_at = NULL
+ WHERE event_id = :e9;
 SELECT order_no = :'o9' AS is_o9, attempt FROM payidem.notify_due(100) WHERE merchant_no = :'m1';
 
 ------------------------------------------------------------- seed 6: numbers
@@ -511,7 +526,7 @@ $$;
 CREATE FUNCTION pg_temp.after_status() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	INSERT INTO pg_temp.seen VALUES (TG_TABLE_NAME, OLD.status, NEW.status,
-		(to_jsonb(NEW) ->> 'fee_amount')::bigint, to_jsonb(NEW) ->> 'notify_status');
+		(to_jsonb(NEW) ->> 'fee_amount')::bigint, pg_temp.events(to_jsonb(NEW) ->> 'order_no'));
 	RETURN NULL;
 END
 $$;
@@ -539,7 +554,7 @@ CREATE TRIGGER app_statement AFTER UPDATE ON payidem."order" REFERENCING NEW TAB
 	FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.after_statement();
 SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_by_sql_update;
 SELECT tg, rows_changed FROM pg_temp.stmt_seen ORDER BY tg DESC;
-SELECT p.status, p.transaction_id, p.fee_amount, o.status AS order_status, o.notify_status
+SELECT p.status, p.transaction_id, p.fee_amount, o.status AS order_status, pg_temp.events(o.order_no) AS events
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
 SELECT * FROM pg_temp.history(:'o20');
 ROLLBACK;
@@ -547,7 +562,7 @@ ROLLBACK;
 -- success is written by the SQL implementation: the same writes
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_in_repeatable_read;
-SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, o.status AS order_status, o.notify_status
+SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, o.status AS order_status, pg_temp.events(o.order_no) AS events
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
 SELECT * FROM pg_temp.history(:'o20');
 ROLLBACK;
@@ -555,22 +570,24 @@ BEGIN;
 ALTER INDEX payidem.payment_transaction_key RENAME TO payment_transaction_key_renamed;
 SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_without_the_index_name;
 SELECT payidem.apply_payment_result(:'p20', 'query', 'succeeded', 'WX-T-0020', 700) AS then_a_duplicate;
-SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, o.status AS order_status, o.notify_status
+SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, o.status AS order_status, pg_temp.events(o.order_no) AS events
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
 ROLLBACK;
--- and without them: the payment and its order, the log, the notification
+-- and without them: the payment and its order, the log, the order.paid event
 SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied;
 SELECT p.status, p.transaction_id, p.fee_amount, p.cost_amount, p.paid_at = o.paid_at AS same_paid_at,
        p.updated_at = p.paid_at AS payment_updated_then, o.updated_at = o.paid_at AS order_updated_then,
        o.status AS order_status, o.paid_payment_no = :'p20' AS paid_by,
-       o.notify_status, o.notify_attempts, o.next_notify_at = o.paid_at AS notify_due_then
+       pg_temp.events(o.order_no) AS events,
+       (SELECT e.next_attempt_at = o.paid_at AND e.created_at = o.paid_at FROM payidem.notify_event e
+         WHERE e.order_no = o.order_no) AS event_due_then
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p20';
 SELECT * FROM pg_temp.history(:'o20');
--- an order without a notify_url is paid with no notification due
+-- an order without a notify_url is paid with no event written
 SELECT payidem.create_order(:'m1', 'T-0022', 300, 'Sample', notify_url => NULL) AS o22 \gset
 SELECT payidem.begin_payment(:'o22', 'FLOW_WX') AS p22 \gset
 SELECT payidem.apply_payment_result(:'p22', 'query', 'succeeded', 'WX-T-0022', 300) AS applied_without_notify_url;
-SELECT o.status, o.notify_status, o.notify_attempts, o.next_notify_at IS NULL AS nothing_due,
+SELECT o.status, pg_temp.events(o.order_no) AS events,
        p.transaction_id, p.fee_amount, p.cost_amount
   FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = :'o22';
 

@@ -3,8 +3,8 @@
  * flow.c
  *		apply_payment_result(), and the two writes of a first successful
  *		payment result: the payment becomes succeeded (with its channel
- *		transaction id, paid_at and fees) and its order paid (with the
- *		merchant notification due).
+ *		transaction id, paid_at and fees) and its order paid (whose
+ *		order.paid event a row trigger writes).
  *
  * apply_payment_result() (at the end of this file) decides a repeated and a
  * first success itself and passes every other call to the PL/pgSQL
@@ -24,7 +24,7 @@
  * planned once per backend instead of for every statement (PostgreSQL 15
  * does that for each UPDATE); they are compiled per call, as an ExprState
  * may keep state in its query's memory.  The columns written that are
- * domains (transaction_id, paid_payment_no, notify_status, notify_attempts)
+ * domains (transaction_id, paid_payment_no)
  * are checked against their domain, as a SQL UPDATE would.
  *
  * The planned constraints are kept per table and dropped by a relcache
@@ -116,13 +116,11 @@ static FlowTarget payment_target = {
 
 enum
 {
-	ORD_STATUS, ORD_UPDATED_AT, ORD_PAID_PAYMENT_NO, ORD_PAID_AT, ORD_NOTIFY_URL,
-	ORD_NOTIFY_STATUS, ORD_NEXT_NOTIFY_AT, ORD_NOTIFY_ATTEMPTS
+	ORD_STATUS, ORD_UPDATED_AT, ORD_PAID_PAYMENT_NO, ORD_PAID_AT
 };
 static FlowTarget order_target = {
 	"order", "order_no",
-	{"status", "updated_at", "paid_payment_no", "paid_at", "notify_url",
-	 "notify_status", "next_notify_at", "notify_attempts"}, 8
+	{"status", "updated_at", "paid_payment_no", "paid_at"}, 4
 };
 
 static bool callbacks_registered = false;
@@ -250,11 +248,10 @@ flow_target_plain(FlowTarget *t, Relation rel)
  * key: the columns of t with set[i] take values[i]/nulls[i] (of type
  * types[i]: a column of a domain type is checked against its domain unless
  * the value already has that type), the others keep their value.  A column
- * with only_if[i] is set only if column t->columns[cond] of the row is not
- * NULL, one with keep_null[i] only to a non-NULL value; either way the
- * UPDATE names it, as SET col = CASE ... ELSE col END would.  The caller holds the row's lock (SELECT ... FOR UPDATE in this
- * transaction), so the version at tid is the latest and nobody else can
- * update it first.
+ * with keep_null[i] is set only to a non-NULL value; the UPDATE names it
+ * anyway, as SET col = coalesce(value, col) would.  The caller holds the
+ * row's lock (SELECT ... FOR UPDATE in this transaction), so the version at
+ * tid is the latest and nobody else can update it first.
  *
  * Returns false, having changed nothing, when the table has what a row-by-row
  * update cannot reproduce (flow_target_plain()), unless the caller checked
@@ -264,7 +261,7 @@ flow_target_plain(FlowTarget *t, Relation rel)
 static bool
 flow_update(FlowTarget *t, ItemPointer tid, text *key,
 			const bool *set, Datum *values, const bool *nulls, const Oid *types,
-			const bool *keep_null, int cond, const bool *only_if, bool checked)
+			const bool *keep_null, bool checked)
 {
 	Relation	rel;
 	TupleDesc	desc;
@@ -277,7 +274,6 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	Bitmapset  *updated = NULL;
 	Datum		oldkey;
 	bool		isnull;
-	bool		cond_null = true;
 	int			i;
 
 	if (!callbacks_registered)
@@ -327,8 +323,6 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	slot_getallattrs(oldslot);
 	memcpy(newslot->tts_values, oldslot->tts_values, sizeof(Datum) * desc->natts);
 	memcpy(newslot->tts_isnull, oldslot->tts_isnull, sizeof(bool) * desc->natts);
-	if (cond >= 0)
-		cond_null = oldslot->tts_isnull[t->attnos[cond] - 1];
 	for (i = 0; i < t->ncolumns; i++)
 	{
 		AttrNumber	attno = t->attnos[i];
@@ -337,7 +331,7 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 			continue;
 		/* kept, but named by the UPDATE as well (for UPDATE OF triggers) */
 		updated = bms_add_member(updated, attno - FirstLowInvalidHeapAttributeNumber);
-		if ((only_if != NULL && only_if[i] && cond_null) || (keep_null != NULL && keep_null[i] && nulls[i]))
+		if (keep_null != NULL && keep_null[i] && nulls[i])
 			continue;
 		/* a value of the column's domain type was checked when it was made */
 		if (t->isdomain[i] && types[i] != TupleDescAttr(desc, attno - 1)->atttypid)
@@ -426,14 +420,14 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
 	nulls[PAY_COST] = cost_null;
 
 	return flow_update(&payment_target, tid, payment_no, set, values, nulls, types, keep_null,
-					   -1, NULL, checked);
+					   checked);
 }
 
 /*
  * The locked order at tid (key order_no) becomes paid by payment_no (of type
- * payment_no_type) at paid_at (updated_at = now()); if it has a notify_url,
- * its merchant notification is due now (notify_status pending,
- * next_notify_at now(), no attempts yet).  False: not done (see flow_update).
+ * payment_no_type) at paid_at (updated_at = now()); its order.paid event is
+ * written by the row trigger notify_event_order, as for any writer.  False:
+ * not done (see flow_update).
  */
 static bool
 record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment_no_type,
@@ -442,7 +436,6 @@ record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment
 	bool		set[FLOW_MAX_COLUMNS] = {false};
 	Datum		values[FLOW_MAX_COLUMNS];
 	bool		nulls[FLOW_MAX_COLUMNS] = {false};
-	bool		only_if[FLOW_MAX_COLUMNS] = {false};
 	Oid			types[FLOW_MAX_COLUMNS] = {InvalidOid};
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
@@ -455,16 +448,9 @@ record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment
 	types[ORD_PAID_PAYMENT_NO] = payment_no_type;
 	set[ORD_PAID_AT] = true;
 	values[ORD_PAID_AT] = TimestampTzGetDatum(paid_at);
-	/* the notification, only for an order with a notify_url */
-	set[ORD_NOTIFY_STATUS] = only_if[ORD_NOTIFY_STATUS] = true;
-	values[ORD_NOTIFY_STATUS] = CStringGetTextDatum("pending");
-	set[ORD_NEXT_NOTIFY_AT] = only_if[ORD_NEXT_NOTIFY_AT] = true;
-	values[ORD_NEXT_NOTIFY_AT] = TimestampTzGetDatum(now);
-	set[ORD_NOTIFY_ATTEMPTS] = only_if[ORD_NOTIFY_ATTEMPTS] = true;
-	values[ORD_NOTIFY_ATTEMPTS] = Int32GetDatum(0);
 
 	return flow_update(&order_target, tid, order_no, set, values, nulls, types, NULL,
-					   ORD_NOTIFY_URL, only_if, checked);
+					   checked);
 }
 
 /*
@@ -1298,9 +1284,15 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 							  PG_ARGISNULL(5) ? GetCurrentTransactionStartTimestamp() : PG_GETARG_TIMESTAMPTZ(5),
 							  !PG_ARGISNULL(5));
 			if (fast == APPLY_DUPLICATE)
+			{
+				payidem_count(PAYIDEM_PAYMENT_DUPLICATE);
 				PG_RETURN_TEXT_P(cstring_to_text("duplicate"));
+			}
 			if (fast == APPLY_APPLIED)
+			{
+				payidem_count(PAYIDEM_PAYMENT_APPLIED);
 				PG_RETURN_TEXT_P(cstring_to_text("applied"));
+			}
 		}
 	}
 
@@ -1316,5 +1308,14 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 	result = FunctionCallInvoke(sql);
 	if (sql->isnull)
 		PG_RETURN_NULL();
+	/* the outcome, counted in stats() as the fast path counts its own */
+	if (text_is(result, "applied"))
+		payidem_count(PAYIDEM_PAYMENT_APPLIED);
+	else if (text_is(result, "duplicate"))
+		payidem_count(PAYIDEM_PAYMENT_DUPLICATE);
+	else if (text_is(result, "anomaly"))
+		payidem_count(PAYIDEM_PAYMENT_ANOMALY);
+	else if (text_is(result, "rejected"))
+		payidem_count(PAYIDEM_PAYMENT_REJECTED);
 	PG_RETURN_DATUM(result);
 }

@@ -208,12 +208,22 @@ static const char *const finish_sql =
 " WHERE i.idem_key OPERATOR(pg_catalog.=) $1"
 "   AND i.status OPERATOR(pg_catalog.=) 'processing'";
 
-/* $1 cutoff */
+/* $1 cutoff, $2 at most (NULL: all) */
+/*
+ * The purge: finished keys last changed before $1, oldest first, at most $2
+ * (NULL: all) per call; a key another transaction holds is left for the
+ * next purge, so a purge never waits on a claim, nor a claim on more than
+ * the purge's own rows.
+ */
 static const char *const purge_sql =
 "DELETE FROM payidem.idempotency AS i"
-" WHERE i.updated_at OPERATOR(pg_catalog.<) $1"
-"   AND (i.status OPERATOR(pg_catalog.=) 'completed'"
-"        OR i.status OPERATOR(pg_catalog.=) 'failed')";
+" WHERE i.idem_key OPERATOR(pg_catalog.=) ANY (ARRAY("
+"   SELECT j.idem_key FROM payidem.idempotency AS j"
+"    WHERE j.updated_at OPERATOR(pg_catalog.<) $1"
+"      AND (j.status OPERATOR(pg_catalog.=) 'completed'"
+"           OR j.status OPERATOR(pg_catalog.=) 'failed')"
+"    ORDER BY j.updated_at LIMIT $2"
+"    FOR UPDATE SKIP LOCKED))";
 
 static const char *const outcome_names[] = {
 	"claimed", "in_progress", "replay", "reclaimed"
@@ -1289,22 +1299,21 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 }
 
 /*
- * payidem.idem_purge(older_than interval DEFAULT '24 hours') RETURNS bigint
- *
- * Delete completed and failed keys last changed before now - older_than;
- * returns how many.  Never touches a processing key, live or expired.  A
- * purged key can be claimed afresh, so the retention must outlast every
- * retry of the request (a channel's callback retries last a day or more).
+ * Delete up to max_rows (-1: all) completed and failed keys last changed
+ * before now - older_than; returns how many.  Never touches a processing
+ * key, live or expired.  A purged key can be claimed afresh, so the
+ * retention must outlast every retry of the request (a channel's callback
+ * retries last a day or more).
  */
-PG_FUNCTION_INFO_V1(payidem_idem_purge);
-Datum
-payidem_idem_purge(PG_FUNCTION_ARGS)
+static int64
+purge(FunctionCallInfo fcinfo, int64 max_rows)
 {
 	Interval   *older_than;
 	Interval	zero;
 	Interval	max;
-	Datum		params[1];
-	Oid			purge_types[1] = {TIMESTAMPTZOID};
+	Datum		params[2];
+	char		nulls[2] = {' ', ' '};
+	Oid			purge_types[2] = {TIMESTAMPTZOID, INT8OID};
 	Oid			save_userid;
 	int			save_sec_context;
 	bool		spi = false;
@@ -1331,18 +1340,49 @@ payidem_idem_purge(PG_FUNCTION_ARGS)
 	max = zero;
 	max.month = IDEM_MAX_RETENTION_YEARS * MONTHS_PER_YEAR;
 	if (DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(older_than), IntervalPGetDatum(&max))))
-		PG_RETURN_INT64(0);
+		return 0;
 	params[0] = DirectFunctionCall2(timestamptz_mi_interval,
 									TimestampTzGetDatum(GetCurrentTimestamp()),
 									IntervalPGetDatum(older_than));
+	params[1] = Int64GetDatum(max_rows);
+	if (max_rows < 0)
+		nulls[1] = 'n';
 
 	(void) begin_as_owner(&save_userid, &save_sec_context);
 	connect_spi(&spi);
-	rc = SPI_execute_plan(saved_plan(&purge_plan, purge_sql, 1, purge_types),
-						  params, NULL, false, 0);
+	rc = SPI_execute_plan(saved_plan(&purge_plan, purge_sql, 2, purge_types),
+						  params, nulls, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "idempotency purge failed: %s", SPI_result_code_string(rc));
 	deleted = (int64) SPI_processed;
 	end_as_owner(save_userid, save_sec_context, spi);
-	PG_RETURN_INT64(deleted);
+	return deleted;
+}
+
+/*
+ * payidem.idem_purge(older_than interval DEFAULT '24 hours') RETURNS bigint
+ *		Every finished key past the retention (see purge()).
+ */
+PG_FUNCTION_INFO_V1(payidem_idem_purge);
+Datum
+payidem_idem_purge(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(purge(fcinfo, -1));
+}
+
+/*
+ * payidem._idem_purge_batch(older_than interval, max_rows integer) RETURNS bigint
+ *		At most max_rows of them, for the housekeeping worker: a batch per
+ *		transaction, so it holds few row locks at a time.
+ */
+PG_FUNCTION_INFO_V1(payidem_idem_purge_batch);
+Datum
+payidem_idem_purge_batch(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(1) || PG_GETARG_INT32(1) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid max_rows"),
+				 errdetail("max_rows must be a positive number.")));
+	PG_RETURN_INT64(purge(fcinfo, PG_GETARG_INT32(1)));
 }

@@ -213,10 +213,7 @@ order_no_shmem_init(OrderNoShared *state)
 	state->last_second = mark;
 	state->last_seq = -1;
 	state->last_wall = 0;
-	state->issued = 0;
 	state->rollbacks = 0;
-	state->borrowed = 0;
-	state->reservations = 0;
 	memset(state->slots, 0, sizeof(state->slots));
 }
 
@@ -423,7 +420,10 @@ reserve(int64 wanted)
 		}
 		SpinLockRelease(&s->mutex);
 		if (rolled_back)
+		{
+			payidem_count(PAYIDEM_CLOCK_ROLLBACKS);
 			warn_rollback(mark - ORDER_NO_RESERVE_SECONDS, now, true);
+		}
 	}
 
 	/* the next number's second is at most max(wanted, clock, last second) */
@@ -450,8 +450,8 @@ reserve(int64 wanted)
 		SpinLockAcquire(&s->mutex);
 		if (s->slots[slot].dboid == MyDatabaseId && s->slots[slot].reserved_until < target)
 			s->slots[slot].reserved_until = target;
-		s->reservations++;
 		SpinLockRelease(&s->mutex);
+		payidem_count(PAYIDEM_ORDER_NO_RESERVATIONS);
 	}
 
 	SetUserIdAndSecContext(save_userid, save_sec_context);
@@ -476,6 +476,7 @@ next_number(int64 *second_out, int *seq_out)
 		int			seq = 0;
 		bool		usable;
 		bool		rolled_back = false;
+		bool		borrowed = false;
 		int64		rolled_from = 0;
 
 		/*
@@ -526,15 +527,13 @@ next_number(int64 *second_out, int *seq_out)
 
 			if (second < s->slots[my_slot].reserved_until)
 			{
-				if (second > now && seq == 0 && second > s->last_second)
-					s->borrowed++;
+				borrowed = second > now && seq == 0 && second > s->last_second;
 				if (rolled_back)
 					s->rollbacks++;
 				if (now != s->last_wall)
 					s->last_wall = now;
 				s->last_second = second;
 				s->last_seq = seq;
-				s->issued++;
 			}
 			else
 			{
@@ -548,6 +547,11 @@ next_number(int64 *second_out, int *seq_out)
 			warn_rollback(rolled_from, now, false);
 		if (usable)
 		{
+			payidem_count(PAYIDEM_ORDER_NOS_ISSUED);
+			if (rolled_back)
+				payidem_count(PAYIDEM_CLOCK_ROLLBACKS);
+			if (borrowed)
+				payidem_count(PAYIDEM_SECONDS_BORROWED);
 			*second_out = second;
 			*seq_out = seq;
 			return;

@@ -41,10 +41,8 @@ typedef struct OrderNoShared
 	int64		last_second;	/* logical second of the last number issued */
 	int32		last_seq;		/* its seq (-1: none issued in last_second) */
 	int64		last_wall;		/* wall-clock second seen by the last call */
-	uint64		issued;			/* numbers issued */
-	uint64		rollbacks;		/* clock rollbacks absorbed */
-	uint64		borrowed;		/* seconds moved ahead of the clock (seq used up) */
-	uint64		reservations;	/* durable high-water marks written */
+	uint64		rollbacks;		/* clock rollbacks absorbed (read to notice one
+								 * handled meanwhile; counted in stats() too) */
 	int64		server_mark;	/* what ORDER_NO_MARK_FILE durably holds */
 	int64		start_mark;		/* what it held when shared memory was made */
 	OrderNoDbSlot slots[ORDER_NO_MAX_DATABASES];

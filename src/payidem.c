@@ -42,6 +42,7 @@ _PG_init(void)
 	crypto_define_gucs();
 	recon_define_gucs();
 	flow_define_gucs();
+	housekeeping_init();		/* its GUCs; its launcher only when preloading */
 	MarkGUCPrefixReserved("payidem");
 
 	if (!process_shared_preload_libraries_in_progress)

@@ -7,7 +7,9 @@
  *
  * Locking: the struct is created under AddinShmemInitLock and initialised
  * only when it did not exist (!found).  The order-number part has its own
- * spinlock (see order_no.c); the other counters are atomics and need none.
+ * spinlock (see order_no.c).  The counters are atomics in one slot per
+ * database; a backend finds its slot once (a spinlock only to claim a free
+ * one) and then counts with one atomic add.
  * After a backend crash the postmaster rebuilds shared memory and the
  * startup hook runs again, so every field starts from its initial state.
  *
@@ -38,9 +40,26 @@ static const char *const payidem_counter_names[PAYIDEM_NUM_COUNTERS] = {
 	"idem_replay",
 	"idem_reclaimed",
 	"idem_mismatch",
+	"order_nos_issued",
+	"clock_rollbacks",
+	"seconds_borrowed",
+	"order_no_reservations",
 	"transitions_applied",
 	"transitions_rejected",
+	"payment_applied",
+	"payment_duplicate",
+	"payment_anomaly",
+	"payment_rejected",
+	"notify_sent",
+	"notify_retried",
+	"notify_failed",
+	"housekeeping_runs",
+	"housekeeping_orders_closed",
+	"housekeeping_keys_purged",
 };
+
+/* this backend's slot, once found (its database never changes) */
+static PayidemDbCounters *my_counters = NULL;
 
 /* Ask for our shared memory (PostgreSQL 15+: only allowed in this hook). */
 static void
@@ -57,6 +76,7 @@ payidem_shmem_startup(void)
 {
 	bool		found;
 	int			i;
+	int			j;
 
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
@@ -66,8 +86,13 @@ payidem_shmem_startup(void)
 	if (!found)
 	{
 		order_no_shmem_init(&payidem_shared->order_no);
-		for (i = 0; i < PAYIDEM_NUM_COUNTERS; i++)
-			pg_atomic_init_u64(&payidem_shared->counters[i], 0);
+		SpinLockInit(&payidem_shared->slots_mutex);
+		for (i = 0; i < PAYIDEM_DB_SLOTS; i++)
+		{
+			pg_atomic_init_u32(&payidem_shared->dbs[i].dboid, InvalidOid);
+			for (j = 0; j < PAYIDEM_NUM_COUNTERS; j++)
+				pg_atomic_init_u64(&payidem_shared->dbs[i].counters[j], 0);
+		}
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -98,58 +123,124 @@ payidem_require_shmem(const char *funcname)
 				 errhint("Add payidem to shared_preload_libraries in postgresql.conf and restart the server.")));
 }
 
+/*
+ * The counters of this backend's database: its slot, or a free one claimed
+ * now, or (all taken) the last slot, which counts for every database beyond
+ * the others.  NULL outside a database (e.g. the housekeeping launcher).
+ */
+static PayidemDbCounters *
+db_counters(Oid dboid, bool claim)
+{
+	PayidemDbCounters *slots = payidem_shared->dbs;
+	PayidemDbCounters *found = NULL;
+	int			i;
+
+	for (i = 0; i < PAYIDEM_DB_SLOTS - 1; i++)
+		if (pg_atomic_read_u32(&slots[i].dboid) == dboid)
+			return &slots[i];
+	if (!claim)
+		return NULL;
+	SpinLockAcquire(&payidem_shared->slots_mutex);
+	for (i = 0; i < PAYIDEM_DB_SLOTS - 1 && found == NULL; i++)
+	{
+		Oid			o = pg_atomic_read_u32(&slots[i].dboid);
+
+		if (o == dboid)
+			found = &slots[i];
+		else if (o == InvalidOid)
+		{
+			pg_atomic_write_u32(&slots[i].dboid, dboid);
+			found = &slots[i];
+		}
+	}
+	SpinLockRelease(&payidem_shared->slots_mutex);
+	return found ? found : &slots[PAYIDEM_DB_SLOTS - 1];
+}
+
+void
+payidem_count_n(PayidemCounter counter, uint64 n)
+{
+	if (payidem_shared == NULL || !OidIsValid(MyDatabaseId))
+		return;
+	if (my_counters == NULL)
+		my_counters = db_counters(MyDatabaseId, true);
+	pg_atomic_fetch_add_u64(&my_counters->counters[counter], n);
+}
+
 void
 payidem_count(PayidemCounter counter)
 {
-	if (payidem_shared)
-		pg_atomic_fetch_add_u64(&payidem_shared->counters[counter], 1);
-}
-
-static void
-put_counter(ReturnSetInfo *rsinfo, const char *name, uint64 value)
-{
-	Datum		values[2];
-	bool		nulls[2] = {false, false};
-
-	values[0] = CStringGetTextDatum(name);
-	values[1] = Int64GetDatum((int64) value);
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	payidem_count_n(counter, 1);
 }
 
 /*
- * payidem.stats() RETURNS TABLE(name text, value bigint)
+ * payidem.stats() RETURNS TABLE(name text, value bigint, server_value bigint)
  *		One row per counter since the server started (or shared memory was
- *		last rebuilt after a crash).  Reads a few words; cheap to call.
+ *		last rebuilt after a crash): value counts the current database,
+ *		server_value every database (value is NULL for a database beyond the
+ *		first PAYIDEM_DB_SLOTS - 1 to count, which share one slot).  Reads a few words per counter, takes
+ *		no lock; cheap to call.
  */
 PG_FUNCTION_INFO_V1(payidem_stats);
 Datum
 payidem_stats(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	OrderNoShared *on;
-	uint64		issued,
-				rollbacks,
-				borrowed,
-				reservations;
+	PayidemDbCounters *mine;
+	bool		shared_slot;
 	int			i;
+	int			j;
 
 	payidem_require_shmem("stats");
 	InitMaterializedSRF(fcinfo, 0);
+	mine = db_counters(MyDatabaseId, false);
+	/* no slot of its own, and none free: it counts in the shared last slot */
+	shared_slot = mine == NULL &&
+		pg_atomic_read_u32(&payidem_shared->dbs[PAYIDEM_DB_SLOTS - 2].dboid) != InvalidOid;
 
-	on = &payidem_shared->order_no;
-	SpinLockAcquire(&on->mutex);
-	issued = on->issued;
-	rollbacks = on->rollbacks;
-	borrowed = on->borrowed;
-	reservations = on->reservations;
-	SpinLockRelease(&on->mutex);
-
-	put_counter(rsinfo, "order_nos_issued", issued);
-	put_counter(rsinfo, "clock_rollbacks", rollbacks);
-	put_counter(rsinfo, "seconds_borrowed", borrowed);
-	put_counter(rsinfo, "order_no_reservations", reservations);
 	for (i = 0; i < PAYIDEM_NUM_COUNTERS; i++)
-		put_counter(rsinfo, payidem_counter_names[i],
-					pg_atomic_read_u64(&payidem_shared->counters[i]));
+	{
+		Datum		values[3];
+		bool		nulls[3] = {false, false, false};
+		uint64		server = 0;
+
+		for (j = 0; j < PAYIDEM_DB_SLOTS; j++)
+			server += pg_atomic_read_u64(&payidem_shared->dbs[j].counters[i]);
+		values[0] = CStringGetTextDatum(payidem_counter_names[i]);
+		values[1] = Int64GetDatum(mine ? (int64) pg_atomic_read_u64(&mine->counters[i]) : 0);
+		nulls[1] = shared_slot;
+		values[2] = Int64GetDatum((int64) server);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
 	return (Datum) 0;
+}
+
+/*
+ * payidem._count(counter text, n bigint DEFAULT 1) RETURNS void
+ *		Add n to a counter of stats() from SQL (notify_result()); not granted
+ *		to anyone.  Does nothing when the library was not preloaded, as the
+ *		C callers' counting does.
+ */
+PG_FUNCTION_INFO_V1(payidem_count_sql);
+Datum
+payidem_count_sql(PG_FUNCTION_ARGS)
+{
+	char	   *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	int64		n = PG_GETARG_INT64(1);
+	int			i;
+
+	for (i = 0; i < PAYIDEM_NUM_COUNTERS; i++)
+		if (strcmp(payidem_counter_names[i], name) == 0)
+			break;
+	if (i == PAYIDEM_NUM_COUNTERS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("unknown payidem counter \"%s\"", name)));
+	if (n < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a counter only grows"),
+				 errdetail("n was " INT64_FORMAT ".", n)));
+	payidem_count_n((PayidemCounter) i, (uint64) n);
+	PG_RETURN_VOID();
 }

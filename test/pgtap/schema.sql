@@ -27,7 +27,7 @@ SET client_min_messages = warning;
 --   bill day   2024-06-01 of WXPAY_001, batch WXPAY_001-20240601
 
 BEGIN;
-SELECT plan(364);
+SELECT plan(370);
 
 -- The status foreign keys are deferred to commit, so that the state-machine
 -- guard answers PI002 first; this test checks them per statement instead.
@@ -42,10 +42,10 @@ SET CONSTRAINTS payidem.order_status_known, payidem.payment_status_known,
 SELECT tables_are('payidem', ARRAY[
 	'state', 'transition', 'status_log',
 	'merchant', 'merchant_secret', 'channel', 'channel_config', 'merchant_channel',
-	'order', 'payment', 'refund',
+	'order', 'payment', 'refund', 'notify_event', 'query_lease',
 	'idempotency', 'anomaly', 'channel_bill', 'recon_batch', 'reconciliation',
 	'merchant_role', 'auditor_role'
-], 'payidem has exactly the 18 expected tables');
+], 'payidem has exactly the 20 expected tables');
 SELECT has_table('payidem', 'state',            'table payidem.state exists');
 SELECT has_table('payidem', 'transition',       'table payidem.transition exists');
 SELECT has_table('payidem', 'status_log',       'table payidem.status_log exists');
@@ -57,6 +57,8 @@ SELECT has_table('payidem', 'merchant_channel', 'table payidem.merchant_channel 
 SELECT has_table('payidem', 'order',            'table payidem."order" exists');
 SELECT has_table('payidem', 'payment',          'table payidem.payment exists');
 SELECT has_table('payidem', 'refund',           'table payidem.refund exists');
+SELECT has_table('payidem', 'notify_event',     'table payidem.notify_event exists');
+SELECT has_table('payidem', 'query_lease',      'table payidem.query_lease exists');
 SELECT has_table('payidem', 'idempotency',      'table payidem.idempotency exists');
 SELECT has_table('payidem', 'anomaly',          'table payidem.anomaly exists');
 SELECT has_table('payidem', 'channel_bill',     'table payidem.channel_bill exists');
@@ -64,8 +66,8 @@ SELECT has_table('payidem', 'recon_batch',      'table payidem.recon_batch exist
 SELECT has_table('payidem', 'reconciliation',   'table payidem.reconciliation exists');
 SELECT sequences_are('payidem', ARRAY[
 	'status_log_log_id_seq', 'anomaly_anomaly_id_seq', 'reconciliation_recon_id_seq',
-	'order_no_hwm'
-], 'payidem has exactly the 3 bigserial sequences and the order-number high-water mark');
+	'order_no_hwm', 'notify_event_seq'
+], 'payidem has exactly the 3 bigserial sequences, the order-number high-water mark and the event sequence');
 
 -- Primary keys
 SELECT col_is_pk('payidem', 'state',            ARRAY['entity', 'status'],                   'state: primary key is (entity, status)');
@@ -121,9 +123,9 @@ SELECT is((SELECT array_agg(format('%s.%s %s', c.relname, a.attname, format_type
              FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
             WHERE c.relnamespace = 'payidem'::regnamespace AND c.relkind = 'r' AND a.attnum > 0
               AND NOT a.attisdropped AND a.atttypid IN (SELECT oid FROM pg_type WHERE typtype = 'd')),
-	ARRAY['order.amount payidem.minor_amount', 'order.body payidem.order_body',
-	      'order.currency payidem.currency_code', 'order.notify_attempts payidem.attempt_count',
-	      'order.notify_status payidem.notify_status', 'order.notify_url payidem.http_url',
+	ARRAY['notify_event.attempts payidem.attempt_count', 'notify_event.status payidem.notify_status',
+	      'order.amount payidem.minor_amount', 'order.body payidem.order_body',
+	      'order.currency payidem.currency_code', 'order.notify_url payidem.http_url',
 	      'order.order_no payidem.order_number', 'order.out_trade_no payidem.merchant_ref',
 	      'order.paid_payment_no payidem.payment_number', 'order.return_url payidem.http_url',
 	      'order.subject payidem.order_subject',
@@ -151,7 +153,7 @@ SELECT col_type_is('payidem', 'channel_config',   'created_at',     'timestamp w
 SELECT col_type_is('payidem', 'channel_config',   'updated_at',     'timestamp with time zone', 'channel_config: updated_at is timestamptz');
 SELECT col_type_is('payidem', 'merchant_channel', 'created_at',     'timestamp with time zone', 'merchant_channel: created_at is timestamptz');
 SELECT col_type_is('payidem', 'merchant_channel', 'updated_at',     'timestamp with time zone', 'merchant_channel: updated_at is timestamptz');
-SELECT col_type_is('payidem', 'order',            'next_notify_at', 'timestamp with time zone', 'order: next_notify_at is timestamptz');
+SELECT col_type_is('payidem', 'notify_event',     'next_attempt_at', 'timestamp with time zone', 'notify_event: next_attempt_at is timestamptz');
 SELECT col_type_is('payidem', 'order',            'expire_at',      'timestamp with time zone', 'order: expire_at is timestamptz');
 SELECT col_type_is('payidem', 'order',            'paid_at',        'timestamp with time zone', 'order: paid_at is timestamptz');
 SELECT col_type_is('payidem', 'order',            'closed_at',      'timestamp with time zone', 'order: closed_at is timestamptz');
@@ -362,11 +364,11 @@ SELECT lives_ok($$INSERT INTO payidem.merchant_channel (merchant_no, channel_no,
 -- docs/state-machines.md); the state machine itself is tested in sql/state_machine.sql.
 SET LOCAL session_replication_role = replica;
 SELECT lives_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, body, amount, currency, status,
-	                                        refunded_amount, notify_url, return_url, notify_status, expire_at, paid_at) VALUES
+	                                        refunded_amount, notify_url, return_url, expire_at, paid_at) VALUES
 	('PO202401010000000000000164', 'M0123456789ABCDE', 'T-0001', 'Green tea', 'Two cups', 1250, 'CNY', 'paid',
-	 0, NULL, NULL, 'none', now() + interval '30 minutes', now()),
+	 0, NULL, NULL, now() + interval '30 minutes', now()),
 	('PO202401010000000000000261', 'M0123456789ABCDE', 'T-0002', 'Black tea', NULL, 990, 'CNY', 'pending',
-	 0, NULL, NULL, 'none', now() + interval '30 minutes', NULL)$$,
+	 0, NULL, NULL, now() + interval '30 minutes', NULL)$$,
 	'order: valid orders are accepted');
 SELECT lives_ok($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount, status, transaction_id,
 	                                       fee_amount, cost_amount, paid_at) VALUES
@@ -812,14 +814,26 @@ SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'javascript:alert(1)', now() + interval '30 minutes')$$,
 	'23514', 'value for domain payidem.http_url violates check constraint "http_url_format"',
 	'order: return_url must be http(s)');
-SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_status, expire_at) VALUES
-	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, 'queued', now() + interval '30 minutes')$$,
+SELECT throws_ok($$INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, payload, status, next_attempt_at, created_at)
+	VALUES (100, 'order.paid', 'PO202401010000000000000164', 'M0123456789ABCDE', '{}', 'queued', now(), now())$$,
 	'23514', 'value for domain payidem.notify_status violates check constraint "notify_status_known"',
-	'order: notify_status must be none, pending, sent or failed');
-SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, notify_attempts, expire_at) VALUES
-	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, -1, now() + interval '30 minutes')$$,
+	'notify_event: status must be pending, sent or failed');
+SELECT throws_ok($$INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, payload, attempts, next_attempt_at, created_at)
+	VALUES (100, 'order.paid', 'PO202401010000000000000164', 'M0123456789ABCDE', '{}', -1, now(), now())$$,
 	'23514', 'value for domain payidem.attempt_count violates check constraint "attempt_count_nonnegative"',
-	'order: notify_attempts cannot be negative');
+	'notify_event: attempts cannot be negative');
+SELECT throws_ok($$INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, payload, next_attempt_at, created_at)
+	VALUES (100, 'order.shipped', 'PO202401010000000000000164', 'M0123456789ABCDE', '{}', now(), now())$$,
+	'23514', NULL, 'notify_event: only the three event types');
+SELECT throws_ok($$INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, payload, next_attempt_at, created_at)
+	VALUES (100, 'refund.succeeded', 'PO202401010000000000000164', 'M0123456789ABCDE', '{}', now(), now())$$,
+	'23514', NULL, 'notify_event: a refund event names its refund');
+SELECT throws_ok($$INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, payload, status, next_attempt_at, created_at)
+	VALUES (100, 'order.paid', 'PO202401010000000000000164', 'M0123456789ABCDE', '{}', 'sent', now(), now())$$,
+	'23514', NULL, 'notify_event: only a pending event has a next attempt');
+SELECT throws_ok($$INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, payload, next_attempt_at, created_at)
+	VALUES (100, 'order.paid', 'PO202401010000000000000164', 'M9999999999ZZZZZ', '{}', now(), now())$$,
+	'23503', NULL, 'notify_event: the order and its merchant must exist');
 SELECT throws_ok($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at) VALUES
 	('PO202401010000000000000940', 'M0123456789ABCDE', 'T-0009', 'Green tea', 1250, now())$$,
 	'23514', 'new row for relation "order" violates check constraint "order_expire_after_create"',
@@ -1205,10 +1219,11 @@ $$, $$ VALUES
 	('status_log', ''), ('status_log_log_id_seq', ''),
 	('merchant', ''), ('merchant_secret', ''), ('channel', ''), ('channel_config', ''), ('merchant_channel', ''),
 	('order', ''), ('payment', ''), ('refund', ''),
+	('notify_event', ''), ('notify_event_seq', ''), ('query_lease', ''),
 	('idempotency', ''), ('anomaly', ''), ('anomaly_anomaly_id_seq', ''),
 	('channel_bill', ''), ('recon_batch', ''), ('reconciliation', ''), ('reconciliation_recon_id_seq', ''), ('order_no_hwm', ''),
 	('merchant_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)'), ('auditor_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)')
-$$, 'extconfig lists the 18 tables and 4 sequences, with their dump conditions');
+$$, 'extconfig lists the 20 tables and 5 sequences, with their dump conditions');
 SELECT set_eq($$
 	SELECT c.relname::text, cfg.cond
 	FROM pg_catalog.pg_extension e,

@@ -186,9 +186,13 @@ is($race_paid + $race_closed, $orders / 10, "close racing success: each order pa
 is($node->safe_psql('postgres', q(SELECT count(*) FROM storm_outcome e JOIN payidem."order" o ON o.order_no = e.ref
 	WHERE e.kind = 'close_order' AND (e.outcome = 'true') <> (o.status = 'closed'))), '0',
 	'close_order answered true exactly where it closed the order');
-is($node->safe_psql('postgres', q(SELECT count(*) FROM payidem."order"
-	WHERE status = 'paid' AND (notify_status <> 'pending' OR notify_attempts <> 0))), '0',
-	'every paid order has one notification scheduled');
+is($node->safe_psql('postgres', q(SELECT count(*) FROM payidem."order" o
+	WHERE o.status = 'paid' AND (SELECT count(*) FROM payidem.notify_event e
+								  WHERE e.order_no = o.order_no AND e.event = 'order.paid' AND e.status = 'pending') <> 1)), '0',
+	'every paid order has exactly one order.paid event due');
+is($node->safe_psql('postgres', q(SELECT count(*) FROM payidem.notify_event e JOIN payidem."order" o USING (order_no)
+	WHERE (e.event = 'order.paid') <> (o.paid_payment_no IS NOT NULL) OR (e.event = 'order.closed') <> (o.status = 'closed'))), '0',
+	'an order.paid event exactly for a paid order, an order.closed one exactly for a closed order');
 
 # concurrent refunds
 $node->pgbench(

@@ -164,7 +164,7 @@ BEGIN
 			END IF;
 		ELSIF v_action = 'notify' THEN
 			FOR n IN SELECT * FROM payidem.notify_due(3) LOOP
-				PERFORM payidem.notify_result(n.order_no, random() < 0.5);
+				PERFORM payidem.notify_result(n.event_id, random() < 0.5);
 			END LOOP;
 		ELSE
 			v_out := payidem.sign((SELECT merchant_no FROM bs_merchant), 'amount=' || o.amount);

@@ -314,17 +314,25 @@ sub run_cluster
 	is($last->safe_psql('postgres', "SELECT handle_status FROM payidem.reconciliation WHERE recon_id = $diff"),
 		'handled', "$tag: resolve_diff through the router reaches the shard of the difference");
 
-	# ---- notifications from all shards, max_rows shared out
-	is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.notify_due(1)'),
-		1, "$tag: notify_due(1) hands out one notification");
-	my $due = $router->safe_psql('postgres', 'SELECT string_agg(order_no, \',\') FROM payidem.notify_due(100)');
-	my @due = split /,/, $due;
-	is(scalar(@due), $n - 1, "$tag: notify_due gathers the others from all shards");
-	$router->safe_psql('postgres', "SELECT payidem.notify_result('$_', true)") for @due;
-	my $sent = 0;
-	$sent += $_->safe_psql('postgres', q{SELECT count(*) FROM payidem."order" WHERE notify_status = 'sent'})
+	# ---- notification events from all shards, max_rows shared out
+	my $events = 0;
+	$events += $_->safe_psql('postgres', q{SELECT count(*) FROM payidem.notify_event WHERE status = 'pending'})
 	  for @shards;
-	is($sent, $n - 1, "$tag: notify_result through the router reaches each order's shard");
+	cmp_ok($events, '>=', $n, "$tag: the shards hold their orders' events");
+	is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.notify_due(1)'),
+		1, "$tag: notify_due(1) hands out one event");
+	my $due = $router->safe_psql('postgres', 'SELECT string_agg(event_id::text, \',\') FROM payidem.notify_due(100)');
+	my @due = split /,/, $due;
+	is(scalar(@due), $events - 1, "$tag: notify_due gathers the others from all shards");
+	is(scalar(grep { $_ % 100 >= $n } @due), 0, "$tag: each event id names its shard");
+	$router->safe_psql('postgres', "SELECT payidem.notify_result($_, true)") for @due;
+	my $sent = 0;
+	$sent += $_->safe_psql('postgres', q{SELECT count(*) FROM payidem.notify_event WHERE status = 'sent'})
+	  for @shards;
+	is($sent, $events - 1, "$tag: notify_result through the router reaches each event's shard");
+	($ok, $out, $err) = try_sql($router, 'SELECT payidem.notify_result(' . (100 + $n) . ', true)');
+	ok(!$ok && $err =~ /notification event \d+ does not exist/,
+		"$tag: an event id naming no shard is unknown, as on one database") or diag($err);
 
 	return ($router, \@shards, \%home, \@stories);
 }

@@ -88,7 +88,7 @@ SELECT payidem.apply_refund_result(payidem.refund(p.payment_no, 5, 'BKR-' || p.i
 SELECT payidem.refund(p.payment_no, 7, 'BKR-' || p.i) FROM bk_payment p WHERE p.i % 10 = 5 ORDER BY p.i;
 SELECT payidem.transit_order(o.order_no, 'shipping') FROM bk_order o WHERE o.i % 20 = 0;
 -- notifications handed out, some answered
-SELECT payidem.notify_result(d.order_no, d.attempt % 2 = 0) FROM payidem.notify_due(50) d;
+SELECT payidem.notify_result(d.event_id, d.event_id % 200 = 0) FROM payidem.notify_due(50) d;
 SELECT * FROM payidem.idem_claim('bk:open', 'test', 'BK-1', 'BK_WX', 5, NULL, '1 hour');
 -- a bill with one line we do not know, and its reconciliation
 SELECT payidem.load_bill('BK_WX', current_date,
@@ -181,7 +181,7 @@ refused(q{INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_i
 	VALUES ('BK_WX', current_date, 'TXNEG', -5, 0, 'succeeded', now())}, '23514', 'a negative bill amount');
 refused(q{UPDATE payidem.merchant SET status = 'deleted'}, '23514', 'an unknown merchant status');
 refused(qq{DELETE FROM payidem."order" WHERE order_no = '$pending'}, '42501', 'DELETE of an order');
-refused(q{TRUNCATE payidem.refund}, '42501', 'TRUNCATE of refunds');
+refused(q{TRUNCATE payidem.refund CASCADE}, '42501', 'TRUNCATE of refunds (and of their events)');
 # the rows a restore loads, written by an application: refused, by INSERT and
 # by COPY (only the tables' owner or a superuser loads them as dumped)
 refused(qq{INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at, status, paid_at)

@@ -1,0 +1,196 @@
+--
+-- notifications: the merchant-notification outbox (DESIGN §7).  One event per
+-- order.paid, refund.succeeded and order.closed, written in the transaction of
+-- the change; its payload byte for byte; its signature recomputed here with
+-- pgcrypto's hmac() (in this test only: payidem itself needs no extension);
+-- verify_notification() as a receiver uses it.
+-- Generated numbers, ids and times are never printed, only compared.
+--
+CREATE EXTENSION IF NOT EXISTS payidem;
+CREATE EXTENSION IF NOT EXISTS pgcrypto;
+SET client_min_messages = warning;
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+
+-- a payload with what changes from run to run masked: ids, numbers, times
+CREATE FUNCTION pg_temp.masked(payload text)
+RETURNS text
+LANGUAGE sql AS $$
+	SELECT regexp_replace(regexp_replace(regexp_replace(regexp_replace(payload,
+		'"event_id":[0-9]+', '"event_id":<id>'),
+		'"M[0-9A-HJKMNP-TV-Z]{15}"', '"<merchant_no>"'),
+		'"(PO|PY|RF)[0-9]{24}"', '"\1<number>"', 'g'),
+		'"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z"', '"<utc time>"', 'g')
+$$;
+-- UTC ISO 8601 with microseconds, as a receiver in any language would parse it
+CREATE FUNCTION pg_temp.iso(t timestamptz)
+RETURNS text
+LANGUAGE sql AS $$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') $$;
+-- what a receiver computes from the raw body and the header's t
+CREATE FUNCTION pg_temp.expected_v1(secret text, t text, payload text)
+RETURNS text
+LANGUAGE sql AS $$ SELECT encode(hmac(t || '.' || payload, secret, 'sha256'), 'hex') $$;
+
+------------------------------------------------------------------------ set-up
+SELECT merchant_no AS m, api_key AS k, api_secret AS secret1
+  FROM payidem.create_merchant('Notify Tea', 'retail', 0.006) \gset
+SELECT payidem.create_channel('NT_WX', 'wechat', 0.002);
+SELECT payidem.create_channel('NT_ALI', 'alipay', 0.002);
+SELECT payidem.bind_channel(:'m', 'NT_WX');
+SELECT payidem.bind_channel(:'m', 'NT_ALI');
+
+---------------------------------------------------------------------- the story
+-- an order; a failed attempt; a success on another channel; two partial
+-- refunds and a full refund; and a second order, closed unpaid
+SELECT payidem.create_order(:'m', 'NT-0001', 10000, 'Tea set "Jade" 茶具', 'https://nt.example/notify') AS o \gset
+SELECT count(*) AS events_of_a_new_order FROM payidem.notify_event WHERE order_no = :'o';
+SELECT payidem.begin_payment(:'o', 'NT_WX') AS p1 \gset
+SELECT payidem.apply_payment_result(:'p1', 'callback', 'failed') AS failed_attempt;
+SELECT count(*) AS events_after_a_failure FROM payidem.notify_event WHERE order_no = :'o';
+SELECT payidem.begin_payment(:'o', 'NT_ALI') AS p2 \gset
+SELECT payidem.apply_payment_result(:'p2', 'callback', 'succeeded', 'ALI-TXN-0001', 10000) AS success;
+SELECT payidem.apply_payment_result(:'p2', 'query', 'succeeded', 'ALI-TXN-0001', 10000) AS repeated_success;
+SELECT payidem.refund(:'p2', 3000, 'NT-R1', 'one cup broken') AS r1 \gset
+SELECT payidem.apply_refund_result(:'r1', 'succeeded', 'ALI-RF-1') AS refund_1;
+SELECT payidem.apply_refund_result(:'r1', 'succeeded', 'ALI-RF-1') AS refund_1_again;
+SELECT payidem.refund(:'p2', 2000, 'NT-R2') AS r2 \gset
+SELECT payidem.apply_refund_result(:'r2', 'succeeded') AS refund_2;
+-- a refund that fails is no event
+SELECT payidem.refund(:'p2', 5000, 'NT-R3') AS r3 \gset
+SELECT payidem.apply_refund_result(:'r3', 'failed') AS refund_3_failed;
+SELECT payidem.refund(:'p2', 5000, 'NT-R4') AS r4 \gset
+SELECT payidem.apply_refund_result(:'r4', 'succeeded') AS refund_4_full;
+SELECT payidem.create_order(:'m', 'NT-0002', 500, 'Sample', 'https://nt.example/notify') AS o2 \gset
+SELECT payidem.close_order(:'o2') AS closed;
+SELECT payidem.close_order(:'o2') AS closed_again;
+
+-- one event per change, in order, each pending and due now
+SELECT event, order_no = :'o' AS first_order, refund_no IS NOT NULL AS has_refund, status, attempts,
+       next_attempt_at = created_at AS due_at_once, event_id % 100 AS shard
+  FROM payidem.notify_event WHERE merchant_no = :'m' ORDER BY event_id;
+SELECT refund_no = :'r1' AS r1, refund_no = :'r2' AS r2, refund_no = :'r4' AS r4
+  FROM payidem.notify_event WHERE event = 'refund.succeeded' AND merchant_no = :'m' ORDER BY event_id;
+
+-- each payload, byte for byte: JSON text, keys in a fixed order, no spaces,
+-- times in UTC, the state at that event (not the order's state now)
+SELECT event, pg_temp.masked(payload) AS payload
+  FROM payidem.notify_event WHERE merchant_no = :'m' ORDER BY event_id;
+-- and the same bytes built here from the rows, field by field
+SELECT e.event, e.payload = format(
+		'{"event_id":%s,"event":"%s","created_at":"%s","merchant_no":"%s","order_no":"%s","out_trade_no":"%s",'
+		'"amount":%s,"currency":"CNY","status":"%s"%s}',
+		e.event_id, e.event, pg_temp.iso(e.created_at), :'m', o.order_no, o.out_trade_no, o.amount,
+		CASE e.event WHEN 'order.paid' THEN 'paid' WHEN 'order.closed' THEN 'closed'
+			 ELSE CASE WHEN r.refund_no = :'r4' THEN 'refunded' ELSE 'partially_refunded' END END,
+		CASE WHEN e.event = 'order.closed' THEN ''
+			 ELSE format(',"payment_no":"%s","transaction_id":"ALI-TXN-0001","paid_at":"%s"', :'p2', pg_temp.iso(p.paid_at)) END
+		|| CASE WHEN r.refund_no IS NULL THEN ''
+				ELSE format(',"refund_no":"%s","refund_amount":%s,"refunded_amount":%s', r.refund_no, r.amount,
+							(SELECT sum(x.amount) FROM payidem.refund x
+							  WHERE x.payment_no = :'p2' AND x.status = 'succeeded' AND x.refund_no <= r.refund_no)) END
+	   ) AS byte_for_byte,
+	   e.payload::jsonb ->> 'created_at' = pg_temp.iso(e.created_at) AS created_at_utc
+  FROM payidem.notify_event e
+  JOIN payidem."order" o USING (order_no)
+  LEFT JOIN payidem.payment p ON p.payment_no = :'p2' AND e.event <> 'order.closed'
+  LEFT JOIN payidem.refund r USING (refund_no)
+ WHERE e.merchant_no = :'m' ORDER BY e.event_id;
+-- JSON any parser reads, but not the text a parser writes back: sign and
+-- verify the raw bytes
+SELECT bool_and(payload::jsonb IS NOT NULL) AS all_parse,
+       bool_and(payload::jsonb::text <> payload) AS not_jsonb_text
+  FROM payidem.notify_event WHERE merchant_no = :'m';
+
+------------------------------------------------------------------ the signature
+-- notify_due hands out each event with a header t=<unix seconds>,v1=<hex>,
+-- v1 = HMAC-SHA256(secret, "<t>.<payload>"), recomputed here with pgcrypto
+CREATE TEMP TABLE handed AS SELECT * FROM payidem.notify_due(100) WHERE merchant_no = :'m';
+SELECT count(*) AS handed, count(DISTINCT event_id) AS distinct_events,
+       bool_and(signature ~ '^t=[0-9]{10},v1=[0-9a-f]{64}$') AS header_shape,
+       bool_and(abs(substring(signature FROM '^t=([0-9]+)')::bigint - extract(epoch FROM now())) <= 2) AS t_is_now,
+       bool_and(substring(signature FROM 'v1=([0-9a-f]{64})') =
+                pg_temp.expected_v1(:'secret1', substring(signature FROM '^t=([0-9]+)'), payload)) AS v1_recomputed,
+       bool_and(payload = (SELECT e.payload FROM payidem.notify_event e WHERE e.event_id = handed.event_id)) AS payload_as_stored,
+       bool_and(notify_url = 'https://nt.example/notify' AND attempt = 1) AS url_and_attempt
+  FROM handed;
+SELECT event FROM handed ORDER BY event_id;
+
+----------------------------------------------------------- verify_notification
+SELECT bool_and(payidem.verify_notification(:'k', payload, signature)) AS accepted FROM handed;
+SELECT payload AS pl, signature AS sig FROM handed WHERE event = 'order.paid' \gset
+SELECT floor(extract(epoch FROM now()))::bigint AS now_t, substring(:'sig' FROM '^t=([0-9]+)')::bigint AS sig_t \gset
+-- a changed byte anywhere in the body, the header's t or its v1
+SELECT payidem.verify_notification(:'k', replace(:'pl', '10000', '10001'), :'sig') AS amount_changed,
+       payidem.verify_notification(:'k', :'pl' || ' ', :'sig') AS trailing_space,
+       payidem.verify_notification(:'k', (:'pl'::jsonb)::text, :'sig') AS reserialised_by_a_parser,
+       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', '^t=([0-9]+)', 't=' || (:sig_t + 1))) AS t_changed,
+       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', '.$', 'x')) AS v1_changed,
+       payidem.verify_notification('no-such-key', :'pl', :'sig') AS unknown_key;
+-- the replay window: a header signed 10 minutes ago (or ahead) is refused
+-- with the default tolerance of 5 minutes, accepted with 15
+SELECT payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t - 600, pg_temp.expected_v1(:'secret1', (:now_t - 600)::text, :'pl'))) AS stale,
+       payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t - 600, pg_temp.expected_v1(:'secret1', (:now_t - 600)::text, :'pl')),
+           '15 minutes') AS stale_within_15_minutes,
+       payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t + 600, pg_temp.expected_v1(:'secret1', (:now_t + 600)::text, :'pl'))) AS ahead,
+       payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t - 200, pg_temp.expected_v1(:'secret1', (:now_t - 200)::text, :'pl'))) AS within_5_minutes;
+-- the header's grammar: other schemes are ignored, one t only, any v1 may match
+SELECT payidem.verify_notification(:'k', :'pl', :'sig' || ',v0=abc') AS other_scheme_ignored,
+       payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s,v1=%s', :now_t, repeat('0', 64), pg_temp.expected_v1(:'secret1', :now_t::text, :'pl'))) AS second_v1_matches,
+       payidem.verify_notification(:'k', :'pl', :'sig' || ',t=' || :now_t) AS two_timestamps,
+       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', ',v1=.*$', '')) AS no_v1,
+       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', '^t=[0-9]+,', '')) AS no_t,
+       payidem.verify_notification(:'k', :'pl', upper(:'sig')) AS upper_case;
+
+-------------------------------------------------------------- a secret rotation
+-- during the grace period the header carries a v1 for each secret valid now,
+-- the new one first: a receiver that has either secret accepts it
+SELECT payidem.rotate_merchant_secret(:'m', '1 hour') AS secret2 \gset
+UPDATE payidem.notify_event SET next_attempt_at = now() WHERE event_id = (SELECT event_id FROM handed WHERE event = 'order.paid');
+SELECT signature AS sig2 FROM payidem.notify_due(100) WHERE merchant_no = :'m' \gset
+SELECT :'sig2' ~ '^t=[0-9]{10},v1=[0-9a-f]{64},v1=[0-9a-f]{64}$' AS two_v1,
+       split_part(:'sig2', ',', 2) = 'v1=' || pg_temp.expected_v1(:'secret2', substring(:'sig2' FROM '^t=([0-9]+)'), :'pl') AS new_secret_first,
+       split_part(:'sig2', ',', 3) = 'v1=' || pg_temp.expected_v1(:'secret1', substring(:'sig2' FROM '^t=([0-9]+)'), :'pl') AS old_secret_second,
+       payidem.verify_notification(:'k', :'pl', :'sig2') AS accepted;
+-- a header from either secret alone is accepted during the grace period
+SELECT payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret1', :now_t::text, :'pl'))) AS old_secret_in_grace,
+       payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret2', :now_t::text, :'pl'))) AS new_secret;
+-- rotated again without grace: the first secret has ended, the second too
+SELECT payidem.rotate_merchant_secret(:'m', '0 seconds') AS secret3 \gset
+SELECT payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret1', :now_t::text, :'pl'))) AS rotated_out_secret,
+       payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret2', :now_t::text, :'pl'))) AS secret_with_no_grace,
+       payidem.verify_notification(:'k', :'pl',
+           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret3', :now_t::text, :'pl'))) AS current_secret;
+UPDATE payidem.notify_event SET next_attempt_at = now() WHERE event_id = (SELECT event_id FROM handed WHERE event = 'order.paid');
+SELECT signature ~ '^t=[0-9]{10},v1=[0-9a-f]{64}$' AS one_v1_again,
+       substring(signature FROM 'v1=([0-9a-f]{64})') = pg_temp.expected_v1(:'secret3', substring(signature FROM '^t=([0-9]+)'), payload) AS signed_with_current
+  FROM payidem.notify_due(100) WHERE merchant_no = :'m';
+
+------------------------------------------------------- only what was committed
+-- an event written in a transaction that rolls back does not exist
+BEGIN;
+SELECT payidem.create_order(:'m', 'NT-0003', 800, 'Rolled back', 'https://nt.example/notify') AS o3 \gset
+SELECT payidem.close_order(:'o3') AS closed_in_transaction;
+SELECT count(*) AS events_inside FROM payidem.notify_event WHERE order_no = :'o3';
+ROLLBACK;
+SELECT count(*) AS events_after_rollback FROM payidem.notify_event WHERE order_no = :'o3';
+-- a change any writer makes is notified: a DBA's transit_order()
+SELECT payidem.create_order(:'m', 'NT-0004', 800, 'Closed by a DBA', 'https://nt.example/notify') AS o4 \gset
+SELECT payidem.transit_order(:'o4', 'closed') AS dba_closed;
+SELECT event, pg_temp.masked(payload) AS payload FROM payidem.notify_event WHERE order_no = :'o4';
+-- an order without a notify_url has no events
+SELECT payidem.create_order(:'m', 'NT-0005', 800, 'Silent') AS o5 \gset
+SELECT payidem.close_order(:'o5') AS closed;
+SELECT count(*) AS events_without_notify_url FROM payidem.notify_event WHERE order_no = :'o5';
+
+---------------------------------------------------------------------- backlog
+SELECT status, attempts, events, due_now, oldest_due_at IS NOT NULL AS has_due, behind_by >= '0' AS behind_known
+  FROM payidem.notification_backlog;
