@@ -3184,13 +3184,15 @@ CREATE TABLE payidem.query_lease (
 	CONSTRAINT query_lease_pkey PRIMARY KEY (payment_no)
 );
 COMMENT ON TABLE payidem.query_lease IS
-	'Which expired pending attempts query_due() handed out, until when; query_due() drops leases that ran out.';
+	'Which expired pending attempts query_due() handed out, until when; query_due() drops the leases of attempts no longer pending.';
 
 CREATE FUNCTION payidem.query_due(max_rows integer DEFAULT 100)
 RETURNS TABLE (payment_no text, order_no text, channel_no text, expire_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_lease constant interval := '60 seconds';
+	-- the advisory-lock space of query_due() (the first key of the pair)
+	v_lock_class constant integer := hashtext('payidem.query_due');
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
 		RAISE EXCEPTION 'invalid max_rows' USING
@@ -3198,21 +3200,33 @@ BEGIN
 			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
 			HINT = 'Pass how many attempts one worker queries at a time, e.g. 100.';
 	END IF;
-	-- leases that ran out are dropped (the table holds only live ones)
-	DELETE FROM payidem.query_lease l WHERE l.leased_until <= now();
-	-- an attempt is handed out to whoever writes its lease: the insert, or
-	-- the update of a lease that ran out, decides on the latest row (a
-	-- concurrent caller's committed lease is seen), so two callers never
-	-- get the same attempt; the attempts themselves are not locked
+	-- the leases of attempts that are no longer pending are dropped (they can
+	-- never be handed out again, so no caller writes them meanwhile); one
+	-- another caller is dropping is left to it
+	DELETE FROM payidem.query_lease l
+	 WHERE l.payment_no IN (SELECT x.payment_no FROM payidem.query_lease x
+							 WHERE x.leased_until <= now()
+							   AND NOT EXISTS (SELECT 1 FROM payidem.payment p
+												WHERE p.payment_no = x.payment_no AND p.status = 'pending')
+							   FOR UPDATE SKIP LOCKED);
+	-- Two callers never get the same attempt, and neither waits for the other:
+	-- an attempt another caller is handing out (its transaction-scoped
+	-- advisory lock, taken in order until max_rows are had) is skipped, as
+	-- SKIP LOCKED skips a row; one whose lease that caller committed after
+	-- this statement's snapshot is refused by the lease write itself (the
+	-- upsert decides on the latest row).  The attempts are not locked, so a
+	-- payment result never waits for query_due().
 	RETURN QUERY
 	WITH due AS (
-		SELECT p.payment_no::text AS payment_no, p.order_no, p.channel_no, o.expire_at
-		  FROM payidem."order" o
-		  JOIN payidem.payment p ON p.order_no = o.order_no AND p.status = 'pending'
-		 WHERE o.status = 'pending' AND o.expire_at <= now()
-		   AND NOT EXISTS (SELECT 1 FROM payidem.query_lease l
-							WHERE l.payment_no = p.payment_no AND l.leased_until > now())
-		 ORDER BY o.expire_at
+		SELECT c.* FROM (
+			SELECT p.payment_no::text AS payment_no, p.order_no, p.channel_no, o.expire_at
+			  FROM payidem."order" o
+			  JOIN payidem.payment p ON p.order_no = o.order_no AND p.status = 'pending'
+			 WHERE o.status = 'pending' AND o.expire_at <= now()
+			   AND NOT EXISTS (SELECT 1 FROM payidem.query_lease l
+								WHERE l.payment_no = p.payment_no AND l.leased_until > now())
+			 ORDER BY o.expire_at) c
+		 WHERE pg_try_advisory_xact_lock(v_lock_class, hashtext(c.payment_no))
 		 LIMIT max_rows),
 	leased AS (
 		INSERT INTO payidem.query_lease AS l (payment_no, leased_until)
@@ -3226,7 +3240,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.query_due(integer) IS
-	'Up to max_rows pending payment attempts whose order has expired, oldest expiry first, each leased for 60 s (two callers never get the same one): query the channel, then report with apply_payment_result(payment_no, ''query'' or ''close'', ...).';
+	'Up to max_rows pending payment attempts whose order has expired, oldest expiry first, each leased for 60 s (two callers never get the same one, and never wait for each other): query the channel, then report with apply_payment_result(payment_no, ''query'' or ''close'', ...).';
 
 -- The read API: an order with its attempts and refunds, as an application
 -- reads it (it has no table privileges).  get_order() and find_order() are

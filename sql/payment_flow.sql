@@ -591,6 +591,34 @@ SELECT o.status, pg_temp.events(o.order_no) AS events,
        p.transaction_id, p.fee_amount, p.cost_amount
   FROM payidem."order" o JOIN payidem.payment p USING (order_no) WHERE o.order_no = :'o22';
 
+------------------------------------------------- query_due: expired attempts
+-- seed 000, case 3: an order whose attempt is still pending when it expires
+-- is not closed by anyone; query_due() lists it for the application to ask
+-- the channel, and the answer is reported as a query (or close) result
+SELECT payidem.create_order(:'m1', 'T-0030', 400, 'Slow payer', expire_in => '1 second') AS o30 \gset
+SELECT payidem.begin_payment(:'o30', 'FLOW_WX') AS p30 \gset
+SELECT payidem.create_order(:'m1', 'T-0031', 400, 'Expired, no attempt', expire_in => '1 second') AS o31 \gset
+SELECT payidem.create_order(:'m1', 'T-0032', 400, 'Not expired') AS o32 \gset
+SELECT payidem.begin_payment(:'o32', 'FLOW_WX') AS p32 \gset
+SELECT count(*) AS due_before_expiry FROM payidem.query_due(100) WHERE order_no IN (:'o30', :'o31', :'o32');
+SELECT pg_sleep(1.1);
+CREATE TEMP TABLE qdue AS SELECT * FROM payidem.query_due(100);
+SELECT payment_no = :'p30' AS is_p30, order_no = :'o30' AS is_o30, channel_no,
+       expire_at = (SELECT o.expire_at FROM payidem."order" o WHERE o.order_no = :'o30') AS its_expiry
+  FROM qdue WHERE order_no IN (:'o30', :'o31', :'o32');
+-- leased for 60 s: not listed again meanwhile, also not to a second caller
+SELECT count(*) AS listed_again FROM payidem.query_due(100) WHERE order_no = :'o30';
+SELECT leased_until > now() + interval '50 seconds' AS leased FROM payidem.query_lease WHERE payment_no = :'p30';
+-- a lease that ran out: listed again
+UPDATE payidem.query_lease SET leased_until = now() - interval '1 second' WHERE payment_no = :'p30';
+SELECT count(*) AS listed_after_lease FROM payidem.query_due(100) WHERE order_no = :'o30';
+-- the channel says it was paid after all: the query result pays the order
+SELECT payidem.apply_payment_result(:'p30', 'query', 'succeeded', 'WX-T-0030', 400) AS query_result;
+SELECT status, pg_temp.events(order_no) AS events FROM payidem."order" WHERE order_no = :'o30';
+UPDATE payidem.query_lease SET leased_until = now() - interval '1 second' WHERE payment_no = :'p30';
+SELECT count(*) AS listed_once_paid FROM payidem.query_due(100) WHERE order_no = :'o30';
+SELECT count(*) AS lease_dropped FROM payidem.query_lease WHERE payment_no = :'p30';
+
 ------------------------------------------------------------------- privileges
 -- an application role reaches the flow only through the functions
 CREATE ROLE flow_app;
