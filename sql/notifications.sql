@@ -31,6 +31,9 @@ CREATE FUNCTION pg_temp.expected_v1(secret text, t text, payload text)
 RETURNS text
 LANGUAGE sql AS $$ SELECT encode(hmac(t || '.' || payload, secret, 'sha256'), 'hex') $$;
 
+-- counters before (stats(): this database and the whole server)
+CREATE TEMP TABLE stats_before AS SELECT name, value FROM payidem.stats();
+
 ------------------------------------------------------------------------ set-up
 SELECT merchant_no AS m, api_key AS k, api_secret AS secret1
   FROM payidem.create_merchant('Notify Tea', 'retail', 0.006) \gset
@@ -192,5 +195,27 @@ SELECT payidem.close_order(:'o5') AS closed;
 SELECT count(*) AS events_without_notify_url FROM payidem.notify_event WHERE order_no = :'o5';
 
 ---------------------------------------------------------------------- backlog
-SELECT status, attempts, events, due_now, oldest_due_at IS NOT NULL AS has_due, behind_by >= '0' AS behind_known
+-- (the other tests' events set aside, in a transaction rolled back)
+BEGIN;
+UPDATE payidem.notify_event SET status = 'sent', next_attempt_at = NULL WHERE merchant_no <> :'m';
+UPDATE payidem.notify_event SET status = 'failed', next_attempt_at = NULL, attempts = 16
+ WHERE order_no = :'o2';
+UPDATE payidem.notify_event SET attempts = 2, next_attempt_at = now() - interval '90 seconds'
+ WHERE order_no = :'o'  AND event = 'order.paid';
+SELECT status, attempts, events, due_now, oldest_due_at IS NOT NULL AS has_due,
+       behind_by >= interval '90 seconds' AS behind_90s, oldest_event_at IS NOT NULL AS has_oldest
   FROM payidem.notification_backlog;
+ROLLBACK;
+
+---------------------------------------------------------------------- counters
+-- one answer of each kind, then what stats() counted over this test: payment
+-- results by outcome (a repeated callback is a payment_duplicate), deliveries
+-- by answer; this database's count never exceeds the server's
+SELECT payidem.notify_result(event_id, true) FROM payidem.notify_event WHERE order_no = :'o4';
+SELECT payidem.notify_result(event_id, false, 'HTTP 503') FROM payidem.notify_event
+ WHERE order_no = :'o2' AND event = 'order.closed';
+SELECT s.name, s.value - b.value AS delta
+  FROM payidem.stats() s JOIN stats_before b USING (name)
+ WHERE s.name ~ '^(payment|notify)_' ORDER BY s.name;
+SELECT count(*) AS counters, count(*) FILTER (WHERE value IS NULL OR value > server_value) AS inconsistent
+  FROM payidem.stats();
