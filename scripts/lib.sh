@@ -44,6 +44,8 @@ native_major() {
 PG_MAJOR=${PG_MAJOR:-${PG:-$(native_major)}}
 PG_MAJOR=${PG_MAJOR:-15}
 
+# The client tests' runtime (test/client: the examples/ programs with real drivers).
+CLIENT_PACKAGES=(nodejs npm)
 # Everything make test / make demo need on a fresh Debian machine, for PG_MAJOR.
 PACKAGES=(
 	make gcc libc6-dev
@@ -51,6 +53,7 @@ PACKAGES=(
 	libtap-parser-sourcehandler-pgtap-perl
 	libipc-run-perl libssl-dev faketime
 	clang libclang-rt-dev sqlsmith
+	"${CLIENT_PACKAGES[@]}"
 )
 # Packages Debian may not carry yet for a new major (PG_PARTIAL), each with the
 # tests that need it: there, where one has no installation candidate, those
@@ -80,6 +83,17 @@ as_pg() {
 
 # (the output is read whole: grep -q on a pipe would fail it under pipefail)
 installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == *'install ok installed'* ]]; }
+# Installed, or provided by an installed package (a nodejs from elsewhere than
+# Debian may bring its own npm, and conflict with Debian's).
+installed_or_provided() {
+	installed "$1" && return 0
+	local line
+	while IFS= read -r line; do
+		[[ $line == 'ii '* ]] || continue
+		[[ ", ${line#ii }, " == *", $1, "* || ", ${line#ii }, " == *", $1 ("* ]] && return 0
+	done < <(dpkg-query -W -f='${db:Status-Abbrev}${Provides}\n' 2>/dev/null)
+	return 1
+}
 has_candidate() { [[ $(LC_ALL=C apt-cache policy "$1" 2>/dev/null) =~ Candidate:\ [^\(] ]]; }
 
 # Install missing Debian packages (root), or print the apt-get line and stop.
@@ -87,7 +101,7 @@ has_candidate() { [[ $(LC_ALL=C apt-cache policy "$1" 2>/dev/null) =~ Candidate:
 ensure_packages() {
 	local missing=() optional=() p e
 	for p in "${PACKAGES[@]}"; do
-		installed "$p" || missing+=("$p")
+		installed_or_provided "$p" || missing+=("$p")
 	done
 	for e in "${OPTIONAL_PACKAGES[@]}"; do
 		installed "${e%%:*}" || optional+=("${e%%:*}")
@@ -217,6 +231,10 @@ cluster_start() {
 		echo "log_min_messages = warning"
 		echo "lc_messages = 'C'"
 		echo "timezone = 'UTC'"
+		# the suites' results must not depend on when the worker runs (it
+		# would close their expired orders, purge their backdated keys);
+		# test/t/060_housekeeping.pl runs it on a node of its own
+		echo "payidem.housekeeping = off"
 		local line
 		for line in "$@"; do echo "$line"; done
 	} | as_pg tee -a "$CLUSTER_DIR/data/postgresql.conf" >/dev/null
@@ -294,3 +312,53 @@ count_prove() {
 	fi
 }
 
+# ---------------------------------------------------------------- the client tests' npm packages
+# test/client/*.test.js run the examples/ programs through real drivers; their npm
+# packages are pinned by test/client/package-lock.json and installed by `npm ci`
+# into test/client/node_modules, again only when the lock changed.  npm's download
+# cache is kept across runs (as root beside the chroots, else npm's own), so that
+# after the first run no registry is asked.  The tree copied into a chroot
+# (scripts/chroot) carries node_modules along: scripts/test installs it on the host
+# before it enters the chroot, where the registry may not be reachable as it is here.
+CLIENT_DIR=$ROOT/test/client
+
+# Debian's nodejs and npm when they are missing (root), for a run that has not
+# called ensure_packages (the host of a chroot run).
+ensure_client_packages() {
+	local missing=() p
+	for p in "${CLIENT_PACKAGES[@]}"; do
+		installed_or_provided "$p" || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	is_root || { echo "missing: ${missing[*]} (apt-get install ${missing[*]})" >&2; return 1; }
+	say "installing ${missing[*]}"
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# test/client/node_modules as package-lock.json says, or non-zero with npm's words
+# on stderr (the caller fails the client tests: a missing package is an error).
+ensure_client_modules() {
+	local lock=$CLIENT_DIR/package-lock.json stamp=$CLIENT_DIR/node_modules/.payidem-lock.sha256 sum cache log rc
+	sum=$(sha256sum "$lock" | cut -d' ' -f1)
+	[ "$(cat "$stamp" 2>/dev/null)" = "$sum" ] && return 0
+	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+		echo "node and npm are not installed (Debian: ${CLIENT_PACKAGES[*]})" >&2
+		return 1
+	fi
+	if is_root; then cache=${PAYIDEM_NPM_CACHE:-/var/cache/payidem/npm}; else cache=${PAYIDEM_NPM_CACHE:-$HOME/.npm}; fi
+	say "npm ci in test/client (package-lock.json; cache $cache)"
+	log=$(mktemp)
+	set +e
+	(cd "$CLIENT_DIR" && npm ci --cache "$cache" --prefer-offline --ignore-scripts --no-audit --no-fund \
+		--loglevel=error) >"$log" 2>&1
+	rc=$?
+	set -e
+	if [ $rc -ne 0 ]; then
+		tail -n 20 "$log" >&2
+		rm -f "$log"
+		return 1
+	fi
+	rm -f "$log"
+	echo "$sum" >"$stamp"
+}

@@ -161,7 +161,7 @@ END
 $$;
 
 -- Notification events are numbered sequence * 100 + shard on each shard
--- (payidem._add_event()).
+-- (payidem._status_event()).
 CREATE FUNCTION payidem.event_partition(event_id bigint)
 RETURNS integer
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
