@@ -173,7 +173,10 @@ async function runOnce(pool, options = {}) {
 		const { ok, response } = await post(event, { timeoutMs: config.timeoutMs, agents });
 		let reported = true;
 		try {
-			await pool.query('SELECT payidem.notify_result($1, $2, $3)', [event.event_id, ok, ok ? null : response]);
+			// with the attempt handed out: a report that comes too late (the
+			// event was handed out again) changes nothing
+			await pool.query('SELECT payidem.notify_result($1, $2, $3, $4)',
+				[event.event_id, ok, ok ? null : response, event.attempt]);
 		} catch (err) {
 			// not recorded: the event is delivered again when its lease ends
 			reported = false;

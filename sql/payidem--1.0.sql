@@ -3057,7 +3057,8 @@ $$;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
 	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each is leased for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...). Report each with notify_result(). Events of a closed merchant are given up (failed), not handed out.';
 
-CREATE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL)
+CREATE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL,
+									 attempt integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -3089,6 +3090,11 @@ BEGIN
 	IF e.status <> 'pending' THEN
 		RETURN;			-- already sent or given up: a late or repeated report changes nothing
 	END IF;
+	-- a report of an attempt that is not the current one (its lease ran out
+	-- and the event was handed out again) is stale: it changes nothing
+	IF notify_result.attempt IS NOT NULL AND notify_result.attempt <> e.attempts + 1 THEN
+		RETURN;
+	END IF;
 	v_attempts := e.attempts + 1;
 	IF ok THEN
 		UPDATE payidem.notify_event x
@@ -3111,8 +3117,8 @@ BEGIN
 	END IF;
 END
 $$;
-COMMENT ON FUNCTION payidem.notify_result(bigint, boolean, text) IS
-	'Report one delivery attempt of an event: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts); the start of a failure''s response is kept. No change if the event is no longer pending. PI009 unknown event.';
+COMMENT ON FUNCTION payidem.notify_result(bigint, boolean, text, integer) IS
+	'Report one delivery attempt of an event: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts); the start of a failure''s response is kept. No change if the event is no longer pending, or if attempt (as notify_due() handed it out) is given and is not the current one. PI009 unknown event.';
 
 -- The receiver's check, for tests and for merchants running PostgreSQL: a
 -- signature header of the payload under a secret of api_key valid now, made

@@ -637,7 +637,8 @@ LANGUAGE plproxy AS $$
 	RUN ON hashtext(coalesce(api_key, ''));
 $$;
 
-CREATE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL)
+CREATE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL,
+									 attempt integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';

@@ -415,6 +415,12 @@ UPDATE payidem.notify_event SET status = 'pending', attempts = 3, next_attempt_a
        sent_at = NULL
  WHERE event_id = :e9;
 SELECT order_no = :'o9' AS is_o9, attempt FROM payidem.notify_due(100) WHERE merchant_no = :'m1';
+-- a report naming another attempt than the current one (4) is stale: nothing changes
+SELECT payidem.notify_result(:e9, false, 'HTTP 504', attempt => 3);
+SELECT payidem.notify_result(:e9, true, attempt => 5);
+SELECT status, attempts FROM payidem.notify_event WHERE event_id = :e9;
+SELECT payidem.notify_result(:e9, true, attempt => 4);
+SELECT status, attempts FROM payidem.notify_event WHERE event_id = :e9;
 
 ------------------------------------------------------------- seed 6: numbers
 SELECT count(*) AS orders, count(*) FILTER (WHERE order_no !~ '^PO[0-9]{24}$' OR NOT payidem.order_no_valid(order_no)) AS bad_orders
