@@ -207,10 +207,30 @@ SELECT status, attempts, events, due_now, oldest_due_at IS NOT NULL AS has_due,
   FROM payidem.notification_backlog;
 ROLLBACK;
 
+------------------------------------------------------------- nothing unsigned
+-- a merchant with no API secret valid now (here: ended by hand) gets no
+-- unsigned delivery: the event waits 5 minutes, this was no attempt
+BEGIN;
+UPDATE payidem.merchant_secret SET valid_until = valid_from + interval '1 microsecond'
+ WHERE merchant_no = :'m' AND valid_until IS NULL;
+UPDATE payidem.notify_event SET next_attempt_at = now() - interval '1 second' WHERE order_no = :'o2';
+SELECT count(*) AS handed_out FROM payidem.notify_due(100) WHERE merchant_no = :'m';
+SELECT status, attempts, next_attempt_at > now() + interval '4 minutes' AS waits, last_response
+  FROM payidem.notify_event WHERE order_no = :'o2';
+ROLLBACK;
+-- the 16th attempt handed out and never answered (its worker died): given up
+-- when its lease ends, not handed out a 17th time
+BEGIN;
+UPDATE payidem.notify_event SET attempts = 16, next_attempt_at = now() - interval '1 second' WHERE order_no = :'o2';
+SELECT count(*) AS handed_out FROM payidem.notify_due(100) WHERE order_no = :'o2';
+SELECT status, attempts, next_attempt_at, last_response FROM payidem.notify_event WHERE order_no = :'o2';
+ROLLBACK;
+
 ---------------------------------------------------------------------- counters
 -- one answer of each kind, then what stats() counted over this test: payment
 -- results by outcome (a repeated callback is a payment_duplicate), deliveries
 -- by answer; this database's count never exceeds the server's
+SELECT count(*) AS handed_out FROM payidem.notify_due(100) WHERE order_no = :'o4';
 SELECT payidem.notify_result(event_id, true) FROM payidem.notify_event WHERE order_no = :'o4';
 SELECT payidem.notify_result(event_id, false, 'HTTP 503') FROM payidem.notify_event
  WHERE order_no = :'o2' AND event = 'order.closed';

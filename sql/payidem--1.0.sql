@@ -3009,6 +3009,8 @@ RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_lease constant interval := '60 seconds';
+	v_max_attempts constant integer := 16;		-- notify_result()'s schedule has 15 waits
+	v_given_up bigint;
 	n record;
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
@@ -3018,44 +3020,66 @@ BEGIN
 			HINT = 'Pass how many events one worker takes at a time, e.g. 100.';
 	END IF;
 	-- a closed merchant's key signs nothing more: its due events are given
-	-- up (failed), not handed out, and never hold up the others
+	-- up (failed), not handed out, and never hold up the others; so is an
+	-- event whose last attempt was handed out and never answered
 	WITH gone AS (
-		SELECT e.event_id FROM payidem.notify_event e JOIN payidem.merchant m ON m.merchant_no = e.merchant_no
-		 WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND m.status = 'closed'
+		SELECT e.event_id,
+			   CASE WHEN m.status = 'closed' THEN 'merchant closed' ELSE 'no answer to the last attempt' END AS why
+		  FROM payidem.notify_event e JOIN payidem.merchant m ON m.merchant_no = e.merchant_no
+		 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+		   AND (m.status = 'closed' OR e.attempts >= v_max_attempts)
 		   FOR UPDATE OF e SKIP LOCKED)
 	UPDATE payidem.notify_event e
-	   SET status = 'failed', next_attempt_at = NULL, last_response = 'merchant closed'
+	   SET status = 'failed', next_attempt_at = NULL, last_response = gone.why
 	  FROM gone WHERE e.event_id = gone.event_id;
-	-- events another worker holds are skipped; an event handed out is leased
-	-- (its next_attempt_at pushed forward), so it is not handed out again
-	-- after this transaction ends, until notify_result() or the lease ends
+	GET DIAGNOSTICS v_given_up = ROW_COUNT;
+	IF v_given_up > 0 THEN
+		PERFORM payidem._count('notify_failed', v_given_up);
+	END IF;
+	-- Events another worker holds are skipped.  Handing an event out is its
+	-- next attempt (attempts counts hand-outs; the one handed out is named by
+	-- attempt, and notify_result() takes reports of that one only) and
+	-- leases it: its next_attempt_at moves ahead, so it is not handed out
+	-- again after this transaction ends, until notify_result() or the lease
+	-- runs out (a worker that died: that attempt had no answer).
 	FOR n IN
 		WITH due AS (
 			SELECT e.event_id FROM payidem.notify_event e
 			 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+			   AND e.attempts < v_max_attempts
 			   AND NOT EXISTS (SELECT 1 FROM payidem.merchant m
 								WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
 			 ORDER BY e.next_attempt_at
 			 LIMIT max_rows
 			 FOR UPDATE SKIP LOCKED)
-		UPDATE payidem.notify_event e SET next_attempt_at = now() + v_lease
+		UPDATE payidem.notify_event e
+		   SET next_attempt_at = now() + v_lease, attempts = e.attempts + 1, last_attempt_at = now()
 		  FROM due WHERE e.event_id = due.event_id
 		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts
 	LOOP
+		signature := payidem._sign_notification(n.merchant_no, n.payload);
+		IF signature !~ ',v1=' THEN
+			-- no secret of the merchant is valid now: nothing to sign with; the
+			-- event waits (this was no attempt) and is not sent unsigned
+			UPDATE payidem.notify_event e
+			   SET attempts = e.attempts - 1, next_attempt_at = now() + interval '5 minutes',
+				   last_response = 'no valid API secret'
+			 WHERE e.event_id = n.event_id;
+			CONTINUE;
+		END IF;
 		event_id := n.event_id;
 		order_no := n.order_no;
 		merchant_no := n.merchant_no;
 		SELECT x.notify_url INTO notify_url FROM payidem."order" x WHERE x.order_no = n.order_no;
 		event := n.event;
 		payload := n.payload;
-		signature := payidem._sign_notification(n.merchant_no, n.payload);
-		attempt := n.attempts + 1;
+		attempt := n.attempts;
 		RETURN NEXT;
 	END LOOP;
 END
 $$;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
-	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each is leased for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...). Report each with notify_result(). Events of a closed merchant are given up (failed), not handed out.';
+	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each hand-out is the event''s next attempt and leases it for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...). Report each with notify_result(). Events of a closed merchant, and those whose 16th attempt went unanswered, are given up (failed), not handed out.';
 
 CREATE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL,
 									 attempt integer DEFAULT NULL)
@@ -3066,7 +3090,6 @@ DECLARE
 	v_schedule constant interval[] := ARRAY['15 seconds', '15 seconds', '30 seconds', '3 minutes',
 		'10 minutes', '20 minutes', '30 minutes', '30 minutes', '30 minutes', '60 minutes',
 		'3 hours', '3 hours', '3 hours', '6 hours', '6 hours']::interval[];
-	v_attempts integer;
 	e payidem.notify_event;
 BEGIN
 	IF notify_result.event_id IS NULL OR notify_result.event_id <= 0 THEN
@@ -3087,38 +3110,34 @@ BEGIN
 			ERRCODE = 'PI009',
 			DETAIL = 'payidem.notify_event has no row with that event_id.';
 	END IF;
-	IF e.status <> 'pending' THEN
-		RETURN;			-- already sent or given up: a late or repeated report changes nothing
+	IF e.status <> 'pending' OR e.attempts = 0 THEN
+		RETURN;			-- already sent or given up, or never handed out: nothing to report
 	END IF;
-	-- a report of an attempt that is not the current one (its lease ran out
-	-- and the event was handed out again) is stale: it changes nothing
-	IF notify_result.attempt IS NOT NULL AND notify_result.attempt <> e.attempts + 1 THEN
+	-- a report of an attempt that is not the last one handed out (its lease
+	-- ran out and the event went to another worker) is stale: it changes nothing
+	IF notify_result.attempt IS NOT NULL AND notify_result.attempt <> e.attempts THEN
 		RETURN;
 	END IF;
-	v_attempts := e.attempts + 1;
 	IF ok THEN
 		UPDATE payidem.notify_event x
-		   SET status = 'sent', attempts = v_attempts, next_attempt_at = NULL,
-			   last_attempt_at = now(), sent_at = now()
+		   SET status = 'sent', next_attempt_at = NULL, sent_at = now()
 		 WHERE x.event_id = e.event_id;
 		PERFORM payidem._count('notify_sent');
-	ELSIF v_attempts > cardinality(v_schedule) THEN
+	ELSIF e.attempts > cardinality(v_schedule) THEN
 		UPDATE payidem.notify_event x
-		   SET status = 'failed', attempts = v_attempts, next_attempt_at = NULL,
-			   last_attempt_at = now(), last_response = left(response, 256)
+		   SET status = 'failed', next_attempt_at = NULL, last_response = left(response, 256)
 		 WHERE x.event_id = e.event_id;
 		PERFORM payidem._count('notify_failed');
 	ELSE
 		UPDATE payidem.notify_event x
-		   SET attempts = v_attempts, next_attempt_at = now() + v_schedule[v_attempts],
-			   last_attempt_at = now(), last_response = left(response, 256)
+		   SET next_attempt_at = now() + v_schedule[e.attempts], last_response = left(response, 256)
 		 WHERE x.event_id = e.event_id;
 		PERFORM payidem._count('notify_retried');
 	END IF;
 END
 $$;
 COMMENT ON FUNCTION payidem.notify_result(bigint, boolean, text, integer) IS
-	'Report one delivery attempt of an event: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts); the start of a failure''s response is kept. No change if the event is no longer pending, or if attempt (as notify_due() handed it out) is given and is not the current one. PI009 unknown event.';
+	'Report one delivery attempt of an event: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts); the start of a failure''s response is kept. No change if the event is no longer pending, or if attempt (as notify_due() handed it out) is given and is not the last one handed out. PI009 unknown event.';
 
 -- The receiver's check, for tests and for merchants running PostgreSQL: a
 -- signature header of the payload under a secret of api_key valid now, made
@@ -3155,7 +3174,7 @@ BEGIN
 		END IF;
 	END LOOP;
 	IF v_t IS NULL OR cardinality(v_sigs) = 0
-	   OR abs(extract(epoch FROM now()) - v_t::numeric) > extract(epoch FROM tolerance) THEN
+	   OR abs(floor(extract(epoch FROM now())) - v_t::numeric) > extract(epoch FROM tolerance) THEN
 		RETURN false;
 	END IF;
 	FOREACH v_sig IN ARRAY v_sigs LOOP
@@ -3186,6 +3205,8 @@ DECLARE
 	v_lease constant interval := '60 seconds';
 	-- the advisory-lock space of query_due() (the first key of the pair)
 	v_lock_class constant integer := hashtext('payidem.query_due');
+	v_taken integer := 0;
+	c record;
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
 		RAISE EXCEPTION 'invalid max_rows' USING
@@ -3202,34 +3223,38 @@ BEGIN
 							   AND NOT EXISTS (SELECT 1 FROM payidem.payment p
 												WHERE p.payment_no = x.payment_no AND p.status = 'pending')
 							   FOR UPDATE SKIP LOCKED);
-	-- Two callers never get the same attempt, and neither waits for the other:
-	-- an attempt another caller is handing out (its transaction-scoped
-	-- advisory lock, taken in order until max_rows are had) is skipped, as
-	-- SKIP LOCKED skips a row; one whose lease that caller committed after
-	-- this statement's snapshot is refused by the lease write itself (the
-	-- upsert decides on the latest row).  The attempts are not locked, so a
-	-- payment result never waits for query_due().
-	RETURN QUERY
-	WITH due AS (
-		SELECT c.* FROM (
-			SELECT p.payment_no::text AS payment_no, p.order_no, p.channel_no, o.expire_at
-			  FROM payidem."order" o
-			  JOIN payidem.payment p ON p.order_no = o.order_no AND p.status = 'pending'
-			 WHERE o.status = 'pending' AND o.expire_at <= now()
-			   AND NOT EXISTS (SELECT 1 FROM payidem.query_lease l
-								WHERE l.payment_no = p.payment_no AND l.leased_until > now())
-			 ORDER BY o.expire_at) c
-		 WHERE pg_try_advisory_xact_lock(v_lock_class, hashtext(c.payment_no))
-		 LIMIT max_rows),
-	leased AS (
+	-- Two callers never get the same attempt, and neither waits for the other.
+	-- The candidates are read in expiry order and taken one at a time, until
+	-- max_rows are had: an attempt another caller is handing out (its
+	-- transaction-scoped advisory lock) is skipped, as SKIP LOCKED skips a
+	-- row; one whose lease that caller committed after this query's snapshot
+	-- is refused by the lease write itself (the upsert decides on the latest
+	-- row).  Only the attempts handed out are locked (a lock per candidate
+	-- read, never per pending attempt), and the attempts' rows not at all, so
+	-- a payment result never waits for query_due().
+	FOR c IN
+		SELECT p.payment_no::text AS payment_no, p.order_no, p.channel_no, o.expire_at
+		  FROM payidem."order" o
+		  JOIN payidem.payment p ON p.order_no = o.order_no AND p.status = 'pending'
+		 WHERE o.status = 'pending' AND o.expire_at <= now()
+		   AND NOT EXISTS (SELECT 1 FROM payidem.query_lease l
+							WHERE l.payment_no = p.payment_no AND l.leased_until > now())
+		 ORDER BY o.expire_at, p.payment_no
+	LOOP
+		CONTINUE WHEN NOT pg_try_advisory_xact_lock(v_lock_class, hashtext(c.payment_no));
 		INSERT INTO payidem.query_lease AS l (payment_no, leased_until)
-		SELECT d.payment_no, now() + v_lease FROM due d
+		VALUES (c.payment_no, now() + v_lease)
 		ON CONFLICT ON CONSTRAINT query_lease_pkey DO UPDATE SET leased_until = excluded.leased_until
-		 WHERE l.leased_until <= now()
-		RETURNING l.payment_no AS leased_no)
-	SELECT d.payment_no, d.order_no, d.channel_no, d.expire_at
-	  FROM due d JOIN leased ON leased.leased_no = d.payment_no
-	 ORDER BY d.expire_at;
+		 WHERE l.leased_until <= now();
+		CONTINUE WHEN NOT FOUND;
+		payment_no := c.payment_no;
+		order_no := c.order_no;
+		channel_no := c.channel_no;
+		expire_at := c.expire_at;
+		RETURN NEXT;
+		v_taken := v_taken + 1;
+		EXIT WHEN v_taken >= max_rows;
+	END LOOP;
 END
 $$;
 COMMENT ON FUNCTION payidem.query_due(integer) IS
@@ -3239,10 +3264,12 @@ COMMENT ON FUNCTION payidem.query_due(integer) IS
 -- reads it (it has no table privileges).  get_order() and find_order() are
 -- C (src/read_api.c) only to know who calls and whether row-level security
 -- applies to it; _read_order() decides, run as the tables' owner.
+-- (a string body: a parsed one would tie the tables' row types to this
+-- function and refuse an ALTER TABLE of them that rewrites the table)
 CREATE FUNCTION payidem._order_json(o payidem."order")
 RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN jsonb_build_object(
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+SELECT jsonb_build_object(
 	'order_no', o.order_no, 'merchant_no', o.merchant_no, 'out_trade_no', o.out_trade_no,
 	'subject', o.subject, 'body', o.body, 'amount', o.amount, 'currency', o.currency,
 	'status', o.status, 'refunded_amount', o.refunded_amount, 'paid_payment_no', o.paid_payment_no,
@@ -3263,7 +3290,8 @@ RETURN jsonb_build_object(
 					'amount', r.amount, 'status', r.status, 'channel_refund_id', r.channel_refund_id,
 					'reason', r.reason, 'refunded_at', payidem._utc(r.refunded_at),
 					'created_at', payidem._utc(r.created_at)) ORDER BY r.created_at, r.refund_no)
-		  FROM payidem.refund r WHERE r.order_no = o.order_no), '[]'));
+		  FROM payidem.refund r WHERE r.order_no = o.order_no), '[]'))
+$$;
 COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
 	'Internal to get_order() and find_order(): the order, its attempts and its refunds as one JSON object (times in UTC ISO 8601).';
 
@@ -4369,8 +4397,11 @@ SELECT e.status, e.attempts, pg_catalog.count(*) AS events,
 	   pg_catalog.min(e.next_attempt_at) FILTER (WHERE e.next_attempt_at <= pg_catalog.now()) AS oldest_due_at,
 	   pg_catalog.now() - pg_catalog.min(e.next_attempt_at) FILTER (WHERE e.next_attempt_at <= pg_catalog.now()) AS behind_by,
 	   pg_catalog.min(e.created_at) AS oldest_event_at
-  FROM payidem.notify_event e
- WHERE e.status IN ('pending', 'failed')
+  FROM (SELECT x.status, x.attempts, x.next_attempt_at, x.created_at
+		  FROM payidem.notify_event x WHERE x.status = 'pending'
+		UNION ALL
+		SELECT x.status, x.attempts, x.next_attempt_at, x.created_at
+		  FROM payidem.notify_event x WHERE x.status = 'failed') e
  GROUP BY e.status, e.attempts
  ORDER BY e.status DESC, e.attempts;
 COMMENT ON VIEW payidem.notification_backlog IS

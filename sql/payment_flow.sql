@@ -399,7 +399,10 @@ DECLARE
 	i int;
 BEGIN
 	FOR i IN 1..17 LOOP
-		PERFORM payidem.notify_result(v_event, false, 'HTTP 502 ' || i || repeat('.', 300));
+		-- as notify_due() hands it out once it is due (each hand-out is an attempt)
+		UPDATE payidem.notify_event e SET attempts = e.attempts + 1, next_attempt_at = now() + interval '60 seconds'
+		 WHERE e.event_id = v_event AND e.status = 'pending' AND i > 1;
+		PERFORM payidem.notify_result(v_event, false, 'HTTP 502 ' || i || repeat('.', 300), attempt => i);
 		INSERT INTO schedule SELECT i, e.status, e.next_attempt_at - now(), left(e.last_response, 12) || '... (' || length(e.last_response) || ')'
 		  FROM payidem.notify_event e WHERE e.event_id = v_event;
 	END LOOP;

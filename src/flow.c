@@ -426,7 +426,7 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
 /*
  * The locked order at tid (key order_no) becomes paid by payment_no (of type
  * payment_no_type) at paid_at (updated_at = now()); its order.paid event is
- * written by the row trigger notify_event_order, as for any writer.  False:
+ * written by the row trigger status_notify, as for any writer.  False:
  * not done (see flow_update).
  */
 static bool

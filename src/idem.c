@@ -217,13 +217,13 @@ static const char *const finish_sql =
  */
 static const char *const purge_sql =
 "DELETE FROM payidem.idempotency AS i"
-" WHERE i.idem_key OPERATOR(pg_catalog.=) ANY (ARRAY("
-"   SELECT j.idem_key FROM payidem.idempotency AS j"
-"    WHERE j.updated_at OPERATOR(pg_catalog.<) $1"
-"      AND (j.status OPERATOR(pg_catalog.=) 'completed'"
-"           OR j.status OPERATOR(pg_catalog.=) 'failed')"
-"    ORDER BY j.updated_at LIMIT $2"
-"    FOR UPDATE SKIP LOCKED))";
+" USING (SELECT j.idem_key FROM payidem.idempotency AS j"
+"         WHERE j.updated_at OPERATOR(pg_catalog.<) $1"
+"           AND (j.status OPERATOR(pg_catalog.=) 'completed'"
+"                OR j.status OPERATOR(pg_catalog.=) 'failed')"
+"         ORDER BY j.updated_at LIMIT $2"
+"         FOR UPDATE SKIP LOCKED) AS old"
+" WHERE i.idem_key OPERATOR(pg_catalog.=) old.idem_key";
 
 static const char *const outcome_names[] = {
 	"claimed", "in_progress", "replay", "reclaimed"
@@ -1383,6 +1383,7 @@ payidem_idem_purge_batch(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid max_rows"),
-				 errdetail("max_rows must be a positive number.")));
+				 PG_ARGISNULL(1) ? errdetail("max_rows was NULL; it must be positive.") :
+				 errdetail("max_rows was %d; it must be positive.", PG_GETARG_INT32(1))));
 	PG_RETURN_INT64(purge(fcinfo, PG_GETARG_INT32(1)));
 }
