@@ -2671,41 +2671,46 @@ $$;
 COMMENT ON FUNCTION payidem.close_order(text) IS
 	'Close a pending order and its pending payment attempt (query and close it at the channel first): true = closed now, false = already closed; PI002 if paid or refunded, PI009 if unknown. A success arriving later is recorded as anomaly paid_after_close.';
 
--- Housekeeping (the background worker, src/housekeeping.c, calls this in a
--- transaction of its own per order, so it never holds more than one order's
--- lock): the next order past expire_at with no pending attempt is closed, as
--- close_order() closes it.  SKIP LOCKED: an order a payment call holds is left
--- for the next run.  Returns the order looked at (closed, or found to have an
--- attempt begun meanwhile), NULL when none is due.
-CREATE FUNCTION payidem._close_expired_order()
-RETURNS text
+-- Housekeeping (the background worker, src/housekeeping.c): a run reads the
+-- expired orders once, then closes each in a transaction of its own, so it
+-- never holds more than one order's lock, a failure on one order stops only
+-- that one, and no call scans again what the ones before it passed.
+CREATE FUNCTION payidem._expired_orders(max_rows integer)
+RETURNS SETOF text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+	SELECT x.order_no::text FROM payidem."order" x
+	 WHERE x.status = 'pending' AND x.expire_at <= now()
+	   AND NOT EXISTS (SELECT 1 FROM payidem.payment p
+						WHERE p.order_no = x.order_no AND p.status = 'pending')
+	 ORDER BY x.expire_at, x.order_no
+	 LIMIT max_rows
+$$;
+COMMENT ON FUNCTION payidem._expired_orders(integer) IS
+	'Internal (housekeeping): up to max_rows orders past expire_at with no pending attempt, oldest expiry first; no lock taken.';
+
+-- Close one of them as close_order() closes it, if it still is one: its lock
+-- is taken with SKIP LOCKED (an order a payment call holds is left for the
+-- next run), and its attempts are read once the lock is ours (an attempt
+-- begin_payment() committed meanwhile is the channel's to decide).  true:
+-- closed now.
+CREATE FUNCTION payidem._close_expired_order(order_no text)
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_order_no text;
 BEGIN
 	SELECT x.order_no INTO v_order_no FROM payidem."order" x
-	 WHERE x.status = 'pending' AND x.expire_at <= now()
-	   AND NOT EXISTS (SELECT 1 FROM payidem.payment p
-						WHERE p.order_no = x.order_no AND p.status = 'pending')
-	 ORDER BY x.expire_at
-	 LIMIT 1
+	 WHERE x.order_no = _close_expired_order.order_no AND x.status = 'pending' AND x.expire_at <= now()
 	   FOR NO KEY UPDATE SKIP LOCKED;
-	IF v_order_no IS NULL THEN
-		RETURN NULL;
+	IF v_order_no IS NULL
+	   OR EXISTS (SELECT 1 FROM payidem.payment p WHERE p.order_no = v_order_no AND p.status = 'pending') THEN
+		RETURN false;
 	END IF;
-	-- the order is ours: an attempt begin_payment() committed before we took
-	-- its lock is seen now (a new statement), and is the channel's to decide
-	IF EXISTS (SELECT 1 FROM payidem.payment p WHERE p.order_no = v_order_no AND p.status = 'pending') THEN
-		RETURN v_order_no;
-	END IF;
-	IF payidem.close_order(v_order_no) THEN
-		PERFORM payidem._count('housekeeping_orders_closed');
-	END IF;
-	RETURN v_order_no;
+	RETURN payidem.close_order(v_order_no);
 END
 $$;
-COMMENT ON FUNCTION payidem._close_expired_order() IS
-	'Internal (housekeeping): close the next expired order that has no pending attempt; the order looked at, NULL if none is due.';
+COMMENT ON FUNCTION payidem._close_expired_order(text) IS
+	'Internal (housekeeping): close this order if it is still pending, expired, free (SKIP LOCKED) and without a pending attempt; true if closed now.';
 
 CREATE FUNCTION payidem.refund(payment_no text, amount bigint, out_refund_no text, reason text DEFAULT NULL)
 RETURNS text

@@ -20,31 +20,42 @@
  *
  * - A per-database worker (dynamic, never restarted), one at a time.  It
  *   connects as the bootstrap superuser, checks that extension payidem is
- *   there with the two functions it calls (an older or foreign installation
- *   is skipped quietly), and then calls, each call in a transaction of its
- *   own, payidem._close_expired_order() until it returns NULL (at most
- *   HOUSEKEEPING_MAX_CLOSES calls) and payidem._idem_purge_batch() until a
- *   batch is short (at most HOUSEKEEPING_MAX_PURGE_BATCHES).  Then it counts
- *   housekeeping_runs and exits.  An order past expire_at whose attempt is
- *   still pending is left alone: payidem.query_due() lists it for the
- *   application to ask the channel.
+ *   there with the functions it calls (an older or foreign installation is
+ *   skipped quietly), reads up to HOUSEKEEPING_MAX_CLOSES expired orders
+ *   with payidem._expired_orders(), closes each with
+ *   payidem._close_expired_order(order_no) in a transaction of its own, and
+ *   purges idempotency keys with payidem._idem_purge_batch() a batch per
+ *   transaction until a batch is short.  Each phase stops when its time
+ *   budget (HOUSEKEEPING_PHASE_MS) is spent, so a run is short whatever the
+ *   backlog; the next run goes on.  Then it counts housekeeping_runs and
+ *   exits.  An order past expire_at whose attempt is still pending is left
+ *   alone: payidem.query_due() lists it for the application to ask the
+ *   channel.
  *
  * Locking: each transaction holds at most one order's row lock (taken with
  * SKIP LOCKED, so a payment call holding the order is never waited on) or
- * one batch of idempotency keys (SKIP LOCKED as well).  lock_timeout bounds
- * any other wait inside close_order(), so the worker never sits on an order
- * lock that a payment call is waiting for.  The launcher takes no lock
- * beyond a catalog scan of pg_database.
+ * one batch of idempotency keys (SKIP LOCKED as well).  lock_timeout
+ * (HOUSEKEEPING_LOCK_TIMEOUT, below the default deadlock_timeout) bounds any
+ * other wait inside close_order(): a payment call waits on the worker for
+ * at most that long, and DDL that meets the worker (DROP EXTENSION) wins
+ * the deadlock check, the worker's step fails instead.  The launcher takes
+ * no lock beyond a catalog scan of pg_database.
  *
  * Failure modes:
  * - A database dropped between the listing and the connection: the worker
  *   fails to connect (FATAL, logged once), the launcher goes on with the
  *   next database.  DROP DATABASE waits (up to 5 s) for a worker that is
  *   connected, and a run lasts milliseconds, so DROP DATABASE succeeds.
- * - An ERROR inside a database (the extension dropped mid-run, a lock
- *   timeout): the worker logs it and exits with code 1; the launcher does
- *   not retry before the next interval, so a broken database costs one log
- *   entry per interval, never a loop.
+ * - An ERROR in one step (an order a trigger refuses to close, a lock
+ *   timeout): logged with the database and the order named, that step
+ *   rolled back, the run goes on with the next order and with the purge.
+ *   After HOUSEKEEPING_MAX_FAILURES failed steps the run ends (the extension
+ *   dropped mid-run fails every step); the launcher does not retry before
+ *   the next interval, so a broken database costs a few log entries per
+ *   interval, never a loop.
+ * - The worker pins the settings its work depends on, whatever the database
+ *   or role set: READ COMMITTED, read-write, session_replication_role =
+ *   origin (replica would skip the state-machine triggers and the event).
  * - No background worker slot free (max_worker_processes): logged once, at
  *   LOG, until a worker starts again; the round ends and the next one tries.
  * - A crash of any backend: the postmaster restarts the launcher
@@ -66,6 +77,7 @@
 #include "access/xlog.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"	/* get_database_name() up to 18 */
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -77,9 +89,12 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/pmsignal.h"
 #include "tcop/tcopprot.h"
 #include "utils/backend_status.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/lsyscache.h"		/* get_database_name() from 19 */
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -89,12 +104,20 @@
 
 /* One run in one database: at most this many orders looked at ... */
 #define HOUSEKEEPING_MAX_CLOSES			1000
-/* ... and at most this many batches of this many keys purged. */
+/* ... and at most this many batches of this many keys purged ... */
 #define HOUSEKEEPING_PURGE_BATCH		1000
 #define HOUSEKEEPING_MAX_PURGE_BATCHES	100
+/* ... each phase for at most this long (milliseconds) ... */
+#define HOUSEKEEPING_PHASE_MS			1000
+/* ... and at most this many failed steps. */
+#define HOUSEKEEPING_MAX_FAILURES		10
 
-/* The longest a worker waits for a lock inside a call (lock_timeout). */
-#define HOUSEKEEPING_LOCK_TIMEOUT		"1s"
+/*
+ * The longest a worker waits for a lock inside a call (lock_timeout): below
+ * deadlock_timeout's default (1 s), so a DBA's DDL that meets a run is not
+ * the one the deadlock check cancels.
+ */
+#define HOUSEKEEPING_LOCK_TIMEOUT		"200ms"
 
 /* How both kinds of process show in pg_stat_activity (backend_type, application_name). */
 #define HOUSEKEEPING_LAUNCHER_TYPE		"payidem housekeeping launcher"
@@ -128,8 +151,12 @@ static MemoryContext round_context = NULL;
 static bool slots_exhausted_logged = false;
 
 /* worker: plans prepared once per process, kept across transactions */
+static SPIPlanPtr list_plan = NULL;
 static SPIPlanPtr close_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
+/* worker: its database's name, for the error context; failed steps so far */
+static char worker_dbname[NAMEDATALEN];
+static int	worker_failures = 0;
 
 PGDLLEXPORT void payidem_housekeeping_launcher_main(Datum main_arg);
 PGDLLEXPORT void payidem_housekeeping_db_main(Datum main_arg);
@@ -325,6 +352,8 @@ payidem_housekeeping_launcher_main(Datum main_arg)
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
+	/* pg_cancel_backend() has nothing to cancel here: not an error exit */
+	pqsignal(SIGINT, SIG_IGN);
 	BackgroundWorkerUnblockSignals();
 
 	/* no database: shared catalogs only */
@@ -349,6 +378,12 @@ payidem_housekeeping_launcher_main(Datum main_arg)
 		next_round = TimestampTzPlusMilliseconds(last_round,
 												 (int64) housekeeping_interval * 1000);
 		timeout = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), next_round);
+		/* the clock stepped back: never wait longer than one interval */
+		if (timeout > (long) housekeeping_interval * 1000)
+		{
+			last_round = GetCurrentTimestamp();
+			timeout = (long) housekeeping_interval * 1000;
+		}
 		if (timeout <= 0)
 		{
 			if (housekeeping_enabled && !RecoveryInProgress())
@@ -387,11 +422,52 @@ end_step(void)
 	pgstat_report_activity(STATE_IDLE, NULL);
 }
 
+/*
+ * A step failed: report the error (its context names the database and the
+ * step), roll the step back, and go on.  Called in PG_CATCH.
+ */
+static void
+step_failed(MemoryContext cxt)
+{
+	MemoryContextSwitchTo(cxt);
+	EmitErrorReport();
+	FlushErrorState();
+	AbortCurrentTransaction();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(cxt);
+	worker_failures++;
+}
+
+/* What every message of the worker says, whatever the log_line_prefix. */
+static void
+housekeeping_error_context(void *arg)
+{
+	const char *step = (const char *) arg;
+
+	if (step != NULL)
+		errcontext("payidem housekeeping in database \"%s\", %s", worker_dbname, step);
+	else
+		errcontext("payidem housekeeping in database \"%s\"", worker_dbname);
+}
+
 /* A schema-qualified function name for LookupFuncName. */
 static List *
 payidem_function_name(const char *name)
 {
 	return list_make2(makeString(pstrdup("payidem")), makeString(pstrdup(name)));
+}
+
+/* A plan kept for the rest of the process. */
+static SPIPlanPtr
+keep_plan(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	return plan;
 }
 
 /*
@@ -402,92 +478,182 @@ payidem_function_name(const char *name)
 static bool
 prepare_housekeeping(void)
 {
-	Oid			no_args[1] = {InvalidOid};
+	Oid			int_arg[1] = {INT4OID};
+	Oid			text_arg[1] = {TEXTOID};
 	Oid			purge_args[2] = {INTERVALOID, INT4OID};
 	bool		present;
 
 	begin_step("payidem housekeeping: checking the extension");
 	present = OidIsValid(get_extension_oid("payidem", true)) &&
-		OidIsValid(LookupFuncName(payidem_function_name("_close_expired_order"),
-								  0, no_args, true)) &&
-		OidIsValid(LookupFuncName(payidem_function_name("_idem_purge_batch"),
-								  2, purge_args, true));
+		OidIsValid(LookupFuncName(payidem_function_name("_expired_orders"), 1, int_arg, true)) &&
+		OidIsValid(LookupFuncName(payidem_function_name("_close_expired_order"), 1, text_arg, true)) &&
+		OidIsValid(LookupFuncName(payidem_function_name("_idem_purge_batch"), 2, purge_args, true));
 	if (present)
 	{
-		close_plan = SPI_prepare("SELECT payidem._close_expired_order()", 0, NULL);
-		if (close_plan == NULL)
-			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-		purge_plan = SPI_prepare("SELECT payidem._idem_purge_batch($1, $2)", 2, purge_args);
-		if (purge_plan == NULL)
-			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(close_plan) != 0 || SPI_keepplan(purge_plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
+		list_plan = keep_plan("SELECT payidem._expired_orders($1)", 1, int_arg);
+		close_plan = keep_plan("SELECT payidem._close_expired_order($1)", 1, text_arg);
+		purge_plan = keep_plan("SELECT payidem._idem_purge_batch($1, $2)", 2, purge_args);
 	}
 	end_step();
 	return present;
 }
 
+/* Whether a phase that started at start has spent its time budget. */
+static bool
+phase_over(TimestampTz start)
+{
+	return TimestampDifferenceExceeds(start, GetCurrentTimestamp(), HOUSEKEEPING_PHASE_MS) ||
+		worker_failures >= HOUSEKEEPING_MAX_FAILURES;
+}
+
+/* Between two steps: SIGTERM, postmaster death. */
+static void
+between_steps(void)
+{
+	CHECK_FOR_INTERRUPTS();
+	if (!PostmasterIsAlive())
+		proc_exit(1);
+}
+
 /*
- * Close expired orders, one per transaction, until none is due (or the cap).
- * Returns how many orders were looked at (closed, or found to have an
- * attempt begun meanwhile; the SQL function counts the closed ones).
+ * Close expired orders: the list read once, then one order per transaction,
+ * until the list is done or the phase's budget spent.  Returns how many
+ * were closed (counted once committed: stats() never shows a close that
+ * rolled back).
  */
 static int
-close_expired_orders(void)
+close_expired_orders(MemoryContext cxt)
 {
-	int			looked_at = 0;
+	List	   *volatile orders = NIL;
+	ListCell   *lc;
+	TimestampTz start = GetCurrentTimestamp();
+	volatile int closed = 0;
+	ErrorContextCallback step_context;
 
-	while (looked_at < HOUSEKEEPING_MAX_CLOSES)
+	step_context.callback = housekeeping_error_context;
+	step_context.arg = (void *) "listing the expired orders";
+	step_context.previous = error_context_stack;
+	error_context_stack = &step_context;
+	PG_TRY();
 	{
-		bool		none_due;
+		Datum		max_rows = Int32GetDatum(HOUSEKEEPING_MAX_CLOSES);
+		uint64		i;
 		int			rc;
 
-		CHECK_FOR_INTERRUPTS();
-		begin_step("SELECT payidem._close_expired_order()");
-		rc = SPI_execute_plan(close_plan, NULL, NULL, false, 1);
-		if (rc != SPI_OK_SELECT || SPI_processed != 1)
-			elog(ERROR, "payidem._close_expired_order() failed: %s", SPI_result_code_string(rc));
-		(void) SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &none_due);
+		begin_step("SELECT payidem._expired_orders($1)");
+		rc = SPI_execute_plan(list_plan, &max_rows, NULL, true, 0);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "payidem._expired_orders() failed: %s", SPI_result_code_string(rc));
+		for (i = 0; i < SPI_processed; i++)
+		{
+			char	   *order_no = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+			MemoryContext oldcxt = MemoryContextSwitchTo(cxt);
+
+			orders = lappend(orders, pstrdup(order_no));
+			MemoryContextSwitchTo(oldcxt);
+		}
 		end_step();
-		if (none_due)
-			break;
-		looked_at++;
 	}
-	return looked_at;
+	PG_CATCH();
+	{
+		step_failed(cxt);
+		orders = NIL;
+	}
+	PG_END_TRY();
+
+	foreach(lc, orders)
+	{
+		char	   *order_no = (char *) lfirst(lc);
+		char		step[64 + NAMEDATALEN];
+		volatile bool done = false;
+
+		if (phase_over(start))
+			break;
+		between_steps();
+		snprintf(step, sizeof(step), "closing expired order %s", order_no);
+		step_context.arg = (void *) step;
+		PG_TRY();
+		{
+			Datum		arg = CStringGetTextDatum(order_no);
+			bool		isnull;
+			int			rc;
+
+			begin_step("SELECT payidem._close_expired_order($1)");
+			rc = SPI_execute_plan(close_plan, &arg, NULL, false, 1);
+			if (rc != SPI_OK_SELECT || SPI_processed != 1)
+				elog(ERROR, "payidem._close_expired_order() failed: %s", SPI_result_code_string(rc));
+			done = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) &&
+				!isnull;
+			end_step();
+		}
+		PG_CATCH();
+		{
+			step_failed(cxt);
+			done = false;
+		}
+		PG_END_TRY();
+		if (done)
+		{
+			payidem_count(PAYIDEM_HOUSEKEEPING_ORDERS_CLOSED);
+			closed++;
+		}
+	}
+	error_context_stack = step_context.previous;
+	return closed;
 }
 
 /*
  * Purge idempotency keys past the retention, a batch per transaction, until
- * a batch comes back short (or the cap).  Returns how many were deleted.
+ * a batch comes back short, the cap, or the phase's budget.  Returns how
+ * many were deleted.
  */
 static int64
-purge_idempotency_keys(void)
+purge_idempotency_keys(MemoryContext cxt)
 {
-	int64		purged = 0;
-	int			batch;
+	volatile int64 purged = 0;
+	volatile int batch;
 	Interval	retention;
 	Datum		values[2];
+	TimestampTz start = GetCurrentTimestamp();
+	ErrorContextCallback step_context;
 
 	memset(&retention, 0, sizeof(retention));
 	retention.time = (int64) idem_retention * USECS_PER_SEC;
 	values[0] = IntervalPGetDatum(&retention);
 	values[1] = Int32GetDatum(HOUSEKEEPING_PURGE_BATCH);
 
-	for (batch = 0; batch < HOUSEKEEPING_MAX_PURGE_BATCHES; batch++)
+	step_context.callback = housekeeping_error_context;
+	step_context.arg = (void *) "purging idempotency keys";
+	step_context.previous = error_context_stack;
+	error_context_stack = &step_context;
+	for (batch = 0; batch < HOUSEKEEPING_MAX_PURGE_BATCHES && !phase_over(start); batch++)
 	{
-		bool		isnull;
-		int64		deleted;
-		int			rc;
+		volatile int64 deleted = 0;
+		volatile bool failed = false;
 
-		CHECK_FOR_INTERRUPTS();
-		begin_step("SELECT payidem._idem_purge_batch($1, $2)");
-		rc = SPI_execute_plan(purge_plan, values, NULL, false, 1);
-		if (rc != SPI_OK_SELECT || SPI_processed != 1)
-			elog(ERROR, "payidem._idem_purge_batch() failed: %s", SPI_result_code_string(rc));
-		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-		if (isnull)
-			deleted = 0;
-		end_step();
+		between_steps();
+		PG_TRY();
+		{
+			bool		isnull;
+			int			rc;
+
+			begin_step("SELECT payidem._idem_purge_batch($1, $2)");
+			rc = SPI_execute_plan(purge_plan, values, NULL, false, 1);
+			if (rc != SPI_OK_SELECT || SPI_processed != 1)
+				elog(ERROR, "payidem._idem_purge_batch() failed: %s", SPI_result_code_string(rc));
+			deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+			if (isnull)
+				deleted = 0;
+			end_step();
+		}
+		PG_CATCH();
+		{
+			step_failed(cxt);
+			failed = true;
+		}
+		PG_END_TRY();
+		if (failed)
+			break;
 
 		/* counted once committed: stats() never shows a purge rolled back */
 		payidem_count_n(PAYIDEM_HOUSEKEEPING_KEYS_PURGED, (uint64) deleted);
@@ -495,6 +661,7 @@ purge_idempotency_keys(void)
 		if (deleted < HOUSEKEEPING_PURGE_BATCH)
 			break;
 	}
+	error_context_stack = step_context.previous;
 	return purged;
 }
 
@@ -502,13 +669,15 @@ purge_idempotency_keys(void)
  * payidem_housekeeping_db_main
  *		Entry point of a per-database worker (bgw_main_arg: the database's
  *		OID): one run, then exit.  Exits 0 when done or when the database has
- *		nothing to housekeep; an ERROR exits 1 after it is logged.
+ *		nothing to housekeep, 1 when a step failed (each failure is logged).
  */
 void
 payidem_housekeeping_db_main(Datum main_arg)
 {
 	Oid			dboid = DatumGetObjectId(main_arg);
-	int			looked_at;
+	MemoryContext run_context;
+	ErrorContextCallback db_context;
+	int			closed;
 	int64		purged;
 
 	pqsignal(SIGTERM, die);
@@ -516,22 +685,45 @@ payidem_housekeeping_db_main(Datum main_arg)
 
 	/* FATAL (and exit) if the database was dropped meanwhile */
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+	/* application_name, so that log_line_prefix's %a names the worker too */
+	SetConfigOption("application_name", HOUSEKEEPING_WORKER_TYPE, PGC_USERSET, PGC_S_OVERRIDE);
 	pgstat_report_appname(HOUSEKEEPING_WORKER_TYPE);
 	/* never sit on an order's lock behind another lock for long */
 	SetConfigOption("lock_timeout", HOUSEKEEPING_LOCK_TIMEOUT, PGC_SUSET, PGC_S_OVERRIDE);
 	/*
+	 * What the work depends on, whatever the database or role settings say:
 	 * _close_expired_order() re-reads the order's attempts after taking its
-	 * lock, which only READ COMMITTED shows; whatever the server's default.
+	 * lock, which only READ COMMITTED shows; it writes; and with
+	 * session_replication_role = replica the state-machine triggers (the
+	 * status log, the order.closed event) would not fire.
 	 */
 	SetConfigOption("default_transaction_isolation", "read committed", PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("session_replication_role", "origin", PGC_SUSET, PGC_S_OVERRIDE);
+
+	run_context = AllocSetContextCreate(TopMemoryContext, "payidem housekeeping run",
+										ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(run_context);
+	StartTransactionCommand();
+	{
+		char	   *name = get_database_name(dboid);
+
+		strlcpy(worker_dbname, name ? name : "?", sizeof(worker_dbname));
+	}
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(run_context);
+	db_context.callback = housekeeping_error_context;
+	db_context.arg = NULL;
+	db_context.previous = error_context_stack;
+	error_context_stack = &db_context;
 
 	if (!prepare_housekeeping())
 		proc_exit(0);
 
-	looked_at = close_expired_orders();
-	purged = purge_idempotency_keys();
+	closed = close_expired_orders(run_context);
+	purged = purge_idempotency_keys(run_context);
 	payidem_count(PAYIDEM_HOUSEKEEPING_RUNS);
-	elog(DEBUG1, "payidem housekeeping in database %u: %d expired orders looked at, " INT64_FORMAT " idempotency keys purged",
-		 dboid, looked_at, purged);
-	proc_exit(0);
+	elog(DEBUG1, "payidem housekeeping: %d expired orders closed, " INT64_FORMAT " idempotency keys purged, %d steps failed",
+		 closed, purged, worker_failures);
+	proc_exit(worker_failures > 0 ? 1 : 0);
 }
