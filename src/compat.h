@@ -24,6 +24,7 @@
 #include "nodes/execnodes.h"
 #include "nodes/parsenodes.h"
 #include "optimizer/optimizer.h"
+#include "postmaster/bgworker.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
@@ -261,6 +262,19 @@ CheckConstraintExprCompat(Relation rel, ConstrCheck *check)
 #define ProcAclCheckCompat(proc, role, mode) object_aclcheck(ProcedureRelationId, (proc), (role), (mode))
 #else
 #define ProcAclCheckCompat(proc, role, mode) pg_proc_aclcheck((proc), (role), (mode))
+#endif
+
+/*
+ * 19: a background worker flag, BGWORKER_INTERRUPTIBLE, makes CREATE, ALTER
+ * and DROP DATABASE of the worker's database end the worker instead of
+ * waiting (up to 5 s) for it to leave.  Before 19 there is no such flag:
+ * the housekeeping worker's short runs are what keeps those commands from
+ * failing.
+ */
+#if PAYIDEM_PG_MAJOR >= 19
+#define BGWORKER_INTERRUPTIBLE_COMPAT BGWORKER_INTERRUPTIBLE
+#else
+#define BGWORKER_INTERRUPTIBLE_COMPAT 0
 #endif
 
 #endif							/* PAYIDEM_COMPAT_H */

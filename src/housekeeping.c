@@ -284,7 +284,9 @@ visit_database(const HousekeepingDb *db)
 	BackgroundWorkerHandle *handle;
 
 	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	/* (19: CREATE/ALTER/DROP DATABASE of it ends the worker, not wait for it) */
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION |
+		BGWORKER_INTERRUPTIBLE_COMPAT;
 	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
 	worker.bgw_restart_time = BGW_NEVER_RESTART;
 	snprintf(worker.bgw_library_name, sizeof(worker.bgw_library_name), "payidem");
