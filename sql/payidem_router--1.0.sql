@@ -20,6 +20,14 @@
  *	 calls keyed by an order,        the shard digits inside the number (characters 17-18),
  *	   payment or refund number      checked first: a malformed number is 22023 here, a
  *	                                 well-formed one naming no partition PI009
+ *	 gen_order_no, order_no_valid,   any partition (RUN ON ANY): a number names the shard that
+ *	   order_no_parse, order_no_make   issued it; the others are pure functions of their arguments
+ *	 idem_claim, idem_record,        hashtext(idem_key): a key lives on one shard
+ *	   idem_finish
+ *	 idem_purge                      all partitions; the router sums the counts
+ *	 transit_order, transit_payment, the shard digits inside the number
+ *	   transit_refund
+ *	 stats                           all partitions, summed (stats_by_shard: each)
  *	 sign, route_channel             hashtext(merchant_no) (any shard would do: same data)
  *	 verify_signature,               hashtext(api_key)
  *	   verify_notification
@@ -646,6 +654,129 @@ LANGUAGE plproxy AS $$
 $$;
 
 ------------------------------------------------------------------------------
+-- Order numbers, idempotency keys, state machines, counters
+------------------------------------------------------------------------------
+
+-- A new number from any shard: it names the shard that issued it, as every
+-- number does, and never repeats there.
+CREATE FUNCTION payidem.gen_order_no(prefix text DEFAULT 'PO')
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ANY;
+$$;
+
+CREATE FUNCTION payidem.order_no_valid(order_no text)
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ANY;
+$$;
+
+CREATE FUNCTION payidem.order_no_parse(order_no text)
+RETURNS TABLE (prefix text, issued_at timestamptz, shard integer, seq integer)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ANY;
+$$;
+
+CREATE FUNCTION payidem.order_no_make(prefix text, issued_at timestamptz, shard integer, seq integer)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ANY;
+$$;
+
+-- An idempotency key lives on the shard its hash names (a NULL key reaches
+-- a shard as '', which refuses it as one database does).
+CREATE FUNCTION payidem.idem_claim(idem_key text, biz_type text, order_no text,
+                                   channel text, amount bigint,
+                                   fingerprint text DEFAULT NULL,
+                                   lease interval DEFAULT '30 seconds')
+RETURNS TABLE (outcome text, status text, result jsonb, attempts integer)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(coalesce(idem_key, ''));
+$$;
+
+CREATE FUNCTION payidem.idem_record(idem_key text, biz_type text, order_no text,
+                                    channel text, amount bigint, result jsonb,
+                                    fingerprint text DEFAULT NULL)
+RETURNS TABLE (outcome text, status text, result jsonb, attempts integer)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(coalesce(idem_key, ''));
+$$;
+
+CREATE FUNCTION payidem.idem_finish(idem_key text, status text, result jsonb DEFAULT NULL)
+RETURNS void
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(coalesce(idem_key, ''));
+$$;
+
+CREATE FUNCTION payidem._idem_purge_all(older_than interval)
+RETURNS SETOF bigint
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.idem_purge(older_than);
+$$;
+
+CREATE FUNCTION payidem.idem_purge(older_than interval DEFAULT '24 hours')
+RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT coalesce(sum(n), 0)::bigint FROM payidem._idem_purge_all(older_than) AS n;
+END;
+COMMENT ON FUNCTION payidem.idem_purge(interval) IS
+	'Router: idem_purge on every partition; the number of keys deleted in all.';
+
+-- A transition is routed by the number, as every call keyed by one.
+CREATE FUNCTION payidem.transit_order(order_no text, to_status text)
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.order_partition(order_no);
+$$;
+
+CREATE FUNCTION payidem.transit_payment(payment_no text, to_status text)
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.payment_partition(payment_no);
+$$;
+
+CREATE FUNCTION payidem.transit_refund(refund_no text, to_status text)
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.refund_partition(refund_no);
+$$;
+
+-- Every shard's counters, and their sums.
+CREATE FUNCTION payidem.stats_by_shard()
+RETURNS TABLE (shard integer, name text, value bigint, server_value bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.shard_id() AS shard, s.name, s.value, s.server_value FROM payidem.stats() s;
+$$;
+COMMENT ON FUNCTION payidem.stats_by_shard() IS
+	'Router: stats() of every partition, with its shard number (server_value: the server that shard runs on).';
+
+CREATE FUNCTION payidem.stats()
+RETURNS TABLE (name text, value bigint, server_value bigint)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	WITH s AS (SELECT b.*, row_number() OVER () AS rn FROM payidem.stats_by_shard() b)
+	SELECT s.name, sum(s.value)::bigint, NULL::bigint
+	  FROM s GROUP BY s.name ORDER BY min(s.rn);
+END;
+COMMENT ON FUNCTION payidem.stats() IS
+	'Router: each counter summed over the partitions'' databases (value); server_value is NULL here, as shards may share a server: stats_by_shard() shows each shard''s.';
+
+------------------------------------------------------------------------------
 -- Reconciliation: bills split by the payment numbers in them, counts summed
 ------------------------------------------------------------------------------
 
@@ -731,7 +862,10 @@ BEGIN ATOMIC
 	SELECT p.oid::regprocedure
 	  FROM pg_catalog.pg_proc p
 	 WHERE p.pronamespace = 'payidem'::regnamespace
-	   AND p.proname IN ('sign', 'verify_signature', 'route_channel', 'get_channel_config',
+	   AND p.proname IN ('gen_order_no', 'order_no_valid', 'order_no_parse', 'stats', 'stats_by_shard',
+						 'idem_claim', 'idem_record', 'idem_finish',
+						 'transit_order', 'transit_payment', 'transit_refund',
+						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_due_on',
 						 'notify_result', 'verify_notification', 'query_due', 'reconcile', 'resolve_diff',

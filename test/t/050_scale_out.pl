@@ -258,6 +258,55 @@ sub run_cluster
 		  or diag($err);
 	}
 
+	# ---- order numbers, idempotency keys, transitions and counters through the router
+	my $no = $router->safe_psql('postgres', "SELECT payidem.gen_order_no('PY')");
+	like($no, qr/^PY\d{24}$/, "$tag: gen_order_no through the router");
+	my $no_shard = $router->safe_psql('postgres', "SELECT shard FROM payidem.order_no_parse('$no')");
+	ok($no_shard >= 0 && $no_shard < $n && substr($no, 16, 2) == $no_shard,
+		"$tag: ... the number names the shard that issued it ($no_shard)");
+	is($router->safe_psql('postgres', "SELECT payidem.order_no_valid('$no') AND NOT payidem.order_no_valid('PY1')"),
+		't', "$tag: order_no_valid through the router");
+	is($router->safe_psql('postgres',
+			"SELECT payidem.order_no_make('PO', '2024-01-01 00:00:00+00', 1, 67)"),
+		$shards[0]->safe_psql('postgres', "SELECT payidem.order_no_make('PO', '2024-01-01 00:00:00+00', 1, 67)"),
+		"$tag: order_no_make through the router, as on one database");
+	my $key = "rt:key:$tag";
+	is($router->safe_psql('postgres',
+			"SELECT outcome FROM payidem.idem_claim('$key', 'pay', 'PO1', 'WX_001', 100)"),
+		'claimed', "$tag: idem_claim through the router");
+	is($router->safe_psql('postgres',
+			"SELECT outcome FROM payidem.idem_claim('$key', 'pay', 'PO1', 'WX_001', 100)"),
+		'in_progress', "$tag: ... a second claim sees the first");
+	$router->safe_psql('postgres', qq{SELECT payidem.idem_finish('$key', 'completed', '{"ok": true}')});
+	is($router->safe_psql('postgres',
+			"SELECT outcome || ' ' || (result ->> 'ok') FROM payidem.idem_claim('$key', 'pay', 'PO1', 'WX_001', 100)"),
+		'replay true', "$tag: ... and after idem_finish it replays");
+	my $key_home = $router->safe_psql('postgres', "SELECT hashtext('$key') & ($n - 1)");
+	is(join(',', map { count_on($shards[$_], 'idempotency', 'idem_key', $key) } 0 .. $n - 1),
+		join(',', map { $_ == $key_home ? 1 : 0 } 0 .. $n - 1),
+		"$tag: the key lives on one shard, the one its hash names");
+	($ok, $out, $err) = try_sql($router,
+		"\\set VERBOSITY verbose\nSELECT * FROM payidem.idem_claim('$key', 'pay', 'PO1', 'WX_001', 999)");
+	ok(!$ok && $err =~ /PI001/, "$tag: a key reused with other parameters is PI001 through the router")
+	  or diag($err);
+	$shards[$key_home]->safe_psql('postgres',
+		"UPDATE payidem.idempotency SET updated_at = now() - interval '3 days' WHERE idem_key = '$key'");
+	is($router->safe_psql('postgres', "SELECT payidem.idem_purge('2 days')"), 1,
+		"$tag: idem_purge through the router counts what every shard purged");
+	my $tr_order = $router->safe_psql('postgres',
+		"SELECT payidem.create_order('$home{$n - 1}{no}', 'T-TR-$tag', 300, 'transit')");
+	is($router->safe_psql('postgres', "SELECT payidem.transit_order('$tr_order', 'closed')"), 't',
+		"$tag: transit_order through the router, routed by the number");
+	is($shards[$n - 1]->safe_psql('postgres', "SELECT status FROM payidem.\"order\" WHERE order_no = '$tr_order'"),
+		'closed', "$tag: ... on the order's shard");
+	is($router->safe_psql('postgres', q{
+		SELECT s.value = (SELECT sum(b.value) FROM payidem.stats_by_shard() b WHERE b.name = s.name)
+		       AND s.server_value IS NULL
+		  FROM payidem.stats() s WHERE s.name = 'order_nos_issued'}),
+		't', "$tag: stats() through the router sums the shards' counters");
+	is($router->safe_psql('postgres', 'SELECT count(DISTINCT shard) FROM payidem.stats_by_shard()'), $n,
+		"$tag: stats_by_shard() shows each shard");
+
 	# ---- reconciliation: the bill is split by payment number, counts summed
 	# (each story's payment was partly refunded the same day: the day's bill
 	# shows it refunded)
