@@ -4114,9 +4114,14 @@ BEGIN
 	-- new sessions of this database, and this session from now on
 	EXECUTE format('ALTER DATABASE %I SET payidem.shard_id = %s', current_database(), shard_id);
 	PERFORM set_config('payidem.shard_id', shard_id::text, false);
+	-- the ids the router routes by: reconciliation differences and anomalies
+	-- of shard i start above i * 10^15
 	v_floor := shard_id::bigint * 1000000000000000;
 	IF shard_id > 0 AND (SELECT s.last_value FROM payidem.reconciliation_recon_id_seq s) < v_floor THEN
 		PERFORM setval('payidem.reconciliation_recon_id_seq', v_floor, true);
+	END IF;
+	IF shard_id > 0 AND (SELECT s.last_value FROM payidem.anomaly_anomaly_id_seq s) < v_floor THEN
+		PERFORM setval('payidem.anomaly_anomaly_id_seq', v_floor, true);
 	END IF;
 END
 $$;

@@ -40,7 +40,9 @@
  *	 notify_result                   event_id % 100 (shards number their events so)
  *	 load_bill                       all partitions; each keeps the lines whose payment_no names it
  *	 reconcile                       all partitions; the router sums the counts
- *	 resolve_diff                    recon_id / 10^15 (shards number their differences so)
+ *	 resolve_diff, resolve_anomaly   id / 10^15 (shards number their differences and anomalies so)
+ *	 get_order                       the shard digits inside the number
+ *	 find_order                      hashtext(merchant_no), as create_order
  *
  * PL/Proxy runs each remote call in autocommit: a call that writes on several
  * partitions is not atomic across them; see docs/scale-out.md.
@@ -147,26 +149,32 @@ CREATE FUNCTION payidem.refund_partition(refund_no text) RETURNS integer
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN payidem.partition_of(refund_no, 'refund');
 
--- Reconciliation differences are numbered from shard * 10^15 on each shard
--- (payidem.shard_prepare()).
-CREATE FUNCTION payidem.recon_partition(recon_id bigint)
+-- Reconciliation differences and anomalies are numbered from shard * 10^15
+-- on each shard (payidem.shard_prepare()): the partition of such an id.
+CREATE FUNCTION payidem._id_partition(id bigint, what text)
 RETURNS integer
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-	IF recon_id IS NULL OR recon_id <= 0 THEN
-		RAISE EXCEPTION 'invalid reconciliation difference id' USING
+	IF id IS NULL OR id <= 0 THEN
+		RAISE EXCEPTION 'invalid % id', what USING
 			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The id was %s; ids are positive.', coalesce(recon_id::text, 'NULL'));
+			DETAIL = format('The id was %s; ids are positive.', coalesce(id::text, 'NULL'));
 	END IF;
-	IF recon_id / 1000000000000000 >= payidem.cluster_partitions() THEN
-		RAISE EXCEPTION 'reconciliation difference % does not exist', recon_id USING
+	IF id / 1000000000000000 >= payidem.cluster_partitions() THEN
+		RAISE EXCEPTION '% % does not exist', what, id USING
 			ERRCODE = 'PI009',
 			DETAIL = format('On a cluster of %s partitions ids run from 1 to %s * 10^15.',
 							payidem.cluster_partitions(), payidem.cluster_partitions());
 	END IF;
-	RETURN (recon_id / 1000000000000000)::integer;
+	RETURN (id / 1000000000000000)::integer;
 END
 $$;
+CREATE FUNCTION payidem.recon_partition(recon_id bigint) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN payidem._id_partition(recon_id, 'reconciliation difference');
+CREATE FUNCTION payidem.anomaly_partition(anomaly_id bigint) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN payidem._id_partition(anomaly_id, 'anomaly');
 
 -- Notification events are numbered sequence * 100 + shard on each shard
 -- (payidem._status_event()).
@@ -776,6 +784,30 @@ END;
 COMMENT ON FUNCTION payidem.stats() IS
 	'Router: each counter summed over the partitions'' databases (value); server_value is NULL here, as shards may share a server: stats_by_shard() shows each shard''s.';
 
+-- The read API and anomalies.  The router has no row-level security: what
+-- the shards show the PL/Proxy connection's role (see docs/scale-out.md).
+CREATE FUNCTION payidem.get_order(order_no text)
+RETURNS jsonb
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.order_partition(order_no);
+$$;
+
+-- (a merchant's orders live where create_order() puts them)
+CREATE FUNCTION payidem.find_order(merchant_no text, out_trade_no text)
+RETURNS jsonb
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON hashtext(coalesce(merchant_no, ''));
+$$;
+
+CREATE FUNCTION payidem.resolve_anomaly(anomaly_id bigint, handle_status text, note text DEFAULT NULL)
+RETURNS void
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.anomaly_partition(anomaly_id);
+$$;
+
 ------------------------------------------------------------------------------
 -- Reconciliation: bills split by the payment numbers in them, counts summed
 ------------------------------------------------------------------------------
@@ -871,6 +903,7 @@ BEGIN ATOMIC
 						 'notify_result', 'verify_notification', 'query_due', 'reconcile', 'resolve_diff',
 						 'cluster_partitions', 'check_partition', 'partition_of', 'order_partition',
 						 'payment_partition', 'refund_partition', 'recon_partition', 'event_partition',
+						 'anomaly_partition', '_id_partition', 'get_order', 'find_order', 'resolve_anomaly',
 						 '_split_rows', '_notify_due_split', '_query_due_split', '_reconcile_all', '_bill_lines_all');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS

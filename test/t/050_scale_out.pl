@@ -363,6 +363,30 @@ sub run_cluster
 	is($last->safe_psql('postgres', "SELECT handle_status FROM payidem.reconciliation WHERE recon_id = $diff"),
 		'handled', "$tag: resolve_diff through the router reaches the shard of the difference");
 
+	# ---- the read API and anomalies through the router
+	my $last_home = $home{$n - 1}{no};
+	my $late = $router->safe_psql('postgres',
+		"SELECT payidem.create_order('$last_home', 'T-LATE-$tag', 400, 'late')");
+	my $late_pay = $router->safe_psql('postgres', "SELECT payidem.begin_payment('$late', 'WX_001')");
+	$router->safe_psql('postgres', "SELECT payidem.close_order('$late')");
+	is($router->safe_psql('postgres',
+			"SELECT payidem.apply_payment_result('$late_pay', 'callback', 'succeeded', 'TX-LATE-$tag', 400)"),
+		'anomaly', "$tag: a success after close through the router is an anomaly");
+	is($router->safe_psql('postgres', "SELECT payidem.get_order('$late')::text"),
+		$shards[$n - 1]->safe_psql('postgres', "SELECT payidem.get_order('$late')::text"),
+		"$tag: get_order through the router, as on the order's shard");
+	is($router->safe_psql('postgres', "SELECT payidem.find_order('$last_home', 'T-LATE-$tag') ->> 'order_no'"),
+		$late, "$tag: find_order through the router, on the merchant's shard");
+	my $anomaly = $shards[$n - 1]->safe_psql('postgres',
+		"SELECT anomaly_id FROM payidem.anomaly WHERE order_no = '$late'");
+	cmp_ok($anomaly, '>', ($n - 1) * 1e15, "$tag: anomaly ids of shard " . ($n - 1) . ' name their shard');
+	$router->safe_psql('postgres', "SELECT payidem.resolve_anomaly($anomaly, 'handled', 'refunded')");
+	is($shards[$n - 1]->safe_psql('postgres', "SELECT handle_status FROM payidem.anomaly WHERE anomaly_id = $anomaly"),
+		'handled', "$tag: resolve_anomaly through the router reaches the anomaly's shard");
+	($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.resolve_anomaly(" . ($n * 1e15 + 1) . ", 'handled')");
+	ok(!$ok && $err =~ /PI009/ && $err =~ /anomaly \d+ does not exist/,
+		"$tag: an anomaly id naming no shard is PI009") or diag($err);
+
 	# ---- notification events from all shards, max_rows shared out
 	my $events = 0;
 	$events += $_->safe_psql('postgres', q{SELECT count(*) FROM payidem.notify_event WHERE status = 'pending'})
