@@ -589,12 +589,13 @@ DECLARE
 	n        integer := payidem.cluster_partitions();
 	v_first  integer;
 BEGIN
-	IF max_rows IS NULL OR max_rows <= 0 THEN
-		RAISE EXCEPTION 'invalid max_rows' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL'));
-	END IF;
 	PERFORM payidem.check_partition(0);
+	IF max_rows IS NULL OR max_rows <= 0 THEN
+		-- partition 0 refuses it, in the words of one database
+		partitions := ARRAY[0];
+		shares := ARRAY[max_rows];
+		RETURN;
+	END IF;
 	v_first := floor(random() * n)::integer;
 	SELECT array_agg(p.i ORDER BY p.i), array_agg(p.share ORDER BY p.i)
 	  INTO partitions, shares
@@ -891,10 +892,8 @@ CREATE FUNCTION payidem.app_functions()
 RETURNS SETOF regprocedure
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-	SELECT p.oid::regprocedure
-	  FROM pg_catalog.pg_proc p
-	 WHERE p.pronamespace = 'payidem'::regnamespace
-	   AND p.proname IN ('gen_order_no', 'order_no_valid', 'order_no_parse', 'stats', 'stats_by_shard',
+	WITH api(name) AS (
+		SELECT unnest(ARRAY['gen_order_no', 'order_no_valid', 'order_no_parse', 'stats', 'stats_by_shard',
 						 'idem_claim', 'idem_record', 'idem_finish',
 						 'transit_order', 'transit_payment', 'transit_refund',
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
@@ -904,7 +903,14 @@ BEGIN ATOMIC
 						 'cluster_partitions', 'check_partition', 'partition_of', 'order_partition',
 						 'payment_partition', 'refund_partition', 'recon_partition', 'event_partition',
 						 'anomaly_partition', '_id_partition', 'get_order', 'find_order', 'resolve_anomaly',
-						 '_split_rows', '_notify_due_split', '_query_due_split', '_reconcile_all', '_bill_lines_all');
+						 '_split_rows', '_notify_due_split', '_query_due_split', '_reconcile_all', '_bill_lines_all']))
+	SELECT p.oid::regprocedure
+	  FROM pg_catalog.pg_proc p
+	 WHERE p.pronamespace = 'payidem'::regnamespace
+	   AND (p.proname IN (SELECT a.name FROM api a)
+			-- each API function's PL/Proxy part, and how its errors are raised
+			OR p.proname IN (SELECT '_proxy_' || a.name FROM api a)
+			OR p.proname = '_shard_error');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'Router: the functions grant_app() lets an application role execute (the API and the routing functions it calls).';
@@ -949,6 +955,127 @@ END
 $$;
 COMMENT ON FUNCTION payidem.grant_app(regrole) IS
 	'Router: let an application role call the payidem API through the router (USAGE on schema and server, EXECUTE on payidem.app_functions()); it still needs a user mapping for server payidem.';
+
+------------------------------------------------------------------------------
+-- Errors as one database raises them (DESIGN §9)
+------------------------------------------------------------------------------
+
+-- PL/Proxy re-raises a shard's error with its SQLSTATE but rewords it:
+-- "payidem.refund(4): [db] REMOTE ERROR: <message>", "Remote detail: ...",
+-- "Remote hint: ...", and a shard it cannot reach is its XX000.  Raise the
+-- error again as the shard raised it: the same SQLSTATE, message, DETAIL and
+-- HINT; a shard that cannot be reached is 08006 naming it and its
+-- connection (libpq's words: host and port, never a password).
+CREATE FUNCTION payidem._shard_error(state text, message text, detail text, hint text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_remote constant text := '^(PL/Proxy function )?[^ ]+\([0-9]+\): \[([^]]*)\] REMOTE (ERROR|FATAL): ';
+	v_local constant text := '^PL/Proxy function [^ ]+\([0-9]+\): \[([^]]*)\] ';
+	v_msg text := message;
+	v_detail text := detail;
+	v_hint text := hint;
+	v_db text;
+BEGIN
+	IF v_msg ~ v_remote THEN
+		v_msg := regexp_replace(v_msg, v_remote, '');
+		v_detail := nullif(regexp_replace(v_detail, '^Remote detail: ', ''), '');
+		v_hint := nullif(regexp_replace(v_hint, '^Remote hint: ', ''), '');
+	ELSIF v_msg ~ v_local AND v_msg ~* 'connect|connection' THEN
+		v_db := substring(v_msg FROM v_local);
+		RAISE EXCEPTION 'shard "%" cannot be reached', v_db USING
+			ERRCODE = 'connection_failure',
+			DETAIL = btrim(regexp_replace(regexp_replace(v_msg, v_local || '(PQ[A-Za-z]+: )?', ''), '\s+', ' ', 'g')),
+			HINT = 'Start that shard''s server, or correct its connection in server payidem; payidem.cluster_check() shows every partition. Calls routed to the other shards go on working.';
+	END IF;
+	IF v_detail IS NOT NULL AND v_hint IS NOT NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = v_msg, DETAIL = v_detail, HINT = v_hint;
+	ELSIF v_detail IS NOT NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = v_msg, DETAIL = v_detail;
+	ELSIF v_hint IS NOT NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = v_msg, HINT = v_hint;
+	ELSE
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = v_msg;
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._shard_error(text, text, text, text) IS
+	'Router: raise an error a shard raised through PL/Proxy as the shard raised it (08006 for a shard that cannot be reached).';
+
+-- Every API function of the router that reaches a shard is a PL/pgSQL function
+-- of the same name and arguments that calls the PL/Proxy (or SQL) function,
+-- kept as _proxy_<name>, and raises what it raised through _shard_error().
+-- Made here, from the catalog, so that no function is left out and none is
+-- written twice.  A function returning TABLE returns a row type of the same
+-- columns (PL/pgSQL refuses an argument and a column of one name, which
+-- idem_record() has).  client_min_messages = warning keeps PL/Proxy's
+-- "dropping stale conn" notice from the application.
+DO $wrap$
+DECLARE
+	f record;
+	v_call text;
+	v_result text;
+	v_body text;
+BEGIN
+	FOR f IN
+		SELECT p.oid, p.proname, p.proretset, p.prorettype,
+			   pg_catalog.pg_get_function_arguments(p.oid) AS args,
+			   pg_catalog.pg_get_function_identity_arguments(p.oid) AS idargs,
+			   pg_catalog.pg_get_function_result(p.oid) AS result,
+			   p.pronargs, p.prosrc, l.lanname,
+			   pg_catalog.obj_description(p.oid, 'pg_proc') AS comment
+		  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+		 WHERE p.pronamespace = 'payidem'::regnamespace
+		   AND p.proname !~ '^_'
+		   AND (l.lanname = 'plproxy'
+				OR p.proname IN ('notify_due', 'query_due', 'idem_purge', 'stats', 'create_merchant',
+								 'rotate_merchant_secret', 'create_channel', 'set_channel_status',
+								 'set_channel_config', 'bind_channel', 'unbind_channel', 'set_merchant_status',
+								 'freeze_merchant', 'unfreeze_merchant', 'close_merchant', 'load_bill', 'reconcile'))
+	LOOP
+		EXECUTE format('ALTER FUNCTION payidem.%I(%s) RENAME TO %I', f.proname, f.idargs, '_proxy_' || f.proname);
+		-- a PL/Proxy function calls its own name on the shard unless told
+		-- otherwise: the shard's function keeps the API's name
+		IF f.lanname = 'plproxy' AND f.prosrc !~* '\mselect\M' THEN
+			EXECUTE format('CREATE OR REPLACE FUNCTION payidem.%I(%s) RETURNS %s LANGUAGE plproxy AS %L',
+						   '_proxy_' || f.proname, f.args, f.result,
+						   f.prosrc || format(E'\tTARGET payidem.%I;\n', f.proname));
+		END IF;
+		v_call := format('payidem.%I(%s)', '_proxy_' || f.proname,
+						 (SELECT coalesce(string_agg('$' || i, ', ' ORDER BY i), '')
+							FROM generate_series(1, f.pronargs) i));
+		v_result := f.result;
+		IF f.result ~ '^TABLE\(' THEN
+			EXECUTE format('CREATE TYPE payidem.%I AS (%s)', '_row_' || f.proname,
+						   substring(f.result FROM '^TABLE\((.*)\)$'));
+			v_result := format('SETOF payidem.%I', '_row_' || f.proname);
+			v_body := format('RETURN QUERY SELECT * FROM %s;', v_call);
+		ELSIF f.proretset THEN
+			v_body := format('RETURN QUERY SELECT * FROM %s;', v_call);
+		ELSIF f.prorettype = 'void'::regtype THEN
+			v_body := format('PERFORM %s;', v_call);
+		ELSE
+			v_body := format('RETURN %s;', v_call);
+		END IF;
+		EXECUTE format($f$
+			CREATE FUNCTION payidem.%I(%s) RETURNS %s
+			LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $body$
+			DECLARE
+				v_state text; v_message text; v_detail text; v_hint text;
+			BEGIN
+				%s
+			EXCEPTION WHEN OTHERS THEN
+				GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
+					v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+				PERFORM payidem._shard_error(v_state, v_message, nullif(v_detail, ''), nullif(v_hint, ''));
+			END
+			$body$$f$, f.proname, f.args, v_result, v_body);
+		IF f.comment IS NOT NULL THEN
+			EXECUTE format('COMMENT ON FUNCTION payidem.%I(%s) IS %L', f.proname, f.idargs, f.comment);
+		END IF;
+	END LOOP;
+END
+$wrap$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
 REVOKE ALL ON SCHEMA payidem FROM PUBLIC;

@@ -265,6 +265,16 @@ CheckConstraintExprCompat(Relation rel, ConstrCheck *check)
 #endif
 
 /*
+ * 19: pqsignal() takes a handler of two arguments (SIGNAL_ARGS), and
+ * SIG_IGN is passed as PG_SIG_IGN.
+ */
+#if PAYIDEM_PG_MAJOR >= 19
+#define PG_SIG_IGN_COMPAT PG_SIG_IGN
+#else
+#define PG_SIG_IGN_COMPAT SIG_IGN
+#endif
+
+/*
  * 19: a background worker flag, BGWORKER_INTERRUPTIBLE, makes CREATE, ALTER
  * and DROP DATABASE of the worker's database end the worker instead of
  * waiting (up to 5 s) for it to leave.  Before 19 there is no such flag:

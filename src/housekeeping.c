@@ -355,7 +355,7 @@ payidem_housekeeping_launcher_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	/* pg_cancel_backend() has nothing to cancel here: not an error exit */
-	pqsignal(SIGINT, SIG_IGN);
+	pqsignal(SIGINT, PG_SIG_IGN_COMPAT);
 	BackgroundWorkerUnblockSignals();
 
 	/* no database: shared catalogs only */

@@ -54,6 +54,16 @@ sub with_check
 	return $s24 . sprintf('%02d', 98 - mod97($s24 . '00'));
 }
 
+# an error as psql shows it: the ERROR, DETAIL and HINT lines (verbose:
+# with the SQLSTATE), not where it was raised
+sub error_of
+{
+	my ($node, $sql) = @_;
+	my ($ok, $out, $err) = try_sql($node, "\\set VERBOSITY verbose\n$sql");
+	return 'no error' if $ok;
+	return join("\n", map { s/^psql:<stdin>:\d+: //r } grep { /^(psql:<stdin>:\d+: )?(ERROR|DETAIL|HINT):/ } split /\n/, $err);
+}
+
 sub count_on
 {
 	my ($node, $table, $col, $value) = @_;
@@ -363,6 +373,30 @@ sub run_cluster
 	is($last->safe_psql('postgres', "SELECT handle_status FROM payidem.reconciliation WHERE recon_id = $diff"),
 		'handled', "$tag: resolve_diff through the router reaches the shard of the difference");
 
+	# ---- errors through the router are the shard's, word for word
+	my $unknown_payment = with_check('PY20240101000000' . sprintf('%02d', $n - 1) . '000067');
+	my $key2 = "rt:key2:$tag";
+	$router->safe_psql('postgres', "SELECT * FROM payidem.idem_claim('$key2', 'pay', 'PO1', 'WX_001', 100)");
+	my $key2_home = $router->safe_psql('postgres', "SELECT hashtext('$key2') & ($n - 1)");
+	# [call, the shard it reaches]
+	for my $case (
+		[ "SELECT payidem.refund('$unknown_payment', 100, 'RF-X')", $n - 1 ],
+		[ "SELECT payidem.create_order(NULL, 'T-NULL', 100, 's')", 0 ],
+		[ "SELECT payidem.create_order('$home{0}{no}', 'T-0', -5, 's')", 0 ],
+		[ "SELECT * FROM payidem.idem_claim('$key2', 'pay', 'PO1', 'WX_001', 999)", $key2_home ],
+		[ "SELECT payidem.apply_payment_result('$unknown_payment', 'callback', 'paid')", $n - 1 ],
+		[ "SELECT payidem.gen_order_no('p0')", 0 ],
+		[ "SELECT * FROM payidem.order_no_parse('PO123')", 0 ],
+		[ "SELECT payidem.transit_order('$tr_order', 'paid')", $n - 1 ],
+		[ "SELECT * FROM payidem.notify_due(0)", 0 ],
+		[ "SELECT * FROM payidem.query_due(NULL)", 0 ])
+	{
+		my ($call, $where) = @$case;
+		my $on_shard = error_of($shards[$where], $call);
+		isnt($on_shard, 'no error', "$tag: the call fails on one database: $call");
+		is(error_of($router, $call), $on_shard, "$tag: ... and through the router with the same words: $call");
+	}
+
 	# ---- the read API and anomalies through the router
 	my $last_home = $home{$n - 1}{no};
 	my $late = $router->safe_psql('postgres',
@@ -415,9 +449,11 @@ my ($router, $shards, $home, $stories) = run_cluster(2, 'two');
 
 # a shard that is down: calls routed to it fail clearly, the others work
 $shards->[1]->stop('fast');
-my ($ok, $out, $err) = try_sql($router, "SELECT payidem.close_payment('$stories->[1]{p}')");
-ok(!$ok && $err =~ /payidem\.close_payment\(1\)/ && $err =~ /(connection to server|could not connect).*failed|Connection refused/s,
-	'down shard: a call routed to it fails, naming the function, partition and connection failure')
+my $down_port = $shards->[1]->port;
+my ($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.close_payment('$stories->[1]{p}')");
+ok(!$ok && $err =~ /ERROR:  08006: shard "postgres" cannot be reached/ && $err =~ /DETAIL:.*(PGSQL\.|port )$down_port\b.*failed/
+	  && $err !~ /REMOTE|PL\/Proxy/,
+	'down shard: a call routed to it is 08006 naming the shard and its connection')
   or diag($err);
 ($ok, $out, $err) = try_sql($router, "SELECT payidem.create_order('$home->{1}{no}', 'OUT-DOWN', 500, 'Tea')");
 ok(!$ok && $err =~ /Connection refused|connection to server/, 'down shard: new orders of its merchants fail');
