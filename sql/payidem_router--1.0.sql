@@ -105,39 +105,31 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			HINT = 'The kinds are order, payment and refund.';
 	END IF;
+	-- A number this cluster cannot place — malformed, of another kind, with
+	-- wrong check digits, of a shard it does not have — goes to partition 0,
+	-- which refuses it in the words of one database (one implementation of
+	-- the number's rules: the shard's).
 	IF number IS NULL OR number !~ '^[A-Z0-9]{2}[0-9]{24}$' OR left(number, 2) <> v_prefix THEN
-		RAISE EXCEPTION 'invalid % number', kind USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; %s numbers are %s followed by 24 digits.',
-							coalesce(quote_literal(left(number, 64)), 'NULL'), kind, v_prefix),
-			HINT = 'Pass the number payidem issued, unchanged.';
+		RETURN 0;
 	END IF;
-	-- ISO 7064 MOD 97-10 over the whole number, letters A=10 ... Z=35
+	-- ISO 7064 MOD 97-10 over the whole number, letters A=10 ... Z=35: a
+	-- number whose shard digits were mistyped must not reach another shard
 	v_digits := '';
 	FOREACH c IN ARRAY ARRAY[substr(number, 1, 1), substr(number, 2, 1)] LOOP
 		v_digits := v_digits || CASE WHEN c ~ '[A-Z]' THEN (ascii(c) - 55)::text ELSE c END;
 	END LOOP;
 	IF (v_digits || substr(number, 3))::numeric % 97 <> 1 THEN
-		RAISE EXCEPTION 'invalid % number', kind USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The check digits of %s do not match.', quote_literal(number)),
-			HINT = 'The number was mistyped or altered; pass the number payidem issued, unchanged.';
+		RETURN 0;
 	END IF;
 	v_shard := substr(number, 17, 2)::integer;
 	IF v_shard >= payidem.cluster_partitions() THEN
-		-- a well-formed number that names no row of this cluster: not found,
-		-- as a single database answers for a number it never issued
-		RAISE EXCEPTION '% number % names shard %, which is not a partition of this cluster', kind, number, v_shard USING
-			ERRCODE = 'PI009',
-			DETAIL = format('Server payidem has %s partitions (0 to %s).',
-							payidem.cluster_partitions(), payidem.cluster_partitions() - 1),
-			HINT = 'The number comes from another cluster, or a shard''s payidem.shard_id is not its partition number (see payidem.cluster_check()).';
+		RETURN 0;
 	END IF;
 	RETURN v_shard;
 END
 $$;
 COMMENT ON FUNCTION payidem.partition_of(text, text) IS
-	'Partition holding an order (kind order), payment or refund number: its shard digits (characters 17-18). 22023 for a malformed number, wrong prefix or bad check digits; PI009 for a shard outside the cluster.';
+	'Partition holding an order (kind order), payment or refund number: its shard digits (characters 17-18); 0 for a number the cluster cannot place (malformed, wrong prefix or check digits, a shard outside the cluster), which partition 0 refuses as one database does.';
 
 CREATE FUNCTION payidem.order_partition(order_no text) RETURNS integer
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
@@ -151,51 +143,28 @@ RETURN payidem.partition_of(refund_no, 'refund');
 
 -- Reconciliation differences and anomalies are numbered from shard * 10^15
 -- on each shard (payidem.shard_prepare()): the partition of such an id.
-CREATE FUNCTION payidem._id_partition(id bigint, what text)
+CREATE FUNCTION payidem._id_partition(id bigint)
 RETURNS integer
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF id IS NULL OR id <= 0 THEN
-		RAISE EXCEPTION 'invalid % id', what USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The id was %s; ids are positive.', coalesce(id::text, 'NULL'));
-	END IF;
-	IF id / 1000000000000000 >= payidem.cluster_partitions() THEN
-		RAISE EXCEPTION '% % does not exist', what, id USING
-			ERRCODE = 'PI009',
-			DETAIL = format('On a cluster of %s partitions ids run from 1 to %s * 10^15.',
-							payidem.cluster_partitions(), payidem.cluster_partitions());
-	END IF;
-	RETURN (id / 1000000000000000)::integer;
-END
-$$;
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+-- an id no partition has (NULL, not positive, beyond the cluster) goes to
+-- partition 0, which refuses it as one database does
+RETURN CASE WHEN id > 0 AND id / 1000000000000000 < payidem.cluster_partitions()
+			THEN (id / 1000000000000000)::integer ELSE 0 END;
 CREATE FUNCTION payidem.recon_partition(recon_id bigint) RETURNS integer
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN payidem._id_partition(recon_id, 'reconciliation difference');
+RETURN payidem._id_partition(recon_id);
 CREATE FUNCTION payidem.anomaly_partition(anomaly_id bigint) RETURNS integer
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-RETURN payidem._id_partition(anomaly_id, 'anomaly');
+RETURN payidem._id_partition(anomaly_id);
 
 -- Notification events are numbered sequence * 100 + shard on each shard
 -- (payidem._status_event()).
 CREATE FUNCTION payidem.event_partition(event_id bigint)
 RETURNS integer
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF event_id IS NULL OR event_id <= 0 THEN
-		RAISE EXCEPTION 'invalid event_id' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('event_id was %s; it must be an id notify_due() handed out.', coalesce(event_id::text, 'NULL'));
-	END IF;
-	IF event_id % 100 >= payidem.cluster_partitions() THEN
-		RAISE EXCEPTION 'notification event % does not exist', event_id USING
-			ERRCODE = 'PI009',
-			DETAIL = format('Its last two digits name shard %s; the cluster has %s partitions.',
-							event_id % 100, payidem.cluster_partitions());
-	END IF;
-	RETURN (event_id % 100)::integer;
-END
-$$;
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+-- (an id no partition has goes to partition 0, which refuses it)
+RETURN CASE WHEN event_id > 0 AND event_id % 100 < payidem.cluster_partitions()
+			THEN (event_id % 100)::integer ELSE 0 END;
 
 -- What each partition says about itself.
 CREATE FUNCTION payidem._shard_info_on(partition integer,
@@ -284,12 +253,15 @@ $$;
 CREATE FUNCTION payidem._copy_failed(what text, merchant_no text, sqlstate text, message text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	-- what the shard said, as it said it (08006 for one that was not reached)
+	e record := payidem._shard_error_parts(sqlstate, message, NULL, NULL);
 BEGIN
 	RAISE EXCEPTION '%', CASE what
 			WHEN 'merchant' THEN format('merchant %s was created on partition 0 but not copied to every shard', merchant_no)
 			ELSE format('the new secret of merchant %s was made on partition 0 but not copied to every shard', merchant_no) END USING
-		ERRCODE = sqlstate,
-		DETAIL = message,
+		ERRCODE = e.state,
+		DETAIL = e.message || coalesce(': ' || e.detail, ''),
 		HINT = CASE what
 			WHEN 'merchant' THEN 'The secret is not handed out, so the merchant cannot be used: close it with payidem.close_merchant() once all shards are up, and create the merchant again.'
 			ELSE 'The new secret is not handed out; once all shards are up, rotate again.' END;
@@ -910,7 +882,7 @@ BEGIN ATOMIC
 	   AND (p.proname IN (SELECT a.name FROM api a)
 			-- each API function's PL/Proxy part, and how its errors are raised
 			OR p.proname IN (SELECT '_proxy_' || a.name FROM api a)
-			OR p.proname = '_shard_error');
+			OR p.proname IN ('_shard_error', '_shard_error_parts', '_partition_in'));
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'Router: the functions grant_app() lets an application role execute (the API and the routing functions it calls).';
@@ -966,36 +938,83 @@ COMMENT ON FUNCTION payidem.grant_app(regrole) IS
 -- error again as the shard raised it: the same SQLSTATE, message, DETAIL and
 -- HINT; a shard that cannot be reached is 08006 naming it and its
 -- connection (libpq's words: host and port, never a password).
+-- Which partition a libpq message is about: the one whose connection string
+-- names the port (and host) the message names.  The options hold connection
+-- strings, which only the server's owner may read: SECURITY DEFINER,
+-- returning only the number.
+CREATE FUNCTION payidem._partition_in(message text)
+RETURNS integer
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN (SELECT substring(o.opt FROM '^p([0-9]+)=')::integer
+		  FROM pg_catalog.pg_foreign_server s, pg_catalog.unnest(s.srvoptions) AS o(opt)
+		 WHERE s.srvname OPERATOR(pg_catalog.=) 'payidem' AND o.opt ~ '^p[0-9]+='
+		   AND o.opt ~ 'port=[0-9]+'
+		   AND (pg_catalog.strpos(message, 'port ' || substring(o.opt FROM 'port=([0-9]+)')) > 0
+				OR pg_catalog.strpos(message, '.s.PGSQL.' || substring(o.opt FROM 'port=([0-9]+)')) > 0)
+		   AND (o.opt !~ 'host=' OR pg_catalog.strpos(message, substring(o.opt FROM 'host=([^ ]+)')) > 0)
+		 ORDER BY 1 LIMIT 1);
+
+-- A shard's error as the shard raised it: SQLSTATE, message, DETAIL, HINT.
+-- A shard that cannot be reached, or whose connection was lost during the
+-- call, is 08006, naming its partition and database.
+CREATE FUNCTION payidem._shard_error_parts(INOUT state text, INOUT message text, INOUT detail text, INOUT hint text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_remote constant text := '^(PL/Proxy function )?[^ ]+\([0-9]+\): \[([^]]*)\] REMOTE (ERROR|FATAL): ';
+	v_local constant text := '^PL/Proxy function [^ ]+\([0-9]+\): \[([^]]*)\] ';
+	v_db text;
+	v_what text;
+	v_partition integer;
+BEGIN
+	IF message ~ v_remote THEN
+		v_db := substring(message FROM v_remote);
+		message := regexp_replace(message, v_remote, '');
+		detail := nullif(regexp_replace(detail, '^Remote detail: ', ''), '');
+		hint := nullif(regexp_replace(hint, '^Remote hint: ', ''), '');
+		IF state !~ '^57P0' THEN
+			RETURN;
+		END IF;
+		-- the shard ended the session (shut down, terminated): the call was lost
+		v_what := 'lost';
+		detail := message;
+	ELSIF message ~ v_local AND message ~* 'connect|connection' THEN
+		v_db := substring(message FROM v_local);
+		v_what := CASE WHEN message ~ '\] PQconnect' THEN 'unreachable' ELSE 'lost' END;
+		detail := btrim(regexp_replace(regexp_replace(message, v_local || '(PQ[A-Za-z]+: )?', ''), '\s+', ' ', 'g'));
+	ELSE
+		RETURN;
+	END IF;
+	v_partition := payidem._partition_in(detail);
+	v_db := CASE WHEN v_partition IS NULL THEN format('(database "%s")', v_db)
+				 ELSE format('%s (database "%s")', v_partition, v_db) END;
+	state := '08006';
+	IF v_what = 'unreachable' THEN
+		message := format('shard %s cannot be reached', v_db);
+		hint := 'Start that shard''s server, or correct its connection in server payidem; payidem.cluster_check() shows every partition. Calls routed to the other shards go on working.';
+	ELSE
+		message := format('the connection to shard %s was lost during the call', v_db);
+		hint := 'The call may have been applied on that shard: repeat it once the shard is back (payidem''s calls are idempotent). payidem.cluster_check() shows every partition.';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._shard_error_parts(text, text, text, text) IS
+	'Router: a shard''s error, as PL/Proxy passed it on, in the words the shard gave it (08006 for a shard that cannot be reached or was lost).';
+
 CREATE FUNCTION payidem._shard_error(state text, message text, detail text, hint text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-	v_remote constant text := '^(PL/Proxy function )?[^ ]+\([0-9]+\): \[([^]]*)\] REMOTE (ERROR|FATAL): ';
-	v_local constant text := '^PL/Proxy function [^ ]+\([0-9]+\): \[([^]]*)\] ';
-	v_msg text := message;
-	v_detail text := detail;
-	v_hint text := hint;
-	v_db text;
+	e record;
 BEGIN
-	IF v_msg ~ v_remote THEN
-		v_msg := regexp_replace(v_msg, v_remote, '');
-		v_detail := nullif(regexp_replace(v_detail, '^Remote detail: ', ''), '');
-		v_hint := nullif(regexp_replace(v_hint, '^Remote hint: ', ''), '');
-	ELSIF v_msg ~ v_local AND v_msg ~* 'connect|connection' THEN
-		v_db := substring(v_msg FROM v_local);
-		RAISE EXCEPTION 'shard "%" cannot be reached', v_db USING
-			ERRCODE = 'connection_failure',
-			DETAIL = btrim(regexp_replace(regexp_replace(v_msg, v_local || '(PQ[A-Za-z]+: )?', ''), '\s+', ' ', 'g')),
-			HINT = 'Start that shard''s server, or correct its connection in server payidem; payidem.cluster_check() shows every partition. Calls routed to the other shards go on working.';
-	END IF;
-	IF v_detail IS NOT NULL AND v_hint IS NOT NULL THEN
-		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = v_msg, DETAIL = v_detail, HINT = v_hint;
-	ELSIF v_detail IS NOT NULL THEN
-		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = v_msg, DETAIL = v_detail;
-	ELSIF v_hint IS NOT NULL THEN
-		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = v_msg, HINT = v_hint;
+	e := payidem._shard_error_parts(state, message, detail, hint);
+	IF e.detail IS NOT NULL AND e.hint IS NOT NULL THEN
+		RAISE EXCEPTION USING ERRCODE = e.state, MESSAGE = e.message, DETAIL = e.detail, HINT = e.hint;
+	ELSIF e.detail IS NOT NULL THEN
+		RAISE EXCEPTION USING ERRCODE = e.state, MESSAGE = e.message, DETAIL = e.detail;
+	ELSIF e.hint IS NOT NULL THEN
+		RAISE EXCEPTION USING ERRCODE = e.state, MESSAGE = e.message, HINT = e.hint;
 	ELSE
-		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = v_msg;
+		RAISE EXCEPTION USING ERRCODE = e.state, MESSAGE = e.message;
 	END IF;
 END
 $$;
@@ -1023,6 +1042,12 @@ BEGIN
 			   pg_catalog.pg_get_function_identity_arguments(p.oid) AS idargs,
 			   pg_catalog.pg_get_function_result(p.oid) AS result,
 			   p.pronargs, p.prosrc, l.lanname,
+			   (SELECT count(*) <> count(DISTINCT n) FROM unnest(p.proargnames) n) AS dup_names,
+			   -- as one database declares them: pure, or reading only
+			   CASE WHEN p.proname IN ('order_no_valid', 'order_no_parse', 'order_no_make') THEN 'IMMUTABLE'
+					WHEN p.proname IN ('get_order', 'find_order', 'sign', 'verify_signature',
+									   'verify_notification', 'get_channel_config') THEN 'STABLE'
+					ELSE 'VOLATILE' END AS volatility,
 			   pg_catalog.obj_description(p.oid, 'pg_proc') AS comment
 		  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 		 WHERE p.pronamespace = 'payidem'::regnamespace
@@ -1045,7 +1070,8 @@ BEGIN
 						 (SELECT coalesce(string_agg('$' || i, ', ' ORDER BY i), '')
 							FROM generate_series(1, f.pronargs) i));
 		v_result := f.result;
-		IF f.result ~ '^TABLE\(' THEN
+		-- (only where an argument and a column share a name: idem_record's result)
+		IF f.result ~ '^TABLE\(' AND f.dup_names THEN
 			EXECUTE format('CREATE TYPE payidem.%I AS (%s)', '_row_' || f.proname,
 						   substring(f.result FROM '^TABLE\((.*)\)$'));
 			v_result := format('SETOF payidem.%I', '_row_' || f.proname);
@@ -1059,17 +1085,17 @@ BEGIN
 		END IF;
 		EXECUTE format($f$
 			CREATE FUNCTION payidem.%I(%s) RETURNS %s
-			LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $body$
+			LANGUAGE plpgsql %s SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $body$
 			DECLARE
 				v_state text; v_message text; v_detail text; v_hint text;
 			BEGIN
 				%s
-			EXCEPTION WHEN OTHERS THEN
+			EXCEPTION WHEN OTHERS OR query_canceled THEN
 				GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
 					v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
 				PERFORM payidem._shard_error(v_state, v_message, nullif(v_detail, ''), nullif(v_hint, ''));
 			END
-			$body$$f$, f.proname, f.args, v_result, v_body);
+			$body$$f$, f.proname, f.args, v_result, f.volatility, v_body);
 		IF f.comment IS NOT NULL THEN
 			EXECUTE format('COMMENT ON FUNCTION payidem.%I(%s) IS %L', f.proname, f.idargs, f.comment);
 		END IF;
