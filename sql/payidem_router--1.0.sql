@@ -15,8 +15,10 @@
  * payidem.shard_prepare() on the shards); the partition count is a power of
  * two.  Routing:
  *
- *	 create_order                    hashtext(merchant_no): a merchant's orders live on one shard
- *	                                 (a NULL key is hashed as '': the shard refuses it with 22023)
+ *	 create_order, find_order        merchant_partition(merchant_no): the partition the router
+ *	                                 placed the merchant on when it made it (merchant_placement),
+ *	                                 kept when partitions are added; a merchant it did not place
+ *	                                 (or NULL) by hashtext over today's partitions
  *	 calls keyed by an order,        the shard digits inside the number (characters 17-18),
  *	   payment or refund number      checked first: a malformed number is 22023 here, a
  *	                                 well-formed one naming no partition PI009
@@ -42,7 +44,7 @@
  *	 reconcile                       all partitions; the router sums the counts
  *	 resolve_diff, resolve_anomaly   id / 10^15 (shards number their differences and anomalies so)
  *	 get_order                       the shard digits inside the number
- *	 find_order                      hashtext(merchant_no), as create_order
+
  *
  * PL/Proxy runs each remote call in autocommit: a call that writes on several
  * partitions is not atomic across them; see docs/scale-out.md.
@@ -268,6 +270,34 @@ BEGIN
 END
 $$;
 
+-- Where each merchant's orders live: decided once, when the router makes the
+-- merchant, and kept.  Adding partitions later moves no existing merchant
+-- (its repeated create_order still finds its order on the shard that has
+-- it); new merchants spread over all partitions of the day.
+CREATE TABLE payidem.merchant_placement (
+	merchant_no	text		NOT NULL,
+	partition	integer		NOT NULL,
+	placed_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT merchant_placement_pkey PRIMARY KEY (merchant_no),
+	CONSTRAINT merchant_placement_partition_nonnegative CHECK (partition >= 0)
+);
+COMMENT ON TABLE payidem.merchant_placement IS
+	'Router: the partition each merchant''s orders live on, written by create_merchant() and never changed by adding partitions.';
+SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_placement', '');
+
+-- The partition of a merchant's orders: its placement; for a merchant the
+-- router did not place (made on the shards directly, or unknown, which the
+-- shard refuses), the hash of its number over today's partitions.
+CREATE FUNCTION payidem.merchant_partition(merchant_no text)
+RETURNS integer
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT p.partition FROM payidem.merchant_placement p
+				  WHERE p.merchant_no OPERATOR(pg_catalog.=) merchant_partition.merchant_no),
+				pg_catalog.hashtext(coalesce(merchant_no, '')) OPERATOR(pg_catalog.&)
+					(payidem.cluster_partitions() OPERATOR(pg_catalog.-) 1));
+COMMENT ON FUNCTION payidem.merchant_partition(text) IS
+	'Router: the partition a merchant''s orders live on (payidem.merchant_placement).';
+
 CREATE FUNCTION payidem.create_merchant(name text, merchant_type text, fee_rate numeric,
 	settle_cycle text DEFAULT 'T1')
 RETURNS TABLE (merchant_no text, api_key text, api_secret text)
@@ -278,6 +308,9 @@ DECLARE
 	v_message text;
 BEGIN
 	SELECT * INTO r FROM payidem._create_merchant_first(name, merchant_type, fee_rate, settle_cycle);
+	-- its orders' home, spread over the partitions it is made on, for good
+	INSERT INTO payidem.merchant_placement (merchant_no, partition)
+	VALUES (r.merchant_no, hashtext(r.merchant_no) & (payidem.cluster_partitions() - 1));
 	BEGIN
 		PERFORM FROM payidem._import_merchant_all(r.merchant_no, name, merchant_type, fee_rate, settle_cycle,
 												  r.api_key, r.api_secret);
@@ -492,7 +525,7 @@ CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount
 RETURNS text
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(coalesce(merchant_no, ''));
+	RUN ON payidem.merchant_partition(merchant_no);
 $$;
 
 CREATE FUNCTION payidem.begin_payment(order_no text, channel_no text)
@@ -771,7 +804,7 @@ CREATE FUNCTION payidem.find_order(merchant_no text, out_trade_no text)
 RETURNS jsonb
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(coalesce(merchant_no, ''));
+	RUN ON payidem.merchant_partition(merchant_no);
 $$;
 
 CREATE FUNCTION payidem.resolve_anomaly(anomaly_id bigint, handle_status text, note text DEFAULT NULL)
@@ -875,6 +908,7 @@ BEGIN ATOMIC
 						 'cluster_partitions', 'check_partition', 'partition_of', 'order_partition',
 						 'payment_partition', 'refund_partition', 'recon_partition', 'event_partition',
 						 'anomaly_partition', '_id_partition', 'get_order', 'find_order', 'resolve_anomaly',
+						 'merchant_partition',
 						 '_split_rows', '_notify_due_split', '_query_due_split', '_reconcile_all', '_bill_lines_all']))
 	SELECT p.oid::regprocedure
 	  FROM pg_catalog.pg_proc p

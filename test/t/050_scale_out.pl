@@ -127,6 +127,28 @@ sub run_cluster
 	}
 
 	my $nm = scalar @merchants;
+	# ---- placement: decided when the router makes the merchant, and kept
+	is($router->safe_psql('postgres', qq{
+		SELECT count(*) FILTER (WHERE partition = hashtext(merchant_no) & ($n - 1)) || '/' || count(*)
+		  FROM payidem.merchant_placement}),
+		"$nm/$nm", "$tag: every merchant made through the router is placed, spread over the partitions");
+	{
+		# a merchant placed when the cluster was another shape: its orders
+		# follow the placement, not today's hash, and stay idempotent
+		my $pm = $router->safe_psql('postgres',
+			q{SELECT merchant_no FROM payidem.create_merchant('Placed Shop', 'retail', 0.006)});
+		$router->safe_psql('postgres', "SELECT payidem.bind_channel('$pm', 'WX_001')");
+		my $placed = $router->safe_psql('postgres', qq{
+			UPDATE payidem.merchant_placement SET partition = (partition + 1) % $n
+			 WHERE merchant_no = '$pm' RETURNING partition});
+		my $po = $router->safe_psql('postgres', "SELECT payidem.create_order('$pm', 'T-PLACED', 900, 'placed')");
+		is(substr($po, 16, 2) + 0, $placed, "$tag: create_order goes to the merchant's placement ($placed)");
+		is($router->safe_psql('postgres', "SELECT payidem.create_order('$pm', 'T-PLACED', 900, 'placed')"),
+			$po, "$tag: ... and a repeat returns the same order");
+		is($router->safe_psql('postgres', "SELECT payidem.find_order('$pm', 'T-PLACED') ->> 'order_no'"),
+			$po, "$tag: ... which find_order finds there");
+		$nm++;
+	}
 	my $sig0 = $router->safe_psql('postgres', "SELECT payidem.sign('$home{0}{no}', 'payload')");
 	for my $i (0 .. $n - 1)
 	{
@@ -384,7 +406,7 @@ sub run_cluster
 		   AND NOT EXISTS (SELECT 1 FROM pg_proc q WHERE q.pronamespace = p.pronamespace
 							  AND q.proname = '_proxy_' || p.proname)}),
 		'anomaly_partition,app_functions,check_partition,cluster_check,cluster_partitions,event_partition,'
-		. 'grant_app,order_partition,partition_of,payment_partition,recon_partition,refund_partition',
+		. 'grant_app,merchant_partition,order_partition,partition_of,payment_partition,recon_partition,refund_partition',
 		"$tag: every other API function has its PL/Proxy part and raises the shard's errors");
 
 	# ---- errors through the router are the shard's, word for word
