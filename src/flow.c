@@ -278,8 +278,8 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 
 	if (!callbacks_registered)
 	{
-		CacheRegisterRelcacheCallback(flow_relcache_callback, (Datum) 0);
-		CacheRegisterSyscacheCallback(PROCOID, flow_proc_callback, (Datum) 0);
+		payidem_register_relcache_callback(flow_relcache_callback, (Datum) 0);
+		payidem_register_syscache_callback(PROCOID, flow_proc_callback, (Datum) 0);
 		callbacks_registered = true;
 	}
 	if (!t->valid)
@@ -672,10 +672,10 @@ apply_prepare(void)
 
 	if (!apply_callbacks_registered)
 	{
-		CacheRegisterRelcacheCallback(apply_relcache_callback, (Datum) 0);
-		CacheRegisterSyscacheCallback(PROCOID, apply_syscache_callback, (Datum) 0);
-		CacheRegisterSyscacheCallback(AUTHOID, apply_syscache_callback, (Datum) 0);
-		CacheRegisterSyscacheCallback(AUTHMEMROLEMEM, apply_syscache_callback, (Datum) 0);
+		payidem_register_relcache_callback(apply_relcache_callback, (Datum) 0);
+		payidem_register_syscache_callback(PROCOID, apply_syscache_callback, (Datum) 0);
+		payidem_register_syscache_callback(AUTHOID, apply_syscache_callback, (Datum) 0);
+		payidem_register_syscache_callback(AUTHMEMROLEMEM, apply_syscache_callback, (Datum) 0);
 		apply_callbacks_registered = true;
 	}
 

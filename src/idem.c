@@ -271,8 +271,8 @@ idem_table_owner(void)
 
 	if (!idem_callback_registered)
 	{
-		CacheRegisterRelcacheCallback(idem_relcache_callback, (Datum) 0);
-		CacheRegisterSyscacheCallback(PROCOID, idem_proc_callback, (Datum) 0);
+		payidem_register_relcache_callback(idem_relcache_callback, (Datum) 0);
+		payidem_register_syscache_callback(PROCOID, idem_proc_callback, (Datum) 0);
 		idem_callback_registered = true;
 	}
 

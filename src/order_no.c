@@ -344,7 +344,7 @@ reserve(int64 wanted)
 
 	if (!callback_registered)
 	{
-		CacheRegisterRelcacheCallback(hwm_relcache_callback, (Datum) 0);
+		payidem_register_relcache_callback(hwm_relcache_callback, (Datum) 0);
 		callback_registered = true;
 	}
 

@@ -112,5 +112,10 @@ extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);
 extern bool payidem_text_equal(Datum a, Datum b);
 extern Oid	payidem_relation_owner(Oid relid);
+/* the one relcache callback and one callback per syscache, dispatching to the parts' */
+typedef void (*PayidemRelcacheCallback) (Datum arg, Oid relid);
+typedef void (*PayidemSyscacheCallback) (Datum arg, int cacheid, uint32 hashvalue);
+extern void payidem_register_relcache_callback(PayidemRelcacheCallback func, Datum arg);
+extern void payidem_register_syscache_callback(int cacheid, PayidemSyscacheCallback func, Datum arg);
 
 #endif							/* PAYIDEM_H */

@@ -408,7 +408,7 @@ whitelist_get(void)
 
 	if (!callback_registered)
 	{
-		CacheRegisterRelcacheCallback(whitelist_relcache_callback, (Datum) 0);
+		payidem_register_relcache_callback(whitelist_relcache_callback, (Datum) 0);
 		callback_registered = true;
 	}
 	AcceptInvalidationMessages();
@@ -677,7 +677,7 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 
 	if (!log_proc_callback_registered)
 	{
-		CacheRegisterSyscacheCallback(PROCOID, log_insert_proc_callback, (Datum) 0);
+		payidem_register_syscache_callback(PROCOID, log_insert_proc_callback, (Datum) 0);
 		log_proc_callback_registered = true;
 	}
 	/* the lock above has processed any pending invalidation */
