@@ -4084,6 +4084,9 @@ COMMENT ON COLUMN payidem.recon_summary.open_amount IS
 --   import_merchant_secret()  the copy of a rotated merchant secret
 --   import_channel(...)       create a channel, or accept an identical one
 --   load_bill_part(...)       keep this shard's lines of a channel bill
+--   bill_unplaced_lines(...)  the lines of a bill no payment number places
+--   export_reference()        partition 0's reference data, for sync_shards()
+--   import_reference(doc)     make this shard's reference data that
 --
 -- The import functions are idempotent: the router replays them on every
 -- partition (RUN ON ALL), including the one where the row was made, and an
@@ -4287,17 +4290,259 @@ $$;
 COMMENT ON FUNCTION payidem.import_channel(text, text, numeric, integer, text[]) IS
 	'Scale-out: create_channel(), or nothing if an identical channel exists (a replay through the router); duplicate_object if it differs.';
 
--- The partition a channel bill line belongs to: the shard digits of the
--- payment number the channel echoes; lines without a valid one go to 0.
+-- Reference data as partition 0 holds it, for the router's sync_shards() and
+-- add_shards(): merchants, their secrets, channels, channel configurations
+-- and bindings, secrets and configurations in clear (each shard seals them
+-- with its own master key).  Only the router's connection role may call it;
+-- the document travels as a result and a bound parameter, never in a
+-- statement's text.
+CREATE FUNCTION payidem.export_reference()
+RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT pg_catalog.jsonb_build_object(
+		'merchants', (SELECT coalesce(pg_catalog.jsonb_agg(
+							 pg_catalog.to_jsonb(m) OPERATOR(pg_catalog.-) 'created_at'::text
+							 OPERATOR(pg_catalog.-) 'updated_at'::text ORDER BY m.merchant_no), '[]')
+						FROM payidem.merchant m),
+		'secrets', (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+						   'merchant_no', s.merchant_no, 'secret_version', s.secret_version,
+						   'secret', pg_catalog.convert_from(payidem._open(payidem._secret_aad(s.merchant_no, s.secret_version),
+								s.key_version, s.nonce, s.ciphertext, s.auth_tag), 'UTF8'),
+						   'valid_from', s.valid_from, 'valid_until', s.valid_until)
+						   ORDER BY s.merchant_no, s.secret_version), '[]')
+					  FROM payidem.merchant_secret s),
+		'channels', (SELECT coalesce(pg_catalog.jsonb_agg(
+							pg_catalog.to_jsonb(c) OPERATOR(pg_catalog.-) 'created_at'::text
+							OPERATOR(pg_catalog.-) 'updated_at'::text ORDER BY c.channel_no), '[]')
+					   FROM payidem.channel c),
+		'configs', (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+						   'channel_no', cc.channel_no,
+						   'config', pg_catalog.convert_from(payidem._open(payidem._config_aad(cc.channel_no),
+								cc.key_version, cc.nonce, cc.ciphertext, cc.auth_tag), 'UTF8')::jsonb)
+						   ORDER BY cc.channel_no), '[]')
+					  FROM payidem.channel_config cc),
+		'bindings', (SELECT coalesce(pg_catalog.jsonb_agg(
+							pg_catalog.to_jsonb(b) OPERATOR(pg_catalog.-) 'created_at'::text
+							OPERATOR(pg_catalog.-) 'updated_at'::text ORDER BY b.merchant_no, b.channel_no), '[]')
+					   FROM payidem.merchant_channel b));
+END;
+COMMENT ON FUNCTION payidem.export_reference() IS
+	'Scale-out: this shard''s merchants, secrets, channels, channel configurations and bindings as one document (secrets and configurations decrypted) for the router''s sync_shards(); callable by the router''s connection role only.';
+
+-- Make this shard's reference data what partition 0 exported: add what is
+-- missing, change what differs, remove secrets and configurations partition
+-- 0 does not have and disable its bindings; merchants and channels only this
+-- shard has are left alone (they may hold orders) and counted.  Idempotent:
+-- a second run changes nothing.
+CREATE FUNCTION payidem.import_reference(reference jsonb)
+RETURNS TABLE (kind text, added bigint, changed bigint, removed bigint, left_alone bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_bad    record;
+	s        record;
+	v_sealed record;
+	v_add    bigint;
+	v_change bigint;
+	v_remove bigint;
+BEGIN
+	IF reference IS NULL OR jsonb_typeof(reference) <> 'object'
+	   OR NOT reference ?& ARRAY['merchants', 'secrets', 'channels', 'configs', 'bindings'] THEN
+		RAISE EXCEPTION 'invalid reference document' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'It must be what payidem.export_reference() returns: an object with merchants, secrets, channels, configs and bindings.';
+	END IF;
+	-- a merchant closed here stays closed (closed is final): partition 0
+	-- must close it too, not this shard reopen it
+	SELECT m.merchant_no, r.status INTO v_bad
+	  FROM jsonb_populate_recordset(NULL::payidem.merchant, reference -> 'merchants') r
+	  JOIN payidem.merchant m ON m.merchant_no = r.merchant_no
+	 WHERE m.status = 'closed' AND r.status <> 'closed'
+	 ORDER BY 1 LIMIT 1;
+	IF FOUND THEN
+		RAISE EXCEPTION 'merchant % is closed on shard % but % on partition 0',
+			v_bad.merchant_no, payidem.shard_id(), v_bad.status USING
+			ERRCODE = 'PI002',
+			DETAIL = 'A closed merchant stays closed; the copy cannot reopen it.',
+			HINT = format('Close it everywhere through the router (payidem.close_merchant(%L)), then repeat.', v_bad.merchant_no);
+	END IF;
+
+	-- merchants
+	WITH r AS (SELECT * FROM jsonb_populate_recordset(NULL::payidem.merchant, reference -> 'merchants')),
+	w AS (
+		INSERT INTO payidem.merchant AS m (merchant_no, merchant_name, merchant_type, fee_rate, settle_cycle, status, api_key)
+		SELECT r.merchant_no, r.merchant_name, r.merchant_type, r.fee_rate, r.settle_cycle, r.status, r.api_key FROM r
+		ON CONFLICT ON CONSTRAINT merchant_pkey DO UPDATE
+		   SET merchant_name = excluded.merchant_name, merchant_type = excluded.merchant_type,
+			   fee_rate = excluded.fee_rate, settle_cycle = excluded.settle_cycle, status = excluded.status,
+			   api_key = excluded.api_key, updated_at = now()
+		 WHERE (m.merchant_name, m.merchant_type, m.fee_rate, m.settle_cycle, m.status, m.api_key)
+			   IS DISTINCT FROM (excluded.merchant_name, excluded.merchant_type, excluded.fee_rate,
+								 excluded.settle_cycle, excluded.status, excluded.api_key)
+		RETURNING m.xmax = 0 AS inserted)
+	SELECT count(*) FILTER (WHERE w.inserted), count(*) FILTER (WHERE NOT w.inserted) INTO v_add, v_change FROM w;
+	kind := 'merchants'; added := v_add; changed := v_change; removed := 0;
+	left_alone := (SELECT count(*) FROM payidem.merchant m
+					WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'merchants') e
+									   WHERE e ->> 'merchant_no' = m.merchant_no));
+	RETURN NEXT;
+
+	-- secrets: the same versions, windows and secrets; first those this
+	-- shard has and partition 0 has not, then the ones that stop being
+	-- current, then the rest (one current secret per merchant at all times)
+	v_add := 0; v_change := 0;
+	WITH r AS (SELECT * FROM jsonb_to_recordset(reference -> 'secrets') AS x(merchant_no text, secret_version integer))
+	DELETE FROM payidem.merchant_secret s
+	 WHERE EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'merchants') e
+					WHERE e ->> 'merchant_no' = s.merchant_no)
+	   AND NOT EXISTS (SELECT 1 FROM r WHERE r.merchant_no = s.merchant_no AND r.secret_version = s.secret_version);
+	GET DIAGNOSTICS v_remove = ROW_COUNT;
+	FOR s IN
+		SELECT r.*, x.merchant_no IS NOT NULL AS present,
+			   x.merchant_no IS NOT NULL
+			   AND (x.valid_from, x.valid_until) IS NOT DISTINCT FROM (r.valid_from, r.valid_until)
+			   AND payidem._open(payidem._secret_aad(x.merchant_no, x.secret_version),
+								 x.key_version, x.nonce, x.ciphertext, x.auth_tag)
+				   = convert_to(r.secret, 'UTF8') AS same
+		  FROM jsonb_to_recordset(reference -> 'secrets')
+			   AS r(merchant_no text, secret_version integer, secret text, valid_from timestamptz, valid_until timestamptz)
+		  LEFT JOIN payidem.merchant_secret x ON x.merchant_no = r.merchant_no AND x.secret_version = r.secret_version
+		 ORDER BY r.valid_until IS NULL, r.merchant_no, r.secret_version
+	LOOP
+		CONTINUE WHEN s.same;
+		v_sealed := payidem._seal(payidem._secret_aad(s.merchant_no, s.secret_version), convert_to(s.secret, 'UTF8'));
+		IF s.present THEN
+			UPDATE payidem.merchant_secret x
+			   SET key_version = v_sealed.key_version, nonce = v_sealed.nonce, ciphertext = v_sealed.ciphertext,
+				   auth_tag = v_sealed.auth_tag, valid_from = s.valid_from, valid_until = s.valid_until
+			 WHERE x.merchant_no = s.merchant_no AND x.secret_version = s.secret_version;
+			v_change := v_change + 1;
+		ELSE
+			INSERT INTO payidem.merchant_secret (merchant_no, secret_version, key_version, nonce, ciphertext,
+												 auth_tag, valid_from, valid_until)
+			VALUES (s.merchant_no, s.secret_version, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext,
+					v_sealed.auth_tag, s.valid_from, s.valid_until);
+			v_add := v_add + 1;
+		END IF;
+	END LOOP;
+	kind := 'secrets'; added := v_add; changed := v_change; removed := v_remove; left_alone := 0;
+	RETURN NEXT;
+
+	-- channels
+	WITH r AS (SELECT * FROM jsonb_populate_recordset(NULL::payidem.channel, reference -> 'channels')),
+	w AS (
+		INSERT INTO payidem.channel AS c (channel_no, channel_type, fee_rate, status, weight, allowed_merchant_types,
+										  single_limit, daily_limit)
+		SELECT r.channel_no, r.channel_type, r.fee_rate, r.status, r.weight, r.allowed_merchant_types,
+			   r.single_limit, r.daily_limit FROM r
+		ON CONFLICT ON CONSTRAINT channel_pkey DO UPDATE
+		   SET channel_type = excluded.channel_type, fee_rate = excluded.fee_rate, status = excluded.status,
+			   weight = excluded.weight, allowed_merchant_types = excluded.allowed_merchant_types,
+			   single_limit = excluded.single_limit, daily_limit = excluded.daily_limit, updated_at = now()
+		 WHERE (c.channel_type, c.fee_rate, c.status, c.weight, c.allowed_merchant_types, c.single_limit, c.daily_limit)
+			   IS DISTINCT FROM (excluded.channel_type, excluded.fee_rate, excluded.status, excluded.weight,
+								 excluded.allowed_merchant_types, excluded.single_limit, excluded.daily_limit)
+		RETURNING c.xmax = 0 AS inserted)
+	SELECT count(*) FILTER (WHERE w.inserted), count(*) FILTER (WHERE NOT w.inserted) INTO v_add, v_change FROM w;
+	kind := 'channels'; added := v_add; changed := v_change; removed := 0;
+	left_alone := (SELECT count(*) FROM payidem.channel c
+					WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'channels') e
+									   WHERE e ->> 'channel_no' = c.channel_no));
+	RETURN NEXT;
+
+	-- channel configurations
+	v_add := 0; v_change := 0;
+	DELETE FROM payidem.channel_config cc
+	 WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'configs') e
+						WHERE e ->> 'channel_no' = cc.channel_no);
+	GET DIAGNOSTICS v_remove = ROW_COUNT;
+	FOR s IN
+		SELECT r.*, x.channel_no IS NOT NULL AS present,
+			   x.channel_no IS NOT NULL
+			   AND convert_from(payidem._open(payidem._config_aad(x.channel_no), x.key_version, x.nonce,
+											  x.ciphertext, x.auth_tag), 'UTF8')::jsonb = r.config AS same
+		  FROM jsonb_to_recordset(reference -> 'configs') AS r(channel_no text, config jsonb)
+		  LEFT JOIN payidem.channel_config x ON x.channel_no = r.channel_no
+	LOOP
+		CONTINUE WHEN s.same;
+		PERFORM payidem.set_channel_config(s.channel_no, s.config);
+		IF s.present THEN v_change := v_change + 1; ELSE v_add := v_add + 1; END IF;
+	END LOOP;
+	kind := 'configs'; added := v_add; changed := v_change; removed := v_remove; left_alone := 0;
+	RETURN NEXT;
+
+	-- bindings; one partition 0 does not have is disabled here (unbound)
+	WITH r AS (SELECT * FROM jsonb_populate_recordset(NULL::payidem.merchant_channel, reference -> 'bindings')),
+	w AS (
+		INSERT INTO payidem.merchant_channel AS b (merchant_no, channel_no, fee_rate, single_limit, daily_limit,
+												   status, weight)
+		SELECT r.merchant_no, r.channel_no, r.fee_rate, r.single_limit, r.daily_limit, r.status, r.weight FROM r
+		ON CONFLICT ON CONSTRAINT merchant_channel_pkey DO UPDATE
+		   SET fee_rate = excluded.fee_rate, single_limit = excluded.single_limit, daily_limit = excluded.daily_limit,
+			   status = excluded.status, weight = excluded.weight, updated_at = now()
+		 WHERE (b.fee_rate, b.single_limit, b.daily_limit, b.status, b.weight)
+			   IS DISTINCT FROM (excluded.fee_rate, excluded.single_limit, excluded.daily_limit,
+								 excluded.status, excluded.weight)
+		RETURNING b.xmax = 0 AS inserted)
+	SELECT count(*) FILTER (WHERE w.inserted), count(*) FILTER (WHERE NOT w.inserted) INTO v_add, v_change FROM w;
+	UPDATE payidem.merchant_channel b SET status = 'disabled', updated_at = now()
+	 WHERE b.status <> 'disabled'
+	   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'bindings') e
+						WHERE e ->> 'merchant_no' = b.merchant_no AND e ->> 'channel_no' = b.channel_no);
+	GET DIAGNOSTICS v_remove = ROW_COUNT;
+	kind := 'bindings'; added := v_add; changed := v_change; removed := v_remove; left_alone := 0;
+	RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION payidem.import_reference(jsonb) IS
+	'Scale-out: make this shard''s reference data what payidem.export_reference() on partition 0 returned (missing rows added, differing ones changed, secrets and configurations partition 0 lacks removed, such bindings disabled; merchants and channels only this shard has are left alone). One row per kind with the counts; a second run changes nothing. PI002 if it would reopen a merchant closed here.';
+
+-- The partition a channel bill line belongs to by the payment number the
+-- channel echoes: its shard digits; NULL for a line without a valid number
+-- of the cluster (the router places it by its transaction id, or gives it to
+-- partition 0).
 CREATE FUNCTION payidem._bill_line_partition(payment_no text, partitions integer)
 RETURNS integer
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN payment_no IS NOT NULL AND payidem.order_no_valid(payment_no)
 				 AND pg_catalog.substr(payment_no, 17, 2)::integer < partitions
-			THEN pg_catalog.substr(payment_no, 17, 2)::integer
-			ELSE 0 END;
+			THEN pg_catalog.substr(payment_no, 17, 2)::integer END;
 
-CREATE FUNCTION payidem.load_bill_part(channel_no text, bill_date date, csv text, partitions integer)
+-- Check a whole bill as load_bill() does, keeping nothing: a trial load,
+-- rolled back.
+CREATE FUNCTION payidem._bill_check(channel_no text, bill_date date, csv text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem.load_bill(channel_no, bill_date, csv);
+	RAISE EXCEPTION USING ERRCODE = 'PI000', MESSAGE = 'bill checked';
+EXCEPTION WHEN SQLSTATE 'PI000' THEN
+	NULL;
+END
+$$;
+
+-- The lines of a bill that its payment numbers do not place, with their
+-- transaction ids: the router places them where the transaction's success
+-- was applied (its payidem.transaction_placement), in one look-up per bill.
+-- The whole bill is checked, as load_bill() checks it.
+CREATE FUNCTION payidem.bill_unplaced_lines(channel_no text, bill_date date, csv text, partitions integer)
+RETURNS TABLE (line_no bigint, transaction_id text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._bill_check(channel_no, bill_date, csv);
+	RETURN QUERY
+		SELECT b.line_no, nullif(b.fields[3], '')
+		  FROM payidem._bill_lines(csv) b
+		 WHERE payidem._bill_line_partition(nullif(b.fields[4], ''), partitions) IS NULL
+		   AND nullif(b.fields[3], '') IS NOT NULL;
+END
+$$;
+COMMENT ON FUNCTION payidem.bill_unplaced_lines(text, date, text, integer) IS
+	'Scale-out: the lines of a channel bill (checked whole, as load_bill() checks it) whose payment_no names no partition of a cluster of that many, with their transaction ids.';
+
+CREATE FUNCTION payidem.load_bill_part(channel_no text, bill_date date, csv text, partitions integer,
+	placed_lines bigint[] DEFAULT NULL, placed_partitions integer[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -4309,28 +4554,33 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			HINT = 'Check payidem.shard_id on the shards against the router''s server payidem (payidem.cluster_check()).';
 	END IF;
+	IF cardinality(placed_lines) IS DISTINCT FROM cardinality(placed_partitions) THEN
+		RAISE EXCEPTION 'placed_lines and placed_partitions differ in length' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('%s lines, %s partitions.', coalesce(cardinality(placed_lines), 0),
+							coalesce(cardinality(placed_partitions), 0));
+	END IF;
 	-- every shard checks the whole bill, so a bad line fails the load on all
 	-- of them and none keeps a part (the router has no two-phase commit)
-	BEGIN
-		PERFORM payidem.load_bill(channel_no, bill_date, csv);
-		RAISE EXCEPTION USING ERRCODE = 'PI000', MESSAGE = 'bill checked';
-	EXCEPTION WHEN SQLSTATE 'PI000' THEN
-		NULL;		-- the trial load is rolled back
-	END;
-	-- this shard's lines; the others become blank lines, so that line numbers
-	-- in messages stay those of the whole bill
+	PERFORM payidem._bill_check(channel_no, bill_date, csv);
+	-- this shard's lines: those its payment number names, then those the
+	-- router placed by transaction id, the rest on partition 0; the others
+	-- become blank lines, so that line numbers in messages stay those of the
+	-- whole bill
 	SELECT string_agg(CASE WHEN b.line_no IS NULL
-							 OR payidem._bill_line_partition(nullif(b.fields[4], ''), partitions) = v_me
+							 OR coalesce(payidem._bill_line_partition(nullif(b.fields[4], ''), partitions),
+										 pl.partition, 0) = v_me
 						   THEN t.line ELSE '' END,
 					  chr(10) ORDER BY t.n)
 	  INTO v_mine
 	  FROM string_to_table(csv, chr(10)) WITH ORDINALITY AS t(line, n)
-	  LEFT JOIN payidem._bill_lines(csv) b ON b.line_no = t.n;
+	  LEFT JOIN payidem._bill_lines(csv) b ON b.line_no = t.n
+	  LEFT JOIN unnest(placed_lines, placed_partitions) AS pl(line_no, partition) ON pl.line_no = t.n;
 	RETURN payidem.load_bill(channel_no, bill_date, coalesce(v_mine, ''));
 END
 $$;
-COMMENT ON FUNCTION payidem.load_bill_part(text, date, text, integer) IS
-	'Scale-out: load_bill() of the lines of a channel bill that belong to this shard (the shard digits of their payment_no; lines without a valid one belong to partition 0). The whole bill is checked first, so a bad line fails every shard alike.';
+COMMENT ON FUNCTION payidem.load_bill_part(text, date, text, integer, bigint[], integer[]) IS
+	'Scale-out: load_bill() of the lines of a channel bill that belong to this shard: those whose payment_no names it, and those the router placed here by transaction id (placed_lines[i] on placed_partitions[i]); the rest belong to partition 0. The whole bill is checked first, so a bad line fails every shard alike.';
 
 REVOKE ALL ON FUNCTION payidem.shard_prepare(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.shard_id() FROM PUBLIC;
@@ -4339,8 +4589,12 @@ REVOKE ALL ON FUNCTION payidem._current_secret_is(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.import_merchant(text, text, text, numeric, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.import_merchant_secret(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.import_channel(text, text, numeric, integer, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.export_reference() FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.import_reference(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem._bill_line_partition(text, integer) FROM PUBLIC;
-REVOKE ALL ON FUNCTION payidem.load_bill_part(text, date, text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._bill_check(text, date, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.bill_unplaced_lines(text, date, text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem.load_bill_part(text, date, text, integer, bigint[], integer[]) FROM PUBLIC;
 
 -- (end of shard helpers)
 

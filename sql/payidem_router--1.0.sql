@@ -180,21 +180,32 @@ LANGUAGE plproxy AS $$
 	  FROM payidem.shard_info() i;
 $$;
 
-CREATE FUNCTION payidem.cluster_check()
-RETURNS TABLE (partition integer, shard_id integer, database name, master_key_version integer,
-			   merchants bigint, channels bigint, orders bigint, ok boolean, problem text)
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- The partition count, checked: server payidem defined, a power of two.
+CREATE FUNCTION payidem._cluster_size()
+RETURNS integer
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	n integer := payidem.cluster_partitions();
-	r record;
-	v_merchants bigint;
-	v_channels bigint;
 BEGIN
 	IF n = 0 OR n & (n - 1) <> 0 THEN
 		RAISE EXCEPTION 'server payidem has % partitions', n USING
 			ERRCODE = 'object_not_in_prerequisite_state',
 			HINT = 'Define p0 ... p<N-1> on server payidem, N a power of two (docs/scale-out.md).';
 	END IF;
+	RETURN n;
+END
+$$;
+
+CREATE FUNCTION payidem.cluster_check()
+RETURNS TABLE (partition integer, shard_id integer, database name, master_key_version integer,
+			   merchants bigint, channels bigint, orders bigint, ok boolean, problem text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	n integer := payidem._cluster_size();
+	r record;
+	v_merchants bigint;
+	v_channels bigint;
+BEGIN
 	FOR i IN 0 .. n - 1 LOOP
 		partition := i;
 		shard_id := NULL; database := NULL; master_key_version := NULL;
@@ -228,6 +239,117 @@ END
 $$;
 COMMENT ON FUNCTION payidem.cluster_check() IS
 	'One row per partition: its payidem.shard_id (must equal the partition number), database, master key version, counts of merchants, channels (must equal partition 0''s) and orders; ok and the problem otherwise, including a shard that cannot be reached.';
+
+------------------------------------------------------------------------------
+-- Growing the cluster: reference data in line on every partition
+------------------------------------------------------------------------------
+
+CREATE FUNCTION payidem._shard_prepare_on(partition integer)
+RETURNS void
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.check_partition(partition);
+	SELECT payidem.shard_prepare(partition);
+$$;
+
+CREATE FUNCTION payidem._export_reference_on(partition integer)
+RETURNS jsonb
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.check_partition(partition);
+	SELECT payidem.export_reference();
+$$;
+
+CREATE FUNCTION payidem._import_reference_on(partition integer, reference jsonb)
+RETURNS TABLE (kind text, added bigint, changed bigint, removed bigint, left_alone bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.check_partition(partition);
+	SELECT i.kind, i.added, i.changed, i.removed, i.left_alone FROM payidem.import_reference(reference) i;
+$$;
+
+-- Every partition made the shard its place says, and given partition 0's
+-- reference data: merchants, secrets (sealed there with its own master key),
+-- channels, channel configurations, bindings.  Safe to re-run; it is also
+-- how a half-failed create_merchant(), rotate_merchant_secret() or channel
+-- call is repaired once every shard is up.
+CREATE FUNCTION payidem.sync_shards()
+RETURNS TABLE (partition integer, kind text, added bigint, changed bigint, removed bigint, left_alone bigint)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	n     integer;
+	r     record;
+	v_ref jsonb;
+BEGIN
+	-- no reference data is written meanwhile (see _reference_write_lock)
+	LOCK TABLE payidem.merchant_placement IN EXCLUSIVE MODE;
+	n := payidem._cluster_size();
+	-- a partition is the shard its number says; a new, empty one becomes it
+	FOR i IN 0 .. n - 1 LOOP
+		SELECT * INTO r FROM payidem._shard_info_on(i);
+		CONTINUE WHEN r.shard_id = i;
+		IF r.orders > 0 THEN
+			RAISE EXCEPTION 'partition % is shard %', i, r.shard_id USING
+				ERRCODE = 'object_not_in_prerequisite_state',
+				DETAIL = format('Database "%s" at partition %s has payidem.shard_id = %s and holds %s orders, whose numbers name shard %s.',
+								r.database, i, r.shard_id, r.orders, r.shard_id),
+				HINT = 'Correct the order of the connection strings in server payidem; nothing was copied.';
+		END IF;
+		PERFORM payidem._shard_prepare_on(i);
+	END LOOP;
+	v_ref := payidem._export_reference_on(0);
+	FOR i IN 1 .. n - 1 LOOP
+		RETURN QUERY SELECT i, x.kind, x.added, x.changed, x.removed, x.left_alone
+					   FROM payidem._import_reference_on(i, v_ref) x;
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION payidem.sync_shards() IS
+	'Router: make every partition the shard its number says (shard_prepare() on a new, empty one) and give it partition 0''s reference data (merchants, secrets, channels, configurations, bindings); one row per partition and kind with what changed. Safe to re-run; repairs a half-failed write of reference data.';
+
+-- Add partitions to server payidem and bring them in line, in one
+-- transaction of the router: other sessions route to the new partitions
+-- only once their reference data is there.  Connection strings already in
+-- the server are skipped, so a repeat only syncs.
+CREATE FUNCTION payidem.add_shards(VARIADIC connections text[])
+RETURNS TABLE (partition integer, kind text, added bigint, changed bigint, removed bigint, left_alone bigint)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	n       integer;
+	v_new   text[];
+	v_opts  text;
+BEGIN
+	LOCK TABLE payidem.merchant_placement IN EXCLUSIVE MODE;
+	n := payidem.cluster_partitions();
+	IF n = 0 THEN
+		PERFORM payidem.check_partition(0);		-- its error: server payidem is missing
+	END IF;
+	IF connections IS NULL OR cardinality(connections) = 0 OR array_position(connections, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'no connection strings' USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'Name each new shard: payidem.add_shards(''host=... dbname=...'', ''host=... dbname=...'').';
+	END IF;
+	SELECT array_agg(c ORDER BY o) INTO v_new
+	  FROM (SELECT DISTINCT ON (c) c, o FROM unnest(connections) WITH ORDINALITY AS u(c, o) ORDER BY c, o) d
+	 WHERE NOT EXISTS (SELECT 1 FROM pg_foreign_server s, unnest(s.srvoptions) AS x(opt)
+						WHERE s.srvname = 'payidem' AND x.opt ~ '^p[0-9]+=' AND substr(x.opt, strpos(x.opt, '=') + 1) = d.c);
+	IF coalesce(cardinality(v_new), 0) > 0 THEN
+		IF (n + cardinality(v_new)) & (n + cardinality(v_new) - 1) <> 0 THEN
+			RAISE EXCEPTION 'a cluster of % partitions is not possible', n + cardinality(v_new) USING
+				ERRCODE = 'invalid_parameter_value',
+				DETAIL = format('Server payidem has %s partitions and %s new connection strings were given; PL/Proxy needs a power of two.',
+								n, cardinality(v_new)),
+				HINT = format('Add %s shards.', n);
+		END IF;
+		SELECT string_agg(format('ADD p%s %L', n + o - 1, c), ', ' ORDER BY o) INTO v_opts
+		  FROM unnest(v_new) WITH ORDINALITY AS u(c, o);
+		EXECUTE 'ALTER SERVER payidem OPTIONS (' || v_opts || ')';
+	END IF;
+	RETURN QUERY SELECT * FROM payidem.sync_shards();
+END
+$$;
+COMMENT ON FUNCTION payidem.add_shards(text[]) IS
+	'Router: add the shards at these connection strings as the next partitions of server payidem (the count stays a power of two; strings already there are skipped) and sync_shards(), in one transaction. Placed merchants stay where they are; new merchants spread over all partitions.';
 
 ------------------------------------------------------------------------------
 -- Merchants (made on partition 0, copied to all) and channels (all partitions)
@@ -298,6 +420,18 @@ RETURN coalesce((SELECT p.partition FROM payidem.merchant_placement p
 COMMENT ON FUNCTION payidem.merchant_partition(text) IS
 	'Router: the partition a merchant''s orders live on (payidem.merchant_placement).';
 
+-- Writers of reference data and sync_shards()/add_shards() exclude each
+-- other: a merchant, channel or binding written while a shard is added
+-- reaches the new shard too.  Taking the lock also makes this session see a
+-- server payidem that add_shards() changed meanwhile.
+CREATE FUNCTION payidem._reference_write_lock()
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	LOCK TABLE payidem.merchant_placement IN ROW EXCLUSIVE MODE;
+END
+$$;
+
 CREATE FUNCTION payidem.create_merchant(name text, merchant_type text, fee_rate numeric,
 	settle_cycle text DEFAULT 'T1')
 RETURNS TABLE (merchant_no text, api_key text, api_secret text)
@@ -307,6 +441,7 @@ DECLARE
 	v_state   text;
 	v_message text;
 BEGIN
+	PERFORM payidem._reference_write_lock();
 	SELECT * INTO r FROM payidem._create_merchant_first(name, merchant_type, fee_rate, settle_cycle);
 	-- its orders' home, spread over the partitions it is made on, for good
 	INSERT INTO payidem.merchant_placement (merchant_no, partition)
@@ -351,6 +486,7 @@ DECLARE
 	v_state   text;
 	v_message text;
 BEGIN
+	PERFORM payidem._reference_write_lock();
 	v_secret := payidem._rotate_merchant_secret_first(merchant_no, grace);
 	BEGIN
 		PERFORM FROM payidem._import_merchant_secret_all(merchant_no, v_secret, grace);
@@ -389,6 +525,7 @@ CREATE FUNCTION payidem.set_merchant_status(merchant_no text, status text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._reference_write_lock();
 	PERFORM FROM payidem._set_merchant_status_all(merchant_no, status);
 END
 $$;
@@ -418,6 +555,7 @@ CREATE FUNCTION payidem.create_channel(channel_no text, channel_type text, fee_r
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._reference_write_lock();
 	-- every partition creates it, or finds the identical channel (a repeat
 	-- after a shard was down); a different channel of that code is an error
 	IF NOT EXISTS (SELECT 1 FROM payidem._import_channel_all(channel_no, channel_type, fee_rate, weight,
@@ -443,6 +581,7 @@ CREATE FUNCTION payidem.set_channel_status(channel_no text, status text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._reference_write_lock();
 	PERFORM FROM payidem._set_channel_status_all(channel_no, status);
 END
 $$;
@@ -460,6 +599,7 @@ CREATE FUNCTION payidem.set_channel_config(channel_no text, config jsonb)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._reference_write_lock();
 	PERFORM FROM payidem._set_channel_config_all(channel_no, config);
 END
 $$;
@@ -485,6 +625,7 @@ CREATE FUNCTION payidem.bind_channel(merchant_no text, channel_no text, fee_rate
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._reference_write_lock();
 	PERFORM FROM payidem._bind_channel_all(merchant_no, channel_no, fee_rate, single_limit, daily_limit);
 END
 $$;
@@ -502,6 +643,7 @@ CREATE FUNCTION payidem.unbind_channel(merchant_no text, channel_no text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._reference_write_lock();
 	PERFORM FROM payidem._unbind_channel_all(merchant_no, channel_no);
 END
 $$;
@@ -818,23 +960,94 @@ $$;
 -- Reconciliation: bills split by the payment numbers in them, counts summed
 ------------------------------------------------------------------------------
 
-CREATE FUNCTION payidem._load_bill_all(channel_no text, bill_date date, csv text, partitions integer)
+-- Where a channel's transaction id lives: the partition of the payment a
+-- success with that id was applied to through the router.  A bill line that
+-- does not carry our payment number is sent there (one look-up per bill
+-- here, none on the shards); without a placement it goes to partition 0.
+CREATE TABLE payidem.transaction_placement (
+	transaction_id	text		NOT NULL,
+	partition		integer		NOT NULL,
+	placed_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT transaction_placement_pkey PRIMARY KEY (transaction_id),
+	CONSTRAINT transaction_placement_partition_nonnegative CHECK (partition >= 0)
+);
+COMMENT ON TABLE payidem.transaction_placement IS
+	'Router: the partition of the payment each channel transaction id was reported for (apply_payment_result with status succeeded), so that bill lines without our payment number reach that shard.';
+SELECT pg_catalog.pg_extension_config_dump('payidem.transaction_placement', '');
+
+-- apply_payment_result's outcome, after placing the transaction id of a
+-- success on the payment's partition (a first placement is kept: a repeat,
+-- or the same id reported for another payment, changes nothing).  Called
+-- once the shard has answered, so no lock is held across the call.
+CREATE FUNCTION payidem._place_transaction(outcome text, payment_no text, status text, transaction_id text)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF status = 'succeeded' AND transaction_id IS NOT NULL THEN
+		INSERT INTO payidem.transaction_placement (transaction_id, partition)
+		VALUES (transaction_id, payidem.payment_partition(payment_no))
+		ON CONFLICT DO NOTHING;
+	END IF;
+	RETURN outcome;
+END
+$$;
+
+CREATE FUNCTION payidem.purge_transaction_placement(older_than interval DEFAULT '90 days')
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	n bigint;
+BEGIN
+	IF older_than IS NULL OR older_than < interval '1 day' THEN
+		RAISE EXCEPTION 'invalid retention' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The retention was %s; it must be at least 1 day.', coalesce(older_than::text, 'NULL')),
+			HINT = 'Keep placements as long as a channel may still send a bill for the day (e.g. 90 days).';
+	END IF;
+	DELETE FROM payidem.transaction_placement t WHERE t.placed_at < now() - older_than;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION payidem.purge_transaction_placement(interval) IS
+	'Router: forget transaction placements older than older_than (at least 1 day, default 90 days); a later bill line without our payment number for such a transaction goes to partition 0. Returns the number removed.';
+
+CREATE FUNCTION payidem._bill_unplaced_lines_on0(channel_no text, bill_date date, csv text, partitions integer)
+RETURNS TABLE (line_no bigint, transaction_id text)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON 0;
+	SELECT u.line_no, u.transaction_id FROM payidem.bill_unplaced_lines(channel_no, bill_date, csv, partitions) u;
+$$;
+
+CREATE FUNCTION payidem._load_bill_all(channel_no text, bill_date date, csv text, partitions integer,
+	placed_lines bigint[], placed_partitions integer[])
 RETURNS SETOF bigint
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
 	RUN ON ALL;
-	SELECT payidem.load_bill_part(channel_no, bill_date, csv, partitions);
+	SELECT payidem.load_bill_part(channel_no, bill_date, csv, partitions, placed_lines, placed_partitions);
 $$;
 
+-- Partition 0 checks the bill and names the lines no payment number
+-- places; the router places those by transaction id; every partition then
+-- checks the bill again and keeps its lines.
 CREATE FUNCTION payidem.load_bill(channel_no text, bill_date date, csv text)
 RETURNS bigint
 LANGUAGE sql SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-	SELECT pg_catalog.sum(n)::bigint
-	  FROM payidem._load_bill_all(channel_no, bill_date, csv, payidem.cluster_partitions()) AS l(n);
+	WITH n AS (SELECT payidem._cluster_size() AS partitions),
+	placed AS (
+		SELECT pg_catalog.array_agg(u.line_no ORDER BY u.line_no) AS lines,
+			   pg_catalog.array_agg(t.partition ORDER BY u.line_no) AS partitions
+		  FROM n, payidem._bill_unplaced_lines_on0(channel_no, bill_date, csv, n.partitions) u
+		  JOIN payidem.transaction_placement t ON t.transaction_id OPERATOR(pg_catalog.=) u.transaction_id
+		 WHERE t.partition OPERATOR(pg_catalog.<) n.partitions)
+	SELECT pg_catalog.sum(l.n)::bigint
+	  FROM n, placed, payidem._load_bill_all(channel_no, bill_date, csv, n.partitions, placed.lines, placed.partitions) AS l(n);
 END;
 COMMENT ON FUNCTION payidem.load_bill(text, date, text) IS
-	'Router: every partition checks the whole bill and keeps the lines whose payment_no names it (lines without a valid payment_no go to partition 0); returns the number of lines loaded in all.';
+	'Router: every partition checks the whole bill and keeps the lines whose payment_no names it, and the lines without one whose transaction id the router placed there (payidem.transaction_placement); the rest go to partition 0. Returns the number of lines loaded in all.';
 
 CREATE FUNCTION payidem._bill_lines_all(channel_no text, bill_date date)
 RETURNS SETOF bigint
@@ -908,7 +1121,7 @@ BEGIN ATOMIC
 						 'cluster_partitions', 'check_partition', 'partition_of', 'order_partition',
 						 'payment_partition', 'refund_partition', 'recon_partition', 'event_partition',
 						 'anomaly_partition', '_id_partition', 'get_order', 'find_order', 'resolve_anomaly',
-						 'merchant_partition',
+						 'merchant_partition', '_place_transaction',
 						 '_split_rows', '_notify_due_split', '_query_due_split', '_reconcile_all', '_bill_lines_all']))
 	SELECT p.oid::regprocedure
 	  FROM pg_catalog.pg_proc p
@@ -1071,7 +1284,7 @@ DECLARE
 	v_body text;
 BEGIN
 	FOR f IN
-		SELECT p.oid, p.proname, p.proretset, p.prorettype,
+		SELECT p.oid, p.proname, p.proretset, p.prorettype, p.provariadic,
 			   pg_catalog.pg_get_function_arguments(p.oid) AS args,
 			   pg_catalog.pg_get_function_identity_arguments(p.oid) AS idargs,
 			   pg_catalog.pg_get_function_result(p.oid) AS result,
@@ -1090,7 +1303,8 @@ BEGIN
 				OR p.proname IN ('notify_due', 'query_due', 'idem_purge', 'stats', 'create_merchant',
 								 'rotate_merchant_secret', 'create_channel', 'set_channel_status',
 								 'set_channel_config', 'bind_channel', 'unbind_channel', 'set_merchant_status',
-								 'freeze_merchant', 'unfreeze_merchant', 'close_merchant', 'load_bill', 'reconcile'))
+								 'freeze_merchant', 'unfreeze_merchant', 'close_merchant', 'load_bill', 'reconcile',
+								 'sync_shards', 'add_shards'))
 	LOOP
 		EXECUTE format('ALTER FUNCTION payidem.%I(%s) RENAME TO %I', f.proname, f.idargs, '_proxy_' || f.proname);
 		-- a PL/Proxy function calls its own name on the shard unless told
@@ -1101,8 +1315,14 @@ BEGIN
 						   f.prosrc || format(E'\tTARGET payidem.%I;\n', f.proname));
 		END IF;
 		v_call := format('payidem.%I(%s)', '_proxy_' || f.proname,
-						 (SELECT coalesce(string_agg('$' || i, ', ' ORDER BY i), '')
+						 (SELECT coalesce(string_agg(CASE WHEN i = f.pronargs AND f.provariadic <> 0 THEN 'VARIADIC ' ELSE '' END
+													 || '$' || i, ', ' ORDER BY i), '')
 							FROM generate_series(1, f.pronargs) i));
+		-- a success's transaction id is placed on the payment's partition,
+		-- for bill lines that do not carry our payment number
+		IF f.proname = 'apply_payment_result' THEN
+			v_call := format('payidem._place_transaction(%s, $1, $3, $4)', v_call);
+		END IF;
 		v_result := f.result;
 		-- (only where an argument and a column share a name: idem_record's result)
 		IF f.result ~ '^TABLE\(' AND f.dup_names THEN

@@ -406,7 +406,8 @@ sub run_cluster
 		   AND NOT EXISTS (SELECT 1 FROM pg_proc q WHERE q.pronamespace = p.pronamespace
 							  AND q.proname = '_proxy_' || p.proname)}),
 		'anomaly_partition,app_functions,check_partition,cluster_check,cluster_partitions,event_partition,'
-		. 'grant_app,merchant_partition,order_partition,partition_of,payment_partition,recon_partition,refund_partition',
+		. 'grant_app,merchant_partition,order_partition,partition_of,payment_partition,purge_transaction_placement,'
+		. 'recon_partition,refund_partition',
 		"$tag: every other API function has its PL/Proxy part and raises the shard's errors");
 
 	# ---- errors through the router are the shard's, word for word
@@ -504,10 +505,258 @@ $shards->[1]->start;
 is($router->safe_psql('postgres', "SELECT payidem.refund('$stories->[1]{p}', 300, 'RF-1')"),
 	$stories->[1]{r}, 'shard back: calls routed to it work again');
 
-$_->stop for ($router, @$shards);
+# ---------------------------------------------------------------- 2 grow to 4
+# Orders in flight (made, their payments begun, not paid) when the cluster
+# grows; every merchant made before keeps its shard.
+my @shards = @$shards;
+my $day = $router->safe_psql('postgres', q{SELECT (now() AT TIME ZONE 'UTC')::date});
+my $paid_at = $router->safe_psql('postgres',
+	q{SELECT to_char(date_trunc('second', now()) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS"+00"')});
+my @before = split /\n/, $router->safe_psql('postgres',
+	'SELECT merchant_no || \'|\' || partition FROM payidem.merchant_placement ORDER BY merchant_no');
+my @in_flight;
+for my $part (0, 1)
+{
+	my $m = $home->{$part}{no};
+	my $fo = $router->safe_psql('postgres', "SELECT payidem.create_order('$m', 'FLIGHT-$part', 800, 'in flight')");
+	push @in_flight, { part => $part, m => $m, o => $fo,
+		p => $router->safe_psql('postgres', "SELECT payidem.begin_payment('$fo', 'WX_001')") };
+}
+# merchants whose hash over 4 partitions is not their placement over 2: the
+# ones a hash-only router would move
+my @movers = grep { my ($m, $part) = split /\|/; $router->safe_psql('postgres', "SELECT hashtext('$m') & 3") != $part } @before;
+cmp_ok(scalar(@movers), '>', 0, 'grow: some merchants would hash elsewhere over 4 partitions');
 
-# ---------------------------------------------------------------- 4 shards
-my ($router4, $shards4) = run_cluster(4, 'four');
-$_->stop for ($router4, @$shards4);
+my $bindings = $shards[0]->safe_psql('postgres', 'SELECT count(*) FROM payidem.merchant_channel');
+my @new = map { new_node("grow_shard$_") } 2 .. 3;
+$_->safe_psql('postgres', 'CREATE EXTENSION payidem') for @new;	# add_shards prepares them
+my $conns = join(', ', map { sprintf(q{'host=%s port=%d dbname=postgres connect_timeout=5'}, $_->host, $_->port) } @new);
+is($router->safe_psql('postgres', qq{
+	SELECT string_agg(partition || ' ' || kind || ' ' || added, ',' ORDER BY partition, kind)
+	  FROM payidem.add_shards($conns) WHERE partition >= 2}),
+	join(',', map { ("$_ bindings $bindings", "$_ channels 2", "$_ configs 1", "$_ merchants " . scalar(@before),
+					 "$_ secrets " . scalar(@before)) } 2, 3),
+	'grow: add_shards() adds two partitions and copies every merchant, secret, channel, configuration and binding');
+push @shards, @new;
+is($router->safe_psql('postgres',
+		'SELECT string_agg(shard_id::text, \',\' ORDER BY partition) FILTER (WHERE ok) FROM payidem.cluster_check()'),
+	'0,1,2,3', 'grow: cluster_check sees 4 shards in line, each with shard_id = its partition');
+is($router->safe_psql('postgres', "SELECT count(*) FROM payidem.add_shards($conns) WHERE added + changed + removed > 0"),
+	0, 'grow: add_shards() again adds no partition and changes nothing');
+is($router->safe_psql('postgres', 'SELECT payidem.cluster_partitions()'), 4, 'grow: ... the cluster still has 4 partitions');
+for my $i (2, 3)
+{
+	is($shards[$i]->safe_psql('postgres', "SELECT payidem.sign('$home->{0}{no}', 'payload')"),
+		$shards[0]->safe_psql('postgres', "SELECT payidem.sign('$home->{0}{no}', 'payload')"),
+		"grow: new shard $i signs with the merchant's secret (sealed with its own key)");
+	is($shards[$i]->safe_psql('postgres', q{SELECT payidem.get_channel_config('WX_001') ->> 'app_id'}),
+		'wx1', "grow: new shard $i decrypts the channel configuration");
+}
+
+# every merchant made before keeps its partition, and its repeated
+# create_order returns its original order
+is($router->safe_psql('postgres',
+		'SELECT string_agg(merchant_no || \'|\' || partition, E\'\\n\' ORDER BY merchant_no) FROM payidem.merchant_placement'),
+	join("\n", @before), 'grow: no merchant was moved');
+for my $st (@$stories)
+{
+	my $m = $home->{ $st->{part} }{no};
+	is($router->safe_psql('postgres',
+			"SELECT payidem.create_order('$m', 'OUT-$st->{part}', 1000, 'Green tea', 'https://shop.example/notify')"),
+		$st->{o}, "grow: a repeated create_order of merchant $m returns its original order");
+}
+for my $f (@in_flight)
+{
+	is($router->safe_psql('postgres', "SELECT payidem.create_order('$f->{m}', 'FLIGHT-$f->{part}', 800, 'in flight')"),
+		$f->{o}, "grow: ... and of its order in flight");
+	is($router->safe_psql('postgres',
+			"SELECT payidem.apply_payment_result('$f->{p}', 'callback', 'succeeded', 'TXN-FLIGHT-$f->{part}', 800, '$paid_at')"),
+		'applied', "grow: the payment in flight on shard $f->{part} is paid after the growth");
+	is($shards[ $f->{part} ]->safe_psql('postgres', "SELECT status FROM payidem.\"order\" WHERE order_no = '$f->{o}'"),
+		'paid', "grow: ... on its shard");
+}
+
+# new merchants spread over all four partitions; a story on each new shard
+my %home4;
+for my $k (1 .. 60)
+{
+	my ($m, $part) = split /\|/, $router->safe_psql('postgres', qq{
+		SELECT m.merchant_no || '|' || payidem.merchant_partition(m.merchant_no)
+		  FROM payidem.create_merchant('Grown Shop $k', 'retail', 0.006) m});
+	$home4{$part} //= $m;
+	last if keys(%home4) == 4;
+}
+is(join(',', sort keys %home4), '0,1,2,3', 'grow: new merchants are placed on all four partitions');
+my @grown;
+for my $part (2, 3)
+{
+	my $m = $home4{$part};
+	$router->safe_psql('postgres', "SELECT payidem.bind_channel('$m', 'WX_001')");
+	my $go = $router->safe_psql('postgres', "SELECT payidem.create_order('$m', 'NEW-$part', 2000, 'Oolong')");
+	is(substr($go, 16, 2) + 0, $part, "grow: a new merchant placed on partition $part has its orders there");
+	my $gp = $router->safe_psql('postgres', "SELECT payidem.begin_payment('$go', 'WX_001')");
+	is($router->safe_psql('postgres',
+			"SELECT payidem.apply_payment_result('$gp', 'callback', 'succeeded', 'TXN-NEW-$part', 2000, '$paid_at')"),
+		'applied', "grow: ... paid through the router");
+	is($shards[$part]->safe_psql('postgres', "SELECT status FROM payidem.\"order\" WHERE order_no = '$go'"),
+		'paid', "grow: ... on new shard $part");
+	push @grown, { part => $part, o => $go, p => $gp };
+}
+
+# a half-failed write of reference data is repaired by sync_shards()
+$shards[3]->stop('fast');
+($ok, $out, $err) = try_sql($router, q{SELECT * FROM payidem.create_merchant('Half Shop', 'retail', 0.006)});
+ok(!$ok && $err =~ /was created on partition 0 but not copied to every shard/, 'repair: create_merchant with a shard down fails')
+  or diag($err);
+my $half = $shards[0]->safe_psql('postgres', q{SELECT merchant_no FROM payidem.merchant WHERE merchant_name = 'Half Shop'});
+($ok, $out, $err) = try_sql($router, qq{SELECT payidem.rotate_merchant_secret('$home->{1}{no}')});
+ok(!$ok && $err =~ /was made on partition 0 but not copied/, 'repair: rotate_merchant_secret with a shard down fails')
+  or diag($err);
+$shards[3]->start;
+is($router->safe_psql('postgres', q{
+	SELECT string_agg(partition || ' ' || kind || ' +' || added, ',' ORDER BY partition, kind)
+	  FROM payidem.sync_shards() WHERE added > 0}),
+	join(',', map { ("$_ merchants +1", "$_ secrets +2") } 1 .. 3),
+	'repair: sync_shards() copies the half-made merchant and the half-rotated secret to the shards that missed them'
+	. ' (PL/Proxy wrote them on none when one was down)');
+is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.sync_shards() WHERE added + changed + removed > 0'), 0,
+	'repair: ... and a second run finds every shard in line');
+is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.cluster_check() WHERE NOT ok'), 0,
+	'repair: ... and cluster_check is content');
+$router->safe_psql('postgres', "SELECT payidem.rotate_merchant_secret('$home->{1}{no}')");
+is(join(',', map { $_->safe_psql('postgres', "SELECT payidem.sign('$home->{1}{no}', 'p')") } @shards),
+	join(',', ($shards[0]->safe_psql('postgres', "SELECT payidem.sign('$home->{1}{no}', 'p')")) x 4),
+	'repair: ... after which a rotation through the router reaches every shard');
+is(join(',', map { $_->safe_psql('postgres', "SELECT count(*) FROM payidem.merchant WHERE merchant_no = '$half'") } @shards),
+	'1,1,1,1', 'repair: the half-made merchant is on every shard');
+
+# ---- a bill with and without our payment numbers: a line without one is
+# matched through its transaction id on the shard where its success was
+# applied (the router's placement), none is looked up on every shard
+my @bill;
+for my $st (@$stories)
+{
+	push @bill, "WX_001,$day,TXN-two-$st->{part},,1000,2,refunded,$paid_at";	# no payment number
+}
+push @bill, "WX_001,$day,TXN-FLIGHT-$_->{part},$_->{p},800,2,succeeded,$paid_at" for @in_flight;
+push @bill, "WX_001,$day,TXN-NEW-$grown[0]{part},$grown[0]{p},2000,4,succeeded,$paid_at";
+push @bill, "WX_001,$day,TXN-NEW-$grown[1]{part},,2000,4,succeeded,$paid_at";		# no payment number
+push @bill, "WX_001,$day,TXN-UP,,500,1,succeeded,$paid_at";						# paid while shard 1 was down
+push @bill, "WX_001,$day,TXN-NOBODY,,555,1,succeeded,$paid_at";					# no such payment
+# the success after its order was closed (an anomaly), by number
+my ($late_pay, $late_status) = split /\|/, $shards[1]->safe_psql('postgres',
+	q{SELECT payment_no || '|' || status FROM payidem.payment WHERE transaction_id = 'TX-LATE-two'});
+push @bill, "WX_001,$day,TX-LATE-two,$late_pay,400,1,$late_status,$paid_at";
+my $bill = join("\n", 'channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at', @bill);
+is($router->safe_psql('postgres', "SELECT payidem.load_bill('WX_001', '$day', \$csv\$$bill\$csv\$)"),
+	scalar(@bill), 'bills: load_bill through the router loads every line once');
+is(join(',', map { $_->safe_psql('postgres', "SELECT count(*) FROM payidem.channel_bill WHERE bill_date = '$day'") } @shards),
+	'4,3,1,1', 'bills: each line reached the shard of its payment, by number or by transaction id (unknown: partition 0)');
+is($router->safe_psql('postgres', qq{
+	SELECT concat_ws(',', matched, platform_only, channel_only, amount_mismatch, status_mismatch)
+	  FROM payidem.reconcile('WX_001', '$day')}),
+	'8,0,1,0,0', 'bills: reconcile matches all 8 payments, with or without their numbers; the unknown line is channel_only');
+is($router->safe_psql('postgres', 'SELECT payidem.purge_transaction_placement()'), 0,
+	'bills: purge_transaction_placement keeps placements younger than 90 days');
+like(error_of($router, q{SELECT payidem.purge_transaction_placement('1 hour')}), qr/^ERROR:  22023: invalid retention/,
+	'bills: ... and refuses a retention under a day');
+
+# ---- every API function through the router: the same result, or the same
+# error (SQLSTATE, message, DETAIL, HINT, byte for byte), as on the one
+# database it reaches
+my $n = 4;
+my $m0 = $home->{0}{no};
+my $unknown = sub { my ($prefix) = @_; with_check($prefix . '20240101000000' . sprintf('%02d', $n - 1) . '000067') };
+my ($uo, $up, $ur) = map { $unknown->($_) } qw(PO PY RF);
+my $key3 = 'rt:key3';
+$router->safe_psql('postgres', "SELECT * FROM payidem.idem_claim('$key3', 'pay', 'PO1', 'WX_001', 100)");
+my $key3_home = $router->safe_psql('postgres', "SELECT hashtext('$key3') & 3");
+my $m0_hash = $router->safe_psql('postgres', "SELECT hashtext('$m0') & 3");
+my $api_key0 = $home->{0}{key};
+my $sig = $router->safe_psql('postgres', "SELECT payidem.sign('$m0', 'payload')");
+# [call on the router, the shard it reaches, the same call there if it differs]
+my @errors = (
+	[ "SELECT payidem.apply_payment_result('$up', 'callback', 'paid')", $n - 1 ],
+	[ "SELECT payidem.apply_refund_result('$ur', 'succeeded')", $n - 1 ],
+	[ "SELECT payidem.begin_payment('$uo', 'WX_001')", $n - 1 ],
+	[ "SELECT payidem.bind_channel('$m0', 'NO_SUCH')", 0 ],
+	[ "SELECT payidem.close_merchant('nobody')", 0 ],
+	[ "SELECT payidem.close_order('$uo')", $n - 1 ],
+	[ "SELECT payidem.close_payment('PY123')", 0 ],
+	[ "SELECT payidem.create_channel('bad code', 'wechat', 0.1)", 0 ],
+	[ "SELECT * FROM payidem.create_merchant('', 'retail', 0.006)", 0 ],
+	[ "SELECT payidem.create_order('$m0', 'T-0', -5, 's')", 0 ],
+	[ "SELECT payidem.find_order('$m0', NULL)", 0 ],
+	[ "SELECT payidem.freeze_merchant(NULL)", 0 ],
+	[ "SELECT payidem.unfreeze_merchant('nobody')", 0 ],
+	[ "SELECT payidem.set_merchant_status('$m0', 'asleep')", 0 ],
+	[ "SELECT payidem.gen_order_no('p0')", 0 ],
+	[ "SELECT payidem.get_channel_config('NO_SUCH')", 0 ],
+	[ "SELECT payidem.get_order('PO123')", 0 ],
+	[ "SELECT * FROM payidem.idem_claim('$key3', 'pay', 'PO1', 'WX_001', 999)", $key3_home ],
+	[ "SELECT * FROM payidem.idem_record('$key3', 'pay', 'PO1', 'WX_001', 999, '{}')", $key3_home ],
+	[ "SELECT payidem.idem_finish('$key3', 'sleeping')", $key3_home ],
+	[ "SELECT payidem.idem_purge(NULL)", 0 ],
+	[ "SELECT payidem.load_bill('NO_SUCH', '$day', '')", 0 ],
+	[ "SELECT * FROM payidem.notify_due(0)", 0 ],
+	[ "SELECT * FROM payidem.notify_due_on(0, 0)", 0, "SELECT * FROM payidem.notify_due(0)" ],
+	[ "SELECT payidem.notify_result(" . (123456 * 100 + $n - 1) . ", true)", $n - 1 ],
+	[ "SELECT payidem.order_no_make('PO', now(), 100, 1)", 0 ],
+	[ "SELECT * FROM payidem.order_no_parse('PO123')", 0 ],
+	[ "SELECT * FROM payidem.query_due(NULL)", 0 ],
+	[ "SELECT * FROM payidem.reconcile('NO_SUCH', '2001-01-01')", 0 ],
+	[ "SELECT payidem.refund('$up', 100, 'RF-X')", $n - 1 ],
+	[ "SELECT payidem.resolve_anomaly(-5, 'handled')", 0 ],
+	[ "SELECT payidem.resolve_diff(NULL, 'handled')", 0 ],
+	[ "SELECT payidem.rotate_merchant_secret('nobody')", 0 ],
+	[ "SELECT payidem.route_channel('$m0', 'nosuchtype')", $m0_hash ],
+	[ "SELECT payidem.set_channel_config('WX_001', '[]')", 0 ],
+	[ "SELECT payidem.set_channel_status('WX_001', 'asleep')", 0 ],
+	[ "SELECT payidem.sign('nobody', 'x')", 0 ],
+	[ "SELECT payidem.transit_order('$uo', 'paid')", $n - 1 ],
+	[ "SELECT payidem.transit_payment('$up', 'closed')", $n - 1 ],
+	[ "SELECT payidem.transit_refund('$ur', 'failed')", $n - 1 ],
+	[ "SELECT payidem.unbind_channel('$m0', 'NO_SUCH')", 0 ],
+	[ "SELECT payidem.verify_notification('$api_key0', 'payload', 'v1=00', NULL)", 0 ]);
+my @results = (
+	[ "SELECT payidem.order_no_valid('$stories->[1]{p}')::text || payidem.order_no_valid('PY1')::text", 0 ],
+	[ "SELECT payidem.order_no_make('PO', '2024-01-01 00:00:00+00', 3, 67)", 0 ],
+	[ "SELECT row(p.*)::text FROM payidem.order_no_parse('$stories->[1]{o}') p", 0 ],
+	[ "SELECT payidem.get_order('$stories->[1]{o}')::text", 1 ],
+	[ "SELECT payidem.find_order('$home->{1}{no}', 'OUT-1')::text", 1 ],
+	[ "SELECT payidem.sign('$m0', 'payload')", 0 ],
+	[ "SELECT payidem.verify_signature('$api_key0', 'payload', '$sig')::text", 0 ],
+	[ "SELECT payidem.verify_notification('$api_key0', 'payload', 't=1,v1=00')::text", 0 ],
+	[ "SELECT payidem.get_channel_config('WX_001')::text", 0 ],
+	[ "SELECT payidem.route_channel('$m0', 'wechat')", 0 ],
+	[ "SELECT string_agg(name, ',') FROM payidem.stats()", 0 ],
+	[ "SELECT string_agg(name, ',') FROM payidem.stats_by_shard() WHERE shard = 0",
+	  0, "SELECT string_agg(name, ',') FROM payidem.stats()" ]);
+for my $case (@errors)
+{
+	my ($call, $where, $there) = @$case;
+	my $on_shard = error_of($shards[$where], $there // $call);
+	isnt($on_shard, 'no error', "api: the call fails on one database: " . ($there // $call));
+	is(error_of($router, $call), $on_shard, "api: ... and through the router with the same words: $call");
+}
+for my $case (@results)
+{
+	my ($call, $where, $there) = @$case;
+	is($router->safe_psql('postgres', $call), $shards[$where]->safe_psql('postgres', $there // $call),
+		"api: the same result through the router as on one database: $call");
+}
+# the lists cover every API function of the router that reaches a shard
+# (sync_shards and add_shards exist on the router only)
+my %called = map { $_ => 1 } map { /payidem\.(\w+)\(/g } map { $_->[0] } @errors, @results;
+is($router->safe_psql('postgres', q{
+	SELECT coalesce(string_agg(p.proname, ',' ORDER BY p.proname), '')
+	  FROM pg_proc p
+	 WHERE p.pronamespace = 'payidem'::regnamespace AND p.proname !~ '^_'
+	   AND p.proname NOT IN ('sync_shards', 'add_shards')
+	   AND EXISTS (SELECT 1 FROM pg_proc q WHERE q.pronamespace = p.pronamespace AND q.proname = '_proxy_' || p.proname)}),
+	join(',', sort grep { $_ ne 'sync_shards' && $_ ne 'add_shards' } keys %called),
+	'api: the calls above cover every API function of the router');
+
+$_->stop for ($router, @shards);
 
 done_testing();
