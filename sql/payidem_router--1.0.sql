@@ -978,7 +978,11 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.transaction_placement', '');
 -- apply_payment_result's outcome, after placing the transaction id of a
 -- success on the payment's partition (a first placement is kept: a repeat,
 -- or the same id reported for another payment, changes nothing).  Called
--- once the shard has answered, so no lock is held across the call.
+-- once the shard has answered, so no lock is held across the call.  A
+-- placement is a routing hint for bills, not money: the router's commit of
+-- a new one does not wait for its WAL flush (synchronous_commit off for
+-- that transaction).  A router that crashes may lose the last few; their
+-- bill lines then go to partition 0 and show as differences there.
 CREATE FUNCTION payidem._place_transaction(outcome text, payment_no text, status text, transaction_id text)
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -987,6 +991,9 @@ BEGIN
 		INSERT INTO payidem.transaction_placement (transaction_id, partition)
 		VALUES (transaction_id, payidem.payment_partition(payment_no))
 		ON CONFLICT DO NOTHING;
+		IF FOUND THEN
+			PERFORM set_config('synchronous_commit', 'off', true);
+		END IF;
 	END IF;
 	RETURN outcome;
 END
