@@ -57,12 +57,20 @@
 -- Number of partitions of server payidem (its p0, p1, ... options).  The
 -- options hold connection strings, which only the server's owner may read:
 -- SECURITY DEFINER, returning only the count.
+--
+-- The routing functions are PL/pgSQL, not SQL: PL/pgSQL keeps its plans for
+-- the session, where a SQL function that is not inlined (SECURITY DEFINER,
+-- SET) is planned again in every statement that calls it, which on
+-- PostgreSQL 15-17 cost a tenth of a millisecond per routed call.
 CREATE FUNCTION payidem.cluster_partitions()
 RETURNS integer
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN (SELECT pg_catalog.count(*)::integer
-		  FROM pg_catalog.pg_foreign_server s, pg_catalog.unnest(s.srvoptions) AS o(opt)
-		 WHERE s.srvname OPERATOR(pg_catalog.=) 'payidem' AND o.opt ~ '^p[0-9]+=');
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	RETURN (SELECT count(*)::integer
+			  FROM pg_foreign_server s, unnest(s.srvoptions) AS o(opt)
+			 WHERE s.srvname = 'payidem' AND o.opt ~ '^p[0-9]+=');
+END
+$$;
 COMMENT ON FUNCTION payidem.cluster_partitions() IS
 	'Number of partitions (p0, p1, ... options) of the PL/Proxy server payidem; 0 if it is not defined.';
 
@@ -133,40 +141,47 @@ $$;
 COMMENT ON FUNCTION payidem.partition_of(text, text) IS
 	'Partition holding an order (kind order), payment or refund number: its shard digits (characters 17-18); 0 for a number the cluster cannot place (malformed, wrong prefix or check digits, a shard outside the cluster), which partition 0 refuses as one database does.';
 
+-- (inlined into the caller: no SET clause, every name qualified)
 CREATE FUNCTION payidem.order_partition(order_no text) RETURNS integer
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE
 RETURN payidem.partition_of(order_no, 'order');
 CREATE FUNCTION payidem.payment_partition(payment_no text) RETURNS integer
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE
 RETURN payidem.partition_of(payment_no, 'payment');
 CREATE FUNCTION payidem.refund_partition(refund_no text) RETURNS integer
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE
 RETURN payidem.partition_of(refund_no, 'refund');
 
 -- Reconciliation differences and anomalies are numbered from shard * 10^15
 -- on each shard (payidem.shard_prepare()): the partition of such an id.
 CREATE FUNCTION payidem._id_partition(id bigint)
 RETURNS integer
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
--- an id no partition has (NULL, not positive, beyond the cluster) goes to
--- partition 0, which refuses it as one database does
-RETURN CASE WHEN id > 0 AND id / 1000000000000000 < payidem.cluster_partitions()
-			THEN (id / 1000000000000000)::integer ELSE 0 END;
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	-- an id no partition has (NULL, not positive, beyond the cluster) goes
+	-- to partition 0, which refuses it as one database does
+	RETURN CASE WHEN id > 0 AND id / 1000000000000000 < payidem.cluster_partitions()
+				THEN (id / 1000000000000000)::integer ELSE 0 END;
+END
+$$;
 CREATE FUNCTION payidem.recon_partition(recon_id bigint) RETURNS integer
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE
 RETURN payidem._id_partition(recon_id);
 CREATE FUNCTION payidem.anomaly_partition(anomaly_id bigint) RETURNS integer
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE
 RETURN payidem._id_partition(anomaly_id);
 
 -- Notification events are numbered sequence * 100 + shard on each shard
 -- (payidem._status_event()).
 CREATE FUNCTION payidem.event_partition(event_id bigint)
 RETURNS integer
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
--- (an id no partition has goes to partition 0, which refuses it)
-RETURN CASE WHEN event_id > 0 AND event_id % 100 < payidem.cluster_partitions()
-			THEN (event_id % 100)::integer ELSE 0 END;
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	-- (an id no partition has goes to partition 0, which refuses it)
+	RETURN CASE WHEN event_id > 0 AND event_id % 100 < payidem.cluster_partitions()
+				THEN (event_id % 100)::integer ELSE 0 END;
+END
+$$;
 
 -- What each partition says about itself.
 CREATE FUNCTION payidem._shard_info_on(partition integer,
@@ -412,11 +427,13 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_placement', '');
 -- shard refuses), the hash of its number over today's partitions.
 CREATE FUNCTION payidem.merchant_partition(merchant_no text)
 RETURNS integer
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT p.partition FROM payidem.merchant_placement p
-				  WHERE p.merchant_no OPERATOR(pg_catalog.=) merchant_partition.merchant_no),
-				pg_catalog.hashtext(coalesce(merchant_no, '')) OPERATOR(pg_catalog.&)
-					(payidem.cluster_partitions() OPERATOR(pg_catalog.-) 1));
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	RETURN coalesce((SELECT p.partition FROM payidem.merchant_placement p
+					  WHERE p.merchant_no = merchant_partition.merchant_no),
+					hashtext(coalesce(merchant_no, '')) & (payidem.cluster_partitions() - 1));
+END
+$$;
 COMMENT ON FUNCTION payidem.merchant_partition(text) IS
 	'Router: the partition a merchant''s orders live on (payidem.merchant_placement).';
 
@@ -988,11 +1005,15 @@ RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF status = 'succeeded' AND transaction_id IS NOT NULL THEN
-		INSERT INTO payidem.transaction_placement (transaction_id, partition)
-		VALUES (transaction_id, payidem.payment_partition(payment_no))
-		ON CONFLICT DO NOTHING;
-		IF FOUND THEN
-			PERFORM set_config('synchronous_commit', 'off', true);
+		-- (a repeated report finds its placement: one index probe)
+		PERFORM FROM payidem.transaction_placement t WHERE t.transaction_id = _place_transaction.transaction_id;
+		IF NOT FOUND THEN
+			INSERT INTO payidem.transaction_placement (transaction_id, partition)
+			VALUES (transaction_id, payidem.payment_partition(payment_no))
+			ON CONFLICT DO NOTHING;
+			IF FOUND THEN
+				PERFORM set_config('synchronous_commit', 'off', true);
+			END IF;
 		END IF;
 	END IF;
 	RETURN outcome;
@@ -1102,6 +1123,125 @@ LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
 	RUN ON payidem.recon_partition(recon_id);
 $$;
+
+------------------------------------------------------------------------------
+-- What a person should look at (DESIGN §10): the shards' views, gathered
+------------------------------------------------------------------------------
+
+-- Each view of one database, on the router: its rows from every partition
+-- (a PL/Proxy function per view, wrapped like the API so that a shard that
+-- is down is 08006), ordered and, where the view counts, summed as one
+-- database would show them.
+CREATE FUNCTION payidem._open_anomalies_all()
+RETURNS TABLE (anomaly_id bigint, kind text, order_no text, payment_no text, channel_no text, amount bigint,
+			   created_at timestamptz, open_for interval, action text, detail jsonb)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT v.anomaly_id, v.kind, v.order_no, v.payment_no, v.channel_no, v.amount, v.created_at, v.open_for,
+		   v.action, v.detail
+	  FROM payidem.open_anomalies v;
+$$;
+
+CREATE FUNCTION payidem._open_differences_all()
+RETURNS TABLE (recon_id bigint, channel_no text, bill_date date, diff_type text, transaction_id text,
+			   payment_no text, platform_amount bigint, channel_amount bigint, platform_status text,
+			   channel_status text, created_at timestamptz, open_for interval)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT v.recon_id, v.channel_no, v.bill_date, v.diff_type, v.transaction_id, v.payment_no, v.platform_amount,
+		   v.channel_amount, v.platform_status, v.channel_status, v.created_at, v.open_for
+	  FROM payidem.open_differences v;
+$$;
+
+CREATE FUNCTION payidem._recon_summary_all()
+RETURNS TABLE (channel_no text, bill_date date, last_batch_no text, finished_at timestamptz, bill_timezone text,
+			   bill_lines bigint, bill_amount_total numeric, platform_payments bigint,
+			   platform_amount_total numeric, matched bigint, platform_only bigint, channel_only bigint,
+			   amount_mismatch bigint, status_mismatch bigint, straddled bigint, open_count bigint,
+			   open_amount numeric, open_channel_only bigint, handled_count bigint, ignored_count bigint,
+			   auto_resolved_count bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT v.channel_no, v.bill_date, v.last_batch_no, v.finished_at, v.bill_timezone, v.bill_lines,
+		   v.bill_amount_total, v.platform_payments, v.platform_amount_total, v.matched, v.platform_only,
+		   v.channel_only, v.amount_mismatch, v.status_mismatch, v.straddled, v.open_count, v.open_amount,
+		   v.open_channel_only, v.handled_count, v.ignored_count, v.auto_resolved_count
+	  FROM payidem.recon_summary v;
+$$;
+
+CREATE FUNCTION payidem._notification_backlog_all()
+RETURNS TABLE (status text, attempts integer, events bigint, due_now bigint, oldest_due_at timestamptz,
+			   oldest_event_at timestamptz)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT v.status::text, v.attempts::integer, v.events, v.due_now, v.oldest_due_at, v.oldest_event_at
+	  FROM payidem.notification_backlog v;
+$$;
+
+-- Administration that one database does on its own, for every shard.
+CREATE FUNCTION payidem._reencrypt_secrets_all()
+RETURNS SETOF bigint
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.reencrypt_secrets();
+$$;
+CREATE FUNCTION payidem.reencrypt_secrets()
+RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT coalesce(sum(n), 0)::bigint FROM payidem._reencrypt_secrets_all() AS n;
+END;
+COMMENT ON FUNCTION payidem.reencrypt_secrets() IS
+	'Router: reencrypt_secrets() on every shard (each under its own current master key); the number of records resealed in all.';
+
+-- A secret or configuration from a file: partition 0 reads it from its
+-- payidem.secret_dir (so it never appears in a statement), then
+-- sync_shards() copies it to every shard.
+CREATE FUNCTION payidem._load_merchant_secret_first(merchant_no text, file_name text, grace interval)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON 0;
+	SELECT payidem.load_merchant_secret(merchant_no, file_name, grace);
+$$;
+CREATE FUNCTION payidem.load_merchant_secret(merchant_no text, file_name text, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_outcome text;
+BEGIN
+	PERFORM payidem._reference_write_lock();
+	v_outcome := payidem._load_merchant_secret_first(merchant_no, file_name, grace);
+	PERFORM FROM payidem.sync_shards();
+	RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION payidem.load_merchant_secret(text, text, interval) IS
+	'Router: load_merchant_secret() on partition 0 (the file is read from its payidem.secret_dir), then sync_shards() makes it the current secret on every shard.';
+
+CREATE FUNCTION payidem._load_channel_config_first(channel_no text, file_name text)
+RETURNS void
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON 0;
+	SELECT payidem.load_channel_config(channel_no, file_name);
+$$;
+CREATE FUNCTION payidem.load_channel_config(channel_no text, file_name text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._reference_write_lock();
+	PERFORM payidem._load_channel_config_first(channel_no, file_name);
+	PERFORM FROM payidem.sync_shards();
+END
+$$;
+COMMENT ON FUNCTION payidem.load_channel_config(text, text) IS
+	'Router: load_channel_config() on partition 0 (the file is read from its payidem.secret_dir), then sync_shards() copies the configuration to every shard.';
 
 ------------------------------------------------------------------------------
 -- Privileges: nothing for PUBLIC.  An application role needs EXECUTE on the
@@ -1305,13 +1445,16 @@ BEGIN
 			   pg_catalog.obj_description(p.oid, 'pg_proc') AS comment
 		  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang
 		 WHERE p.pronamespace = 'payidem'::regnamespace
-		   AND p.proname !~ '^_'
-		   AND (l.lanname = 'plproxy'
+		   AND ((p.proname !~ '^_' AND l.lanname = 'plproxy')
 				OR p.proname IN ('notify_due', 'query_due', 'idem_purge', 'stats', 'create_merchant',
 								 'rotate_merchant_secret', 'create_channel', 'set_channel_status',
 								 'set_channel_config', 'bind_channel', 'unbind_channel', 'set_merchant_status',
 								 'freeze_merchant', 'unfreeze_merchant', 'close_merchant', 'load_bill', 'reconcile',
-								 'sync_shards', 'add_shards'))
+								 'sync_shards', 'add_shards', 'reencrypt_secrets', 'load_merchant_secret',
+								 'load_channel_config')
+				-- the views' PL/Proxy parts, so that a shard that is down is 08006 there too
+				OR p.proname IN ('_open_anomalies_all', '_open_differences_all', '_recon_summary_all',
+								 '_notification_backlog_all'))
 	LOOP
 		EXECUTE format('ALTER FUNCTION payidem.%I(%s) RENAME TO %I', f.proname, f.idargs, '_proxy_' || f.proname);
 		-- a PL/Proxy function calls its own name on the shard unless told
@@ -1363,6 +1506,55 @@ BEGIN
 	END LOOP;
 END
 $wrap$;
+
+-- The views of one database, over the wrapped PL/Proxy functions (made
+-- after them, so that they call the wrappers).
+CREATE VIEW payidem.open_anomalies AS
+SELECT a.* FROM payidem._open_anomalies_all() a ORDER BY a.created_at, a.anomaly_id;
+COMMENT ON VIEW payidem.open_anomalies IS
+	'Router: open anomalies of every shard, oldest first (anomaly ids name their shard); resolve each with payidem.resolve_anomaly().';
+
+CREATE VIEW payidem.open_differences AS
+SELECT d.* FROM payidem._open_differences_all() d ORDER BY d.bill_date, d.recon_id;
+COMMENT ON VIEW payidem.open_differences IS
+	'Router: open reconciliation differences of every shard, oldest bill day first; resolve each with payidem.resolve_diff().';
+
+-- one row per channel and day: the shards' counts and totals summed; the
+-- batch number as reconcile() on the router gives it
+CREATE VIEW payidem.recon_summary AS
+SELECT s.channel_no, s.bill_date,
+	   pg_catalog.string_agg(DISTINCT s.last_batch_no, ',') AS last_batch_no,
+	   pg_catalog.max(s.finished_at) AS finished_at,
+	   pg_catalog.string_agg(DISTINCT s.bill_timezone, ',') AS bill_timezone,
+	   pg_catalog.sum(s.bill_lines)::bigint AS bill_lines,
+	   pg_catalog.sum(s.bill_amount_total) AS bill_amount_total,
+	   pg_catalog.sum(s.platform_payments)::bigint AS platform_payments,
+	   pg_catalog.sum(s.platform_amount_total) AS platform_amount_total,
+	   pg_catalog.sum(s.matched)::bigint AS matched, pg_catalog.sum(s.platform_only)::bigint AS platform_only,
+	   pg_catalog.sum(s.channel_only)::bigint AS channel_only,
+	   pg_catalog.sum(s.amount_mismatch)::bigint AS amount_mismatch,
+	   pg_catalog.sum(s.status_mismatch)::bigint AS status_mismatch,
+	   pg_catalog.sum(s.straddled)::bigint AS straddled, pg_catalog.sum(s.open_count)::bigint AS open_count,
+	   pg_catalog.sum(s.open_amount) AS open_amount,
+	   pg_catalog.sum(s.open_channel_only)::bigint AS open_channel_only,
+	   pg_catalog.sum(s.handled_count)::bigint AS handled_count,
+	   pg_catalog.sum(s.ignored_count)::bigint AS ignored_count,
+	   pg_catalog.sum(s.auto_resolved_count)::bigint AS auto_resolved_count
+  FROM payidem._recon_summary_all() s
+ GROUP BY s.channel_no, s.bill_date;
+COMMENT ON VIEW payidem.recon_summary IS
+	'Router: the daily reconciliation report per channel and bill day, every shard''s counts, totals and open differences summed.';
+
+CREATE VIEW payidem.notification_backlog AS
+SELECT b.status, b.attempts, pg_catalog.sum(b.events)::bigint AS events,
+	   pg_catalog.sum(b.due_now)::bigint AS due_now, pg_catalog.min(b.oldest_due_at) AS oldest_due_at,
+	   pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(b.oldest_due_at) AS behind_by,
+	   pg_catalog.min(b.oldest_event_at) AS oldest_event_at
+  FROM payidem._notification_backlog_all() b
+ GROUP BY b.status, b.attempts
+ ORDER BY b.status DESC, b.attempts;
+COMMENT ON VIEW payidem.notification_backlog IS
+	'Router: undelivered notification events of every shard by status and attempts so far (counts summed, oldest times the earliest).';
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
 REVOKE ALL ON SCHEMA payidem FROM PUBLIC;

@@ -656,6 +656,26 @@ is($router->safe_psql('postgres', qq{
 	SELECT concat_ws(',', matched, platform_only, channel_only, amount_mismatch, status_mismatch)
 	  FROM payidem.reconcile('WX_001', '$day')}),
 	'8,0,1,0,0', 'bills: reconcile matches all 8 payments, with or without their numbers; the unknown line is channel_only');
+# the views of one database, on the router: every shard's rows, summed where they count
+my $sum_of = sub {
+	my ($sql) = @_;
+	my $t = 0;
+	$t += $_->safe_psql('postgres', $sql) for @shards;
+	return $t;
+};
+for my $view ([ 'open_differences', 'count(*)' ], [ 'open_anomalies', 'count(*)' ],
+	[ 'notification_backlog', 'coalesce(sum(events), 0)' ],
+	[ 'recon_summary', "sum(matched + channel_only) FILTER (WHERE channel_no = 'WX_001' AND bill_date = '$day')" ])
+{
+	my ($name, $agg) = @$view;
+	my $sql = "SELECT $agg FROM payidem.$name";
+	is($router->safe_psql('postgres', $sql), $sum_of->($sql),
+		"views: $name on the router shows every shard's rows ($agg)");
+}
+is($router->safe_psql('postgres', qq{
+	SELECT concat_ws(',', matched, channel_only, open_count) FROM payidem.recon_summary
+	 WHERE channel_no = 'WX_001' AND bill_date = '$day'}),
+	'8,1,1', "views: recon_summary on the router: one row for the channel's day, the shards' counts summed");
 is($router->safe_psql('postgres', 'SELECT payidem.purge_transaction_placement()'), 0,
 	'bills: purge_transaction_placement keeps placements younger than 90 days');
 like(error_of($router, q{SELECT payidem.purge_transaction_placement('1 hour')}), qr/^ERROR:  22023: invalid retention/,
@@ -717,7 +737,9 @@ my @errors = (
 	[ "SELECT payidem.transit_payment('$up', 'closed')", $n - 1 ],
 	[ "SELECT payidem.transit_refund('$ur', 'failed')", $n - 1 ],
 	[ "SELECT payidem.unbind_channel('$m0', 'NO_SUCH')", 0 ],
-	[ "SELECT payidem.verify_notification('$api_key0', 'payload', 'v1=00', NULL)", 0 ]);
+	[ "SELECT payidem.verify_notification('$api_key0', 'payload', 'v1=00', NULL)", 0 ],
+	[ "SELECT payidem.load_merchant_secret('$m0', '../etc/passwd')", 0 ],
+	[ "SELECT payidem.load_channel_config('WX_001', '../etc/passwd')", 0 ]);
 my @results = (
 	[ "SELECT payidem.order_no_valid('$stories->[1]{p}')::text || payidem.order_no_valid('PY1')::text", 0 ],
 	[ "SELECT payidem.order_no_make('PO', '2024-01-01 00:00:00+00', 3, 67)", 0 ],
@@ -730,6 +752,7 @@ my @results = (
 	[ "SELECT payidem.get_channel_config('WX_001')::text", 0 ],
 	[ "SELECT payidem.route_channel('$m0', 'wechat')", 0 ],
 	[ "SELECT string_agg(name, ',') FROM payidem.stats()", 0 ],
+	[ "SELECT payidem.reencrypt_secrets()", 0 ],
 	[ "SELECT string_agg(name, ',') FROM payidem.stats_by_shard() WHERE shard = 0",
 	  0, "SELECT string_agg(name, ',') FROM payidem.stats()" ]);
 for my $case (@errors)
