@@ -839,6 +839,18 @@ LANGUAGE plproxy AS $$
 	RUN ON ANY;
 $$;
 
+-- A new number from the shard of a merchant's orders, for an application
+-- that numbers its own records of that merchant beside its orders.
+CREATE FUNCTION payidem.gen_order_no_for(merchant_no text, prefix text DEFAULT 'PO')
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.merchant_partition(merchant_no);
+	SELECT payidem.gen_order_no(prefix);
+$$;
+COMMENT ON FUNCTION payidem.gen_order_no_for(text, text) IS
+	'Router: gen_order_no(prefix) on the partition of the merchant''s orders (merchant_partition()); the number names that shard.';
+
 CREATE FUNCTION payidem.order_no_valid(order_no text)
 RETURNS boolean
 LANGUAGE plproxy AS $$
@@ -1258,7 +1270,7 @@ RETURNS SETOF regprocedure
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 	WITH api(name) AS (
-		SELECT unnest(ARRAY['gen_order_no', 'order_no_valid', 'order_no_parse', 'stats', 'stats_by_shard',
+		SELECT unnest(ARRAY['gen_order_no', 'gen_order_no_for', 'order_no_valid', 'order_no_parse', 'stats', 'stats_by_shard',
 						 'idem_claim', 'idem_record', 'idem_finish',
 						 'transit_order', 'transit_payment', 'transit_refund',
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',

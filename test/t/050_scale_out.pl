@@ -711,6 +711,7 @@ my @errors = (
 	[ "SELECT payidem.unfreeze_merchant('nobody')", 0 ],
 	[ "SELECT payidem.set_merchant_status('$m0', 'asleep')", 0 ],
 	[ "SELECT payidem.gen_order_no('p0')", 0 ],
+	[ "SELECT payidem.gen_order_no_for('$home4{3}', 'p0')", 3, "SELECT payidem.gen_order_no('p0')" ],
 	[ "SELECT payidem.get_channel_config('NO_SUCH')", 0 ],
 	[ "SELECT payidem.get_order('PO123')", 0 ],
 	[ "SELECT * FROM payidem.idem_claim('$key3', 'pay', 'PO1', 'WX_001', 999)", $key3_home ],
@@ -740,6 +741,8 @@ my @errors = (
 	[ "SELECT payidem.verify_notification('$api_key0', 'payload', 'v1=00', NULL)", 0 ],
 	[ "SELECT payidem.load_merchant_secret('$m0', '../etc/passwd')", 0 ],
 	[ "SELECT payidem.load_channel_config('WX_001', '../etc/passwd')", 0 ]);
+like($router->safe_psql('postgres', "SELECT payidem.gen_order_no_for('$home4{3}', 'PY')"), qr/^PY\d{14}03\d{8}$/,
+	'api: gen_order_no_for(merchant) issues a number on the shard of the merchant\'s orders');
 my @results = (
 	[ "SELECT payidem.order_no_valid('$stories->[1]{p}')::text || payidem.order_no_valid('PY1')::text", 0 ],
 	[ "SELECT payidem.order_no_make('PO', '2024-01-01 00:00:00+00', 3, 67)", 0 ],
