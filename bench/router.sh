@@ -5,6 +5,8 @@
 #   first  the first success callback of a pending payment (state change,
 #          idempotency key, order paid), a new payment each transaction
 #   dup    a repeated callback of an already-paid payment ('duplicate')
+#   hop    order_no_valid() of a payment number: the hop alone (routing,
+#          wrapper, second backend, round trip), no shard work to speak of
 #
 # "direct" runs pgbench against shard 0's database with a pool of shard 0's
 # payments; "router" runs the same script against the router with a pool of
@@ -178,7 +180,7 @@ measure() {
 # TPS / LAT [target,script,clients] = the values of every run, space-separated
 for ((r = 1; r <= RUNS; r++)); do
 	for clients in $CLIENTS; do
-		for script in first dup; do
+		for script in first dup hop; do
 			for target in direct router; do
 				say "run $r/$RUNS: $script, $clients client(s), $target"
 				measure "$target" "$script" "$clients"
@@ -207,7 +209,7 @@ done
 tps() { median <<<"${TPS[$1,$2,$3]}"; }
 lat() { median <<<"${LAT[$1,$2,$3]}"; }
 added() { awk -v r="$(lat router "$1" "$2")" -v d="$(lat direct "$1" "$2")" 'BEGIN {printf "%.3f", r - d}'; }
-OVERHEAD=$(for clients in $CLIENTS; do for script in first dup; do added "$script" "$clients"; echo; done; done \
+OVERHEAD=$(for clients in $CLIENTS; do for script in first dup hop; do added "$script" "$clients"; echo; done; done \
 	| sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf (lo == hi) ? "%s" : "%s–%s", lo, hi}')
 {
 	echo "$(date -u +%Y-%m-%d), $(nproc) CPUs, PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}'), PL/Proxy $(q "$ROUTER_PORT" -Atc "SELECT extversion FROM pg_extension WHERE extname = 'plproxy'");"
@@ -217,7 +219,7 @@ OVERHEAD=$(for clients in $CLIENTS; do for script in first dup; do added "$scrip
 	echo "| workload | clients | direct tps | router tps | direct latency ms | router latency ms | added per call ms |"
 	echo "|---|---:|---:|---:|---:|---:|---:|"
 	for clients in $CLIENTS; do
-		for script in first dup; do
+		for script in first dup hop; do
 			printf '| %s | %s | %.0f | %.0f | %.3f | %.3f | %s |\n' "$script" "$clients" \
 				"$(tps direct "$script" "$clients")" "$(tps router "$script" "$clients")" \
 				"$(lat direct "$script" "$clients")" "$(lat router "$script" "$clients")" "$(added "$script" "$clients")"
@@ -227,7 +229,7 @@ OVERHEAD=$(for clients in $CLIENTS; do for script in first dup; do added "$scrip
 	echo "Added per call (router latency minus direct latency): $OVERHEAD ms."
 } | tee "$OUT.md"
 
-for script in first dup; do
+for script in first dup hop; do
 	for target in direct router; do
 		for clients in $CLIENTS; do
 			printf '%s %s\t%s\t%.0f\n' "$target" "$script" "$clients" "$(tps "$target" "$script" "$clients")"
