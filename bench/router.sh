@@ -7,6 +7,10 @@
 #   dup    a repeated callback of an already-paid payment ('duplicate')
 #   hop    order_no_valid() of a payment number: the hop alone (routing,
 #          wrapper, second backend, round trip), no shard work to speak of
+#   bare   the first success callback through the bare PL/Proxy function
+#          (_proxy_apply_payment_result: no error wrapper, no transaction
+#          placement); direct: apply_payment_result, through the same
+#          one-line SQL function bench_apply() on both sides
 #
 # "direct" runs pgbench against shard 0's database with a pool of shard 0's
 # payments; "router" runs the same script against the router with a pool of
@@ -70,6 +74,10 @@ q "$ROUTER_PORT" -c "SELECT payidem.create_channel('BENCH_WX', 'wechat', 0.002)"
 # 1,000 payments are paid at set-up, for the repeated callbacks
 q "$(shard_port 0)" -c 'CREATE TABLE bench_pay (id bigint PRIMARY KEY, payment_no text NOT NULL)' -c 'CREATE SEQUENCE bench_seq START 1001'
 q "$ROUTER_PORT" -c 'CREATE TABLE bench_pay (id bigint PRIMARY KEY, payment_no text NOT NULL)' -c 'CREATE SEQUENCE bench_seq START 1001'
+for target in direct router; do
+	q "$(port_of "$target")" -c "CREATE FUNCTION bench_apply(p text, s text, st text, t text, a bigint) RETURNS text
+		LANGUAGE sql RETURN payidem.$([ "$target" = router ] && echo _proxy_)apply_payment_result(p, s, st, t, a)"
+done
 # make_pool PORT TAG COUNT: COUNT pending payments on a shard, orders
 # BENCH-<TAG>-<i>
 make_pool() {
@@ -159,9 +167,9 @@ declare -A TPS LAT
 measure() {
 	local target=$1 script=$2 clients=$3 res n
 	for _ in 1 2 3; do
-		[ "$script" = dup ] || top_up "$target" "$clients"
+		[ "$script" = dup ] || [ "$script" = hop ] || top_up "$target" "$clients"
 		res=$(run "$target" "$script" "$clients")
-		[ "$script" = first ] || break
+		[ "$script" = first ] || [ "$script" = bare ] || break
 		n=$(($(used "$target") - USED[$target]))
 		USED[$target]=$((USED[$target] + n)) USE[$target,$clients]=$n
 		if [ "${USED[$target]}" -le "${MADE[$target]}" ]; then
@@ -180,7 +188,7 @@ measure() {
 # TPS / LAT [target,script,clients] = the values of every run, space-separated
 for ((r = 1; r <= RUNS; r++)); do
 	for clients in $CLIENTS; do
-		for script in first dup hop; do
+		for script in first bare dup hop; do
 			for target in direct router; do
 				say "run $r/$RUNS: $script, $clients client(s), $target"
 				measure "$target" "$script" "$clients"
@@ -209,7 +217,7 @@ done
 tps() { median <<<"${TPS[$1,$2,$3]}"; }
 lat() { median <<<"${LAT[$1,$2,$3]}"; }
 added() { awk -v r="$(lat router "$1" "$2")" -v d="$(lat direct "$1" "$2")" 'BEGIN {printf "%.3f", r - d}'; }
-OVERHEAD=$(for clients in $CLIENTS; do for script in first dup hop; do added "$script" "$clients"; echo; done; done \
+OVERHEAD=$(for clients in $CLIENTS; do for script in first bare dup hop; do added "$script" "$clients"; echo; done; done \
 	| sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf (lo == hi) ? "%s" : "%s–%s", lo, hi}')
 {
 	echo "$(date -u +%Y-%m-%d), $(nproc) CPUs, PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}'), PL/Proxy $(q "$ROUTER_PORT" -Atc "SELECT extversion FROM pg_extension WHERE extname = 'plproxy'");"
@@ -219,7 +227,7 @@ OVERHEAD=$(for clients in $CLIENTS; do for script in first dup hop; do added "$s
 	echo "| workload | clients | direct tps | router tps | direct latency ms | router latency ms | added per call ms |"
 	echo "|---|---:|---:|---:|---:|---:|---:|"
 	for clients in $CLIENTS; do
-		for script in first dup hop; do
+		for script in first bare dup hop; do
 			printf '| %s | %s | %.0f | %.0f | %.3f | %.3f | %s |\n' "$script" "$clients" \
 				"$(tps direct "$script" "$clients")" "$(tps router "$script" "$clients")" \
 				"$(lat direct "$script" "$clients")" "$(lat router "$script" "$clients")" "$(added "$script" "$clients")"
@@ -229,7 +237,7 @@ OVERHEAD=$(for clients in $CLIENTS; do for script in first dup hop; do added "$s
 	echo "Added per call (router latency minus direct latency): $OVERHEAD ms."
 } | tee "$OUT.md"
 
-for script in first dup hop; do
+for script in first bare dup hop; do
 	for target in direct router; do
 		for clients in $CLIENTS; do
 			printf '%s %s\t%s\t%.0f\n' "$target" "$script" "$clients" "$(tps "$target" "$script" "$clients")"
