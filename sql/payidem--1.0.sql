@@ -4333,7 +4333,8 @@ COMMENT ON FUNCTION payidem.export_reference() IS
 -- Make this shard's reference data what partition 0 exported: add what is
 -- missing, change what differs, remove secrets and configurations partition
 -- 0 does not have and disable its bindings; merchants and channels only this
--- shard has are left alone (they may hold orders) and counted.  Idempotent:
+-- shard has are left alone with their secrets, configurations and bindings
+-- (they may hold orders) and counted.  Idempotent:
 -- a second run changes nothing.
 CREATE FUNCTION payidem.import_reference(reference jsonb)
 RETURNS TABLE (kind text, added bigint, changed bigint, removed bigint, left_alone bigint)
@@ -4454,7 +4455,9 @@ BEGIN
 	-- channel configurations
 	v_add := 0; v_change := 0;
 	DELETE FROM payidem.channel_config cc
-	 WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'configs') e
+	 WHERE EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'channels') e
+					WHERE e ->> 'channel_no' = cc.channel_no)
+	   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'configs') e
 						WHERE e ->> 'channel_no' = cc.channel_no);
 	GET DIAGNOSTICS v_remove = ROW_COUNT;
 	FOR s IN
@@ -4488,6 +4491,10 @@ BEGIN
 	SELECT count(*) FILTER (WHERE w.inserted), count(*) FILTER (WHERE NOT w.inserted) INTO v_add, v_change FROM w;
 	UPDATE payidem.merchant_channel b SET status = 'disabled', updated_at = now()
 	 WHERE b.status <> 'disabled'
+	   AND EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'merchants') e
+					WHERE e ->> 'merchant_no' = b.merchant_no)
+	   AND EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'channels') e
+					WHERE e ->> 'channel_no' = b.channel_no)
 	   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'bindings') e
 						WHERE e ->> 'merchant_no' = b.merchant_no AND e ->> 'channel_no' = b.channel_no);
 	GET DIAGNOSTICS v_remove = ROW_COUNT;

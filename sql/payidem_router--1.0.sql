@@ -297,7 +297,7 @@ DECLARE
 	v_ref jsonb;
 BEGIN
 	-- no reference data is written meanwhile (see _reference_write_lock)
-	LOCK TABLE payidem.merchant_placement IN EXCLUSIVE MODE;
+	PERFORM payidem._reference_write_lock(true);
 	n := payidem._cluster_size();
 	-- a partition is the shard its number says; a new, empty one becomes it
 	FOR i IN 0 .. n - 1 LOOP
@@ -313,6 +313,7 @@ BEGIN
 		PERFORM payidem._shard_prepare_on(i);
 	END LOOP;
 	v_ref := payidem._export_reference_on(0);
+	PERFORM payidem._place_merchants(v_ref, n);
 	FOR i IN 1 .. n - 1 LOOP
 		RETURN QUERY SELECT i, x.kind, x.added, x.changed, x.removed, x.left_alone
 					   FROM payidem._import_reference_on(i, v_ref) x;
@@ -334,7 +335,7 @@ DECLARE
 	v_new   text[];
 	v_opts  text;
 BEGIN
-	LOCK TABLE payidem.merchant_placement IN EXCLUSIVE MODE;
+	PERFORM payidem._reference_write_lock(true);
 	n := payidem.cluster_partitions();
 	IF n = 0 THEN
 		PERFORM payidem.check_partition(0);		-- its error: server payidem is missing
@@ -356,6 +357,8 @@ BEGIN
 								n, cardinality(v_new)),
 				HINT = format('Add %s shards.', n);
 		END IF;
+		-- merchants not yet placed keep the partition today's hash gives them
+		PERFORM payidem._place_merchants(payidem._export_reference_on(0), n);
 		SELECT string_agg(format('ADD p%s %L', n + o - 1, c), ', ' ORDER BY o) INTO v_opts
 		  FROM unnest(v_new) WITH ORDINALITY AS u(c, o);
 		EXECUTE 'ALTER SERVER payidem OPTIONS (' || v_opts || ')';
@@ -402,8 +405,8 @@ BEGIN
 		ERRCODE = e.state,
 		DETAIL = e.message || coalesce(': ' || e.detail, ''),
 		HINT = CASE what
-			WHEN 'merchant' THEN 'The secret is not handed out, so the merchant cannot be used: close it with payidem.close_merchant() once all shards are up, and create the merchant again.'
-			ELSE 'The new secret is not handed out; once all shards are up, rotate again.' END;
+			WHEN 'merchant' THEN 'The secret is not handed out: once all shards are up, run payidem.sync_shards(), then hand out a secret with payidem.rotate_merchant_secret() (or close the merchant).'
+			ELSE 'The new secret is not handed out: once all shards are up, run payidem.sync_shards(), then rotate again.' END;
 END
 $$;
 
@@ -441,11 +444,30 @@ COMMENT ON FUNCTION payidem.merchant_partition(text) IS
 -- other: a merchant, channel or binding written while a shard is added
 -- reaches the new shard too.  Taking the lock also makes this session see a
 -- server payidem that add_shards() changed meanwhile.
-CREATE FUNCTION payidem._reference_write_lock()
+CREATE FUNCTION payidem._reference_write_lock(exclusive boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-	LOCK TABLE payidem.merchant_placement IN ROW EXCLUSIVE MODE;
+	IF exclusive THEN
+		LOCK TABLE payidem.merchant_placement IN EXCLUSIVE MODE;
+	ELSE
+		LOCK TABLE payidem.merchant_placement IN ROW EXCLUSIVE MODE;
+	END IF;
+END
+$$;
+
+-- Merchants of partition 0 the router has not placed (a create_merchant
+-- whose copy step failed, a merchant made on the shards directly): placed
+-- now, by the hash over n partitions, so that adding partitions does not
+-- move them either.
+CREATE FUNCTION payidem._place_merchants(reference jsonb, n integer)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	INSERT INTO payidem.merchant_placement (merchant_no, partition)
+	SELECT e ->> 'merchant_no', hashtext(e ->> 'merchant_no') & (n - 1)
+	  FROM jsonb_array_elements(reference -> 'merchants') e
+	ON CONFLICT DO NOTHING;
 END
 $$;
 
@@ -1016,7 +1038,7 @@ CREATE FUNCTION payidem._place_transaction(outcome text, payment_no text, status
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-	IF status = 'succeeded' AND transaction_id IS NOT NULL THEN
+	IF status = 'succeeded' AND transaction_id IS NOT NULL AND outcome IN ('applied', 'duplicate', 'anomaly') THEN
 		-- (a repeated report finds its placement: one index probe)
 		PERFORM FROM payidem.transaction_placement t WHERE t.transaction_id = _place_transaction.transaction_id;
 		IF NOT FOUND THEN
@@ -1227,7 +1249,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_outcome text;
 BEGIN
-	PERFORM payidem._reference_write_lock();
+	PERFORM payidem._reference_write_lock(true);	-- sync_shards() takes it so
 	v_outcome := payidem._load_merchant_secret_first(merchant_no, file_name, grace);
 	PERFORM FROM payidem.sync_shards();
 	RETURN v_outcome;
@@ -1247,7 +1269,7 @@ CREATE FUNCTION payidem.load_channel_config(channel_no text, file_name text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-	PERFORM payidem._reference_write_lock();
+	PERFORM payidem._reference_write_lock(true);	-- sync_shards() takes it so
 	PERFORM payidem._load_channel_config_first(channel_no, file_name);
 	PERFORM FROM payidem.sync_shards();
 END
