@@ -1501,6 +1501,22 @@ $$;
 COMMENT ON FUNCTION payidem.verify_signature(text, text, text) IS
 	'true if the signature is the HMAC-SHA256 of the payload under a secret of that api_key valid now (current, or previous within its grace window); false for a closed merchant.';
 
+-- The one rule of a merchant's status: closed is final.  Raises PI002 if a
+-- change would reopen a closed merchant (set_merchant_status, and the copy
+-- of partition 0's merchants, import_reference); hint: what to do instead.
+CREATE FUNCTION payidem._merchant_status_change(merchant_no text, from_status text, to_status text, hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF from_status = 'closed' AND to_status <> 'closed' THEN
+		RAISE EXCEPTION 'merchant % is closed', merchant_no USING
+			ERRCODE = 'PI002',
+			DETAIL = format('merchant %L: ''closed'' -> %L is not allowed', merchant_no, to_status),
+			HINT = hint;
+	END IF;
+END
+$$;
+
 CREATE FUNCTION payidem.set_merchant_status(merchant_no text, status text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1513,12 +1529,8 @@ BEGIN
 			DETAIL = format('The status was %s; it must be active, frozen or closed.', coalesce(quote_literal(left(status, 64)), 'NULL'));
 	END IF;
 	m := payidem._merchant_for_update(set_merchant_status.merchant_no);
-	IF m.status = 'closed' AND status <> 'closed' THEN
-		RAISE EXCEPTION 'merchant % is closed', m.merchant_no USING
-			ERRCODE = 'PI002',
-			DETAIL = format('merchant %L: ''closed'' -> %L is not allowed', m.merchant_no, status),
-			HINT = 'A closed merchant stays closed; create a new merchant instead.';
-	END IF;
+	PERFORM payidem._merchant_status_change(m.merchant_no, m.status, status,
+											'A closed merchant stays closed; create a new merchant instead.');
 	UPDATE payidem.merchant SET status = set_merchant_status.status, updated_at = now()
 	 WHERE payidem.merchant.merchant_no = m.merchant_no;
 END
@@ -1918,7 +1930,7 @@ BEGIN ATOMIC
 	  FROM pg_catalog.pg_proc p
 	 WHERE p.pronamespace = 'payidem'::regnamespace
 	   AND p.proname IN ('gen_order_no', 'order_no_valid', 'order_no_parse', 'stats',
-						 'idem_claim', 'idem_record', 'idem_finish',
+						 'idem_claim', 'idem_record', 'idem_finish', '_idem_key_held',
 						 'transit_order', 'transit_payment', 'transit_refund',
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
@@ -4086,7 +4098,9 @@ COMMENT ON COLUMN payidem.recon_summary.open_amount IS
 --   load_bill_part(...)       keep this shard's lines of a channel bill
 --   bill_unplaced_lines(...)  the lines of a bill no payment number places
 --   export_reference()        partition 0's reference data, for sync_shards()
---   import_reference(doc)     make this shard's reference data that
+--   import_reference(doc)     make this shard's reference data that of partition 0
+--   _idem_key_held(key)       whether this shard holds an idempotency key
+--   _idem_keys_made_before(t) whether it holds one made before t
 --
 -- The import functions are idempotent: the router replays them on every
 -- partition (RUN ON ALL), including the one where the row was made, and an
@@ -4341,7 +4355,6 @@ RETURNS TABLE (kind text, added bigint, changed bigint, removed bigint, left_alo
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-	v_bad    record;
 	s        record;
 	v_sealed record;
 	v_add    bigint;
@@ -4354,20 +4367,14 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = 'It must be what payidem.export_reference() returns: an object with merchants, secrets, channels, configs and bindings.';
 	END IF;
-	-- a merchant closed here stays closed (closed is final): partition 0
-	-- must close it too, not this shard reopen it
-	SELECT m.merchant_no, r.status INTO v_bad
-	  FROM jsonb_populate_recordset(NULL::payidem.merchant, reference -> 'merchants') r
-	  JOIN payidem.merchant m ON m.merchant_no = r.merchant_no
-	 WHERE m.status = 'closed' AND r.status <> 'closed'
-	 ORDER BY 1 LIMIT 1;
-	IF FOUND THEN
-		RAISE EXCEPTION 'merchant % is closed on shard % but % on partition 0',
-			v_bad.merchant_no, payidem.shard_id(), v_bad.status USING
-			ERRCODE = 'PI002',
-			DETAIL = 'A closed merchant stays closed; the copy cannot reopen it.',
-			HINT = format('Close it everywhere through the router (payidem.close_merchant(%L)), then repeat.', v_bad.merchant_no);
-	END IF;
+	-- a merchant closed here stays closed: partition 0 must close it too,
+	-- not this shard reopen it
+	PERFORM payidem._merchant_status_change(m.merchant_no, m.status, r.status,
+			format('It is closed on shard %s: close it everywhere through the router (payidem.close_merchant(%L)), then repeat.',
+				   payidem.shard_id(), m.merchant_no))
+	   FROM jsonb_populate_recordset(NULL::payidem.merchant, reference -> 'merchants') r
+	   JOIN payidem.merchant m ON m.merchant_no = r.merchant_no
+	  WHERE m.status IS DISTINCT FROM r.status;
 
 	-- merchants
 	WITH r AS (SELECT * FROM jsonb_populate_recordset(NULL::payidem.merchant, reference -> 'merchants')),
@@ -4589,6 +4596,26 @@ $$;
 COMMENT ON FUNCTION payidem.load_bill_part(text, date, text, integer, bigint[], integer[]) IS
 	'Scale-out: load_bill() of the lines of a channel bill that belong to this shard: those whose payment_no names it, and those the router placed here by transaction id (placed_lines[i] on placed_partitions[i]); the rest belong to partition 0. The whole bill is checked first, so a bad line fails every shard alike.';
 
+-- Idempotency keys after the router added partitions: a key made before
+-- lives where the partition count of its day put it, so the router asks
+-- that partition whether it holds the key (granted to application roles
+-- with idem_claim: it tells no more than a claim does), and, to know when
+-- that partition count no longer matters, whether any key made before a
+-- growth is left (the router's idem_purge).
+CREATE FUNCTION payidem._idem_key_held(idem_key text)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN EXISTS (SELECT 1 FROM payidem.idempotency i WHERE i.idem_key OPERATOR(pg_catalog.=) _idem_key_held.idem_key);
+COMMENT ON FUNCTION payidem._idem_key_held(text) IS
+	'Scale-out: whether this shard holds the idempotency key (for the router, after it added partitions).';
+
+CREATE FUNCTION payidem._idem_keys_made_before(made_before timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN EXISTS (SELECT 1 FROM payidem.idempotency i WHERE i.created_at OPERATOR(pg_catalog.<) made_before);
+COMMENT ON FUNCTION payidem._idem_keys_made_before(timestamptz) IS
+	'Scale-out: whether this shard still holds an idempotency key made before that time (for the router''s idem_purge).';
+
 REVOKE ALL ON FUNCTION payidem.shard_prepare(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.shard_id() FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.shard_info() FROM PUBLIC;
@@ -4602,6 +4629,8 @@ REVOKE ALL ON FUNCTION payidem._bill_line_partition(text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem._bill_check(text, date, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.bill_unplaced_lines(text, date, text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.load_bill_part(text, date, text, integer, bigint[], integer[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._idem_key_held(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._idem_keys_made_before(timestamptz) FROM PUBLIC;
 
 -- (end of shard helpers)
 

@@ -24,8 +24,9 @@
  *	                                 well-formed one naming no partition PI009
  *	 gen_order_no, order_no_valid,   any partition (RUN ON ANY): a number names the shard that
  *	   order_no_parse, order_no_make   issued it; the others are pure functions of their arguments
- *	 idem_claim, idem_record,        hashtext(idem_key): a key lives on one shard
- *	   idem_finish
+ *	 idem_claim, idem_record,        idem_partition(idem_key): hashtext(idem_key) over
+ *	   idem_finish                   today's partitions, or where the count before a
+ *	                                 growth put the key if it is there (partition_growth)
  *	 idem_purge                      all partitions; the router sums the counts
  *	 transit_order, transit_payment, the shard digits inside the number
  *	   transit_refund
@@ -336,6 +337,7 @@ DECLARE
 	v_opts  text;
 BEGIN
 	PERFORM payidem._reference_write_lock(true);
+	PERFORM payidem._growth_lock();
 	n := payidem.cluster_partitions();
 	IF n = 0 THEN
 		PERFORM payidem.check_partition(0);		-- its error: server payidem is missing
@@ -362,6 +364,7 @@ BEGIN
 		SELECT string_agg(format('ADD p%s %L', n + o - 1, c), ', ' ORDER BY o) INTO v_opts
 		  FROM unnest(v_new) WITH ORDINALITY AS u(c, o);
 		EXECUTE 'ALTER SERVER payidem OPTIONS (' || v_opts || ')';
+		PERFORM payidem._record_growth(n, n + cardinality(v_new));
 	END IF;
 	RETURN QUERY SELECT * FROM payidem.sync_shards();
 END
@@ -894,32 +897,111 @@ LANGUAGE plproxy AS $$
 	RUN ON ANY;
 $$;
 
--- An idempotency key lives on the shard its hash names (a NULL key reaches
--- a shard as '', which refuses it as one database does).
-CREATE FUNCTION payidem.idem_claim(idem_key text, biz_type text, order_no text,
+-- An idempotency key lives on the shard its hash names over the partitions
+-- of the day it was made (a NULL key reaches a shard as '', which refuses it
+-- as one database does).  Adding partitions moves no key: until no shard
+-- holds a key made before a growth, a key whose home the growth changed is
+-- first looked for where the partition count before it put it.
+CREATE TABLE payidem.partition_growth (
+	grown_at			timestamptz	NOT NULL,
+	partitions_before	integer		NOT NULL,
+	partitions_after	integer		NOT NULL,
+	settled_at			timestamptz,
+	CONSTRAINT partition_growth_pkey PRIMARY KEY (grown_at),
+	CONSTRAINT partition_growth_grows CHECK (partitions_before >= 1 AND partitions_after > partitions_before)
+);
+COMMENT ON TABLE payidem.partition_growth IS
+	'Router: each add_shards() that added partitions; until settled_at (set by idem_purge() once no shard holds an idempotency key made before it), keys are also looked for where partitions_before put them.';
+COMMENT ON COLUMN payidem.partition_growth.settled_at IS
+	'When idem_purge() found no idempotency key made before this growth (within an hour for clock skew) on any shard.';
+SELECT pg_catalog.pg_extension_config_dump('payidem.partition_growth', '');
+
+-- The partition counts before the growths that still matter.  Reading the
+-- table is also the lock that add_shards() waits for: a key's partition is
+-- never decided with a partition count that is about to change.
+CREATE FUNCTION payidem._partitions_before()
+RETURNS integer[]
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN ARRAY(SELECT DISTINCT g.partitions_before FROM payidem.partition_growth g WHERE g.settled_at IS NULL);
+
+-- add_shards() takes this lock first and holds it to its end, so that
+-- idempotency calls (which read the table) wait for it, and records the
+-- growth when it commits.
+CREATE FUNCTION payidem._growth_lock()
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	LOCK TABLE payidem.partition_growth IN ACCESS EXCLUSIVE MODE;
+END
+$$;
+
+CREATE FUNCTION payidem._record_growth(partitions_before integer, partitions_after integer)
+RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	INSERT INTO payidem.partition_growth (grown_at, partitions_before, partitions_after)
+	VALUES (pg_catalog.clock_timestamp(), partitions_before, partitions_after);
+END;
+
+CREATE FUNCTION payidem._idem_key_held_on(partition integer, idem_key text)
+RETURNS boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON partition;
+	SELECT payidem._idem_key_held(idem_key);
+$$;
+
+CREATE FUNCTION payidem.idem_partition(idem_key text)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_before constant integer[] := payidem._partitions_before();
+	h constant integer := hashtext(coalesce(idem_key, ''));
+	p constant integer := h & (payidem.cluster_partitions() - 1);
+	q integer;
+BEGIN
+	IF cardinality(v_before) > 0 THEN
+		FOREACH q IN ARRAY ARRAY(SELECT DISTINCT h & (b - 1) FROM unnest(v_before) b) LOOP
+			IF q <> p AND payidem._idem_key_held_on(q, idem_key) THEN
+				RETURN q;
+			END IF;
+		END LOOP;
+	END IF;
+	RETURN p;
+END
+$$;
+COMMENT ON FUNCTION payidem.idem_partition(text) IS
+	'Router: the partition an idempotency key lives on: hashtext(idem_key) over today''s partitions, or over the partitions before a growth not yet settled if the key is there (payidem.partition_growth).';
+
+-- The API functions (idem_claim, idem_record, idem_finish) call these with
+-- the partition idem_partition() decided (see the wrappers below).
+CREATE FUNCTION payidem.idem_claim(partition integer, idem_key text, biz_type text, order_no text,
                                    channel text, amount bigint,
                                    fingerprint text DEFAULT NULL,
                                    lease interval DEFAULT '30 seconds')
 RETURNS TABLE (outcome text, status text, result jsonb, attempts integer)
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(coalesce(idem_key, ''));
+	RUN ON partition;
+	SELECT * FROM payidem.idem_claim(idem_key, biz_type, order_no, channel, amount, fingerprint, lease);
 $$;
 
-CREATE FUNCTION payidem.idem_record(idem_key text, biz_type text, order_no text,
+CREATE FUNCTION payidem.idem_record(partition integer, idem_key text, biz_type text, order_no text,
                                     channel text, amount bigint, result jsonb,
                                     fingerprint text DEFAULT NULL)
 RETURNS TABLE (outcome text, status text, result jsonb, attempts integer)
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(coalesce(idem_key, ''));
+	RUN ON partition;
+	SELECT * FROM payidem.idem_record(idem_key, biz_type, order_no, channel, amount, result, fingerprint);
 $$;
 
-CREATE FUNCTION payidem.idem_finish(idem_key text, status text, result jsonb DEFAULT NULL)
+CREATE FUNCTION payidem.idem_finish(partition integer, idem_key text, status text, result jsonb DEFAULT NULL)
 RETURNS void
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
-	RUN ON hashtext(coalesce(idem_key, ''));
+	RUN ON partition;
+	SELECT payidem.idem_finish(idem_key, status, result);
 $$;
 
 CREATE FUNCTION payidem._idem_purge_all(older_than interval)
@@ -930,14 +1012,44 @@ LANGUAGE plproxy AS $$
 	SELECT payidem.idem_purge(older_than);
 $$;
 
+CREATE FUNCTION payidem._idem_keys_made_before_all(made_before timestamptz)
+RETURNS SETOF boolean
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem._idem_keys_made_before(made_before);
+$$;
+
+-- A growth is settled once no shard holds a key made before it (an hour
+-- later, for clocks that differ): from then on keys go by today's hash
+-- alone.  Keys still processing are never purged, so they keep it open.
+CREATE FUNCTION payidem._settle_growth()
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT * FROM payidem.partition_growth WHERE settled_at IS NULL ORDER BY grown_at LOOP
+		EXIT WHEN EXISTS (SELECT 1 FROM payidem._idem_keys_made_before_all(g.grown_at + interval '1 hour') AS held
+						   WHERE held);
+		UPDATE payidem.partition_growth SET settled_at = now() WHERE grown_at = g.grown_at;
+	END LOOP;
+END
+$$;
+
 CREATE FUNCTION payidem.idem_purge(older_than interval DEFAULT '24 hours')
 RETURNS bigint
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-	SELECT coalesce(sum(n), 0)::bigint FROM payidem._idem_purge_all(older_than) AS n;
-END;
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_deleted bigint;
+BEGIN
+	SELECT coalesce(sum(n), 0)::bigint INTO v_deleted FROM payidem._idem_purge_all(older_than) AS n;
+	PERFORM payidem._settle_growth();
+	RETURN v_deleted;
+END
+$$;
 COMMENT ON FUNCTION payidem.idem_purge(interval) IS
-	'Router: idem_purge on every partition; the number of keys deleted in all.';
+	'Router: idem_purge on every partition; the number of keys deleted in all. Also settles the growths (payidem.partition_growth) that no key made before is left from.';
 
 -- A transition is routed by the number, as every call keyed by one.
 CREATE FUNCTION payidem.transit_order(order_no text, to_status text)
@@ -1293,7 +1405,8 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 	WITH api(name) AS (
 		SELECT unnest(ARRAY['gen_order_no', 'gen_order_no_for', 'order_no_valid', 'order_no_parse', 'stats', 'stats_by_shard',
-						 'idem_claim', 'idem_record', 'idem_finish',
+						 'idem_claim', 'idem_record', 'idem_finish', 'idem_partition', '_partitions_before',
+						 '_idem_key_held_on',
 						 'transit_order', 'transit_payment', 'transit_refund',
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
@@ -1460,6 +1573,9 @@ COMMENT ON FUNCTION payidem._shard_error(text, text, text, text) IS
 DO $wrap$
 DECLARE
 	f record;
+	v_keyed boolean;
+	v_args text;
+	v_idargs text;
 	v_call text;
 	v_result text;
 	v_body text;
@@ -1498,10 +1614,17 @@ BEGIN
 						   '_proxy_' || f.proname, f.args, f.result,
 						   f.prosrc || format(E'\tTARGET payidem.%I;\n', f.proname));
 		END IF;
-		v_call := format('payidem.%I(%s)', '_proxy_' || f.proname,
+		-- an idempotency call's PL/Proxy part takes the partition first, which
+		-- idem_partition() decides before the call (it may ask a partition
+		-- itself, and PL/Proxy calls do not nest); the API has no such argument
+		v_keyed := f.proname ~ '^idem_' AND f.args ~ '^partition integer, ';
+		v_args := CASE WHEN v_keyed THEN regexp_replace(f.args, '^partition integer, ', '') ELSE f.args END;
+		v_idargs := CASE WHEN v_keyed THEN regexp_replace(f.idargs, '^partition integer, ', '') ELSE f.idargs END;
+		v_call := format('payidem.%I(%s%s)', '_proxy_' || f.proname,
+						 CASE WHEN v_keyed THEN 'payidem.idem_partition($1), ' ELSE '' END,
 						 (SELECT coalesce(string_agg(CASE WHEN i = f.pronargs AND f.provariadic <> 0 THEN 'VARIADIC ' ELSE '' END
 													 || '$' || i, ', ' ORDER BY i), '')
-							FROM generate_series(1, f.pronargs) i));
+							FROM generate_series(1, f.pronargs - CASE WHEN v_keyed THEN 1 ELSE 0 END) i));
 		-- a success's transaction id is placed on the payment's partition,
 		-- for bill lines that do not carry our payment number
 		IF f.proname = 'apply_payment_result' THEN
@@ -1533,9 +1656,9 @@ BEGIN
 					v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
 				PERFORM payidem._shard_error(v_state, v_message, nullif(v_detail, ''), nullif(v_hint, ''));
 			END
-			$body$$f$, f.proname, f.args, v_result, f.volatility, v_body);
+			$body$$f$, f.proname, v_args, v_result, f.volatility, v_body);
 		IF f.comment IS NOT NULL THEN
-			EXECUTE format('COMMENT ON FUNCTION payidem.%I(%s) IS %L', f.proname, f.idargs, f.comment);
+			EXECUTE format('COMMENT ON FUNCTION payidem.%I(%s) IS %L', f.proname, v_idargs, f.comment);
 		END IF;
 	END LOOP;
 END

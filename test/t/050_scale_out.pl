@@ -406,7 +406,7 @@ sub run_cluster
 		   AND NOT EXISTS (SELECT 1 FROM pg_proc q WHERE q.pronamespace = p.pronamespace
 							  AND q.proname = '_proxy_' || p.proname)}),
 		'anomaly_partition,app_functions,check_partition,cluster_check,cluster_partitions,event_partition,'
-		. 'grant_app,merchant_partition,order_partition,partition_of,payment_partition,purge_transaction_placement,'
+		. 'grant_app,idem_partition,merchant_partition,order_partition,partition_of,payment_partition,purge_transaction_placement,'
 		. 'recon_partition,refund_partition',
 		"$tag: every other API function has its PL/Proxy part and raises the shard's errors");
 
@@ -527,10 +527,34 @@ for my $part (0, 1)
 my @movers = grep { my ($m, $part) = split /\|/; $router->safe_psql('postgres', "SELECT hashtext('$m') & 3") != $part } @before;
 cmp_ok(scalar(@movers), '>', 0, 'grow: some merchants would hash elsewhere over 4 partitions');
 
+# idempotency keys made before the growth whose hash over 4 partitions is
+# not their partition over 2: one still processing, one completed, and one
+# first claimed after the growth
+my ($key_processing, $key_completed, $key_after) = split /,/, $router->safe_psql('postgres', q{
+	SELECT string_agg(k, ',' ORDER BY i)
+	  FROM (SELECT i, 'grow:key:' || i AS k FROM generate_series(1, 60) i) x
+	 WHERE hashtext(k) & 1 <> hashtext(k) & 3});
+my %key_home = map { $_ => [ split /\|/, $router->safe_psql('postgres', "SELECT (hashtext('$_') & 1) || '|' || (hashtext('$_') & 3)") ] }
+	$key_processing, $key_completed, $key_after;
+$router->safe_psql('postgres', "SELECT * FROM payidem.idem_claim('$key_processing', 'pay', 'PO1', 'WX_001', 100)");
+$router->safe_psql('postgres', qq{SELECT * FROM payidem.idem_record('$key_completed', 'pay', 'PO1', 'WX_001', 100, '{"n": 1}')});
+
 my $bindings = $shards[0]->safe_psql('postgres', 'SELECT count(*) FROM payidem.merchant_channel');
 my @new = map { new_node("grow_shard$_") } 2 .. 3;
 $_->safe_psql('postgres', 'CREATE EXTENSION payidem') for @new;	# add_shards prepares them
 my $conns = join(', ', map { sprintf(q{'host=%s port=%d dbname=postgres connect_timeout=5'}, $_->host, $_->port) } @new);
+
+# add_shards waits for a router transaction that decided a key's partition
+# with the count of before
+my $claimer = $router->background_psql('postgres');
+$claimer->query_safe('BEGIN');
+$claimer->query_safe("SELECT * FROM payidem.idem_claim('grow:key:open', 'pay', 'PO1', 'WX_001', 100)");
+my ($grew, undef, $grow_err) = try_sql($router, "SET lock_timeout = '500ms'; SELECT * FROM payidem.add_shards($conns)");
+ok(!$grew && $grow_err =~ /lock timeout/, 'grow: add_shards() waits for an open transaction that claimed a key')
+	or diag($grow_err);
+is($router->safe_psql('postgres', 'SELECT payidem.cluster_partitions()'), 2, 'grow: ... and, given up, changed nothing');
+$claimer->query_safe('COMMIT');
+$claimer->quit;
 is($router->safe_psql('postgres', qq{
 	SELECT string_agg(partition || ' ' || kind || ' ' || added, ',' ORDER BY partition, kind)
 	  FROM payidem.add_shards($conns) WHERE partition >= 2}),
@@ -552,6 +576,36 @@ for my $i (2, 3)
 	is($shards[$i]->safe_psql('postgres', q{SELECT payidem.get_channel_config('WX_001') ->> 'app_id'}),
 		'wx1', "grow: new shard $i decrypts the channel configuration");
 }
+
+# idempotency keys made before the growth are found where they are
+is($router->safe_psql('postgres', "SELECT outcome FROM payidem.idem_claim('$key_processing', 'pay', 'PO1', 'WX_001', 100)"),
+	'in_progress', 'grow: a key still processing from before the growth is in progress, not claimed again');
+is($router->safe_psql('postgres', "SELECT outcome || ' ' || (result ->> 'n') FROM payidem.idem_claim('$key_completed', 'pay', 'PO1', 'WX_001', 100)"),
+	'replay 1', 'grow: a key completed before the growth replays its result');
+like(error_of($router, "SELECT * FROM payidem.idem_claim('$key_completed', 'pay', 'PO1', 'WX_001', 999)"),
+	qr/^ERROR:  PI001: idempotency key reused with a different amount/, 'grow: ... and its reuse with another amount is PI001');
+is($router->safe_psql('postgres', "SELECT * FROM payidem.idem_claim('$key_after', 'pay', 'PO1', 'WX_001', 100)"),
+	'claimed|processing||1', 'grow: a key first claimed after the growth is claimed');
+for my $k ($key_processing, $key_completed, $key_after)
+{
+	my $home = $k eq $key_after ? $key_home{$k}[1] : $key_home{$k}[0];
+	is(join(',', map { count_on($shards[$_], 'idempotency', 'idem_key', $k) } 0 .. 3),
+		join(',', map { $_ == $home ? 1 : 0 } 0 .. 3), "grow: key $k is on partition $home alone");
+	is($router->safe_psql('postgres', "SELECT payidem.idem_partition('$k')"), $home,
+		"grow: ... and idem_partition() says so");
+}
+$router->safe_psql('postgres', 'SELECT payidem.idem_purge()');
+is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.partition_growth WHERE settled_at IS NULL AND partitions_before = 2 AND partitions_after = 4'),
+	1, 'grow: the growth is recorded, and not settled while keys made before it are left');
+# once no shard holds a key made before the growth, keys go by today's hash alone
+$_->safe_psql('postgres', 'DELETE FROM payidem.idempotency') for @shards;
+$router->safe_psql('postgres', "SELECT payidem.idem_purge('0')");
+is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.partition_growth WHERE settled_at IS NULL'),
+	0, 'grow: idem_purge() settles the growth once no key made before it is left');
+$router->safe_psql('postgres', "SELECT * FROM payidem.idem_claim('$key_processing', 'pay', 'PO1', 'WX_001', 100)");
+is(join(',', map { count_on($shards[$_], 'idempotency', 'idem_key', $key_processing) } 0 .. 3),
+	join(',', map { $_ == $key_home{$key_processing}[1] ? 1 : 0 } 0 .. 3),
+	'grow: ... after which a key is claimed where today\'s hash puts it');
 
 # every merchant made before keeps its partition, and its repeated
 # create_order returns its original order
@@ -623,13 +677,23 @@ is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.sync_shards() WH
 	'repair: ... and a second run finds every shard in line');
 is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.cluster_check() WHERE NOT ok'), 0,
 	'repair: ... and cluster_check is content');
+# a merchant closed on one shard only is not reopened by the copy
+$shards[2]->safe_psql('postgres', "SELECT payidem.close_merchant('$half')");
+is(error_of($router, 'SELECT * FROM payidem.sync_shards()'),
+	"ERROR:  PI002: merchant $half is closed\n"
+	. "DETAIL:  merchant '$half': 'closed' -> 'active' is not allowed\n"
+	. "HINT:  It is closed on shard 2: close it everywhere through the router (payidem.close_merchant('$half')), then repeat.",
+	'repair: sync_shards() refuses to reopen a merchant closed on a shard, in the words of set_merchant_status');
+$router->safe_psql('postgres', "SELECT payidem.close_merchant('$half')");
+is($router->safe_psql('postgres', 'SELECT count(*) FROM payidem.sync_shards() WHERE added + changed + removed > 0'), 0,
+	'repair: ... and, once it is closed through the router, every shard is in line');
+
 $router->safe_psql('postgres', "SELECT payidem.rotate_merchant_secret('$home->{1}{no}')");
 is(join(',', map { $_->safe_psql('postgres', "SELECT payidem.sign('$home->{1}{no}', 'p')") } @shards),
 	join(',', ($shards[0]->safe_psql('postgres', "SELECT payidem.sign('$home->{1}{no}', 'p')")) x 4),
 	'repair: ... after which a rotation through the router reaches every shard');
 is(join(',', map { $_->safe_psql('postgres', "SELECT count(*) FROM payidem.merchant WHERE merchant_no = '$half'") } @shards),
 	'1,1,1,1', 'repair: the half-made merchant is on every shard');
-
 # ---- a bill with and without our payment numbers: a line without one is
 # matched through its transaction id on the shard where its success was
 # applied (the router's placement), none is looked up on every shard
@@ -669,7 +733,9 @@ for my $view ([ 'open_differences', 'count(*)' ], [ 'open_anomalies', 'count(*)'
 {
 	my ($name, $agg) = @$view;
 	my $sql = "SELECT $agg FROM payidem.$name";
-	is($router->safe_psql('postgres', $sql), $sum_of->($sql),
+	my $sum = $sum_of->($sql);
+	cmp_ok($sum, '>', 0, "views: the shards have rows for $name");
+	is($router->safe_psql('postgres', $sql), $sum,
 		"views: $name on the router shows every shard's rows ($agg)");
 }
 is($router->safe_psql('postgres', qq{
