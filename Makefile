@@ -26,7 +26,16 @@ OBJS_RECON     = src/recon.o
 OBJS_FLOW      = src/flow.o src/read_api.o
 OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_FLOW)
 
-DATA = $(wildcard sql/payidem--*.sql) $(wildcard sql/payidem_router--*.sql)
+# The install script is assembled from its parts (sql/parts/<part>.sql), in
+# this order: tables before the functions whose SQL bodies name them, the
+# privileges last.  Upgrade scripts (sql/payidem--<a>--<b>.sql) are written
+# by hand once a version is released.
+PARTS = header states merchant_tables order_tables idempotency_tables \
+	reconciliation_tables order_no idempotency state_machine merchant roles \
+	payment_flow reconciliation scale_out observability dump privileges
+BUILT_SQL = sql/payidem--$(EXTVERSION).sql
+DATA_built = $(BUILT_SQL)
+DATA = $(wildcard sql/payidem--*--*.sql) $(wildcard sql/payidem_router--*.sql)
 
 # pg_regress suites: sql/<name>.sql -> expected/<name>.out
 REGRESS_CORE     = install privileges
@@ -71,6 +80,9 @@ override autodepend = yes
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+$(BUILT_SQL): $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) Makefile
+	cat $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) > $@
 
 .PHONY: test test-matrix installcheck demo version bench bench-check
 # PG=17 (18, 19): against that major, in its chroot

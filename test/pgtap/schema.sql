@@ -1,6 +1,6 @@
 SET client_min_messages = warning;
 
--- pgTAP test of the payidem schema (sql/payidem--1.0.sql).
+-- pgTAP test of the payidem schema (sql/parts/, assembled into payidem--1.0.sql).
 --
 -- Run in a database where both extensions are installed:
 --   CREATE EXTENSION pgtap; CREATE EXTENSION payidem;

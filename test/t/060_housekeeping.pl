@@ -180,14 +180,9 @@ ok(wait_runs('postgres', 2, 5), 'two more runs since');
 is(status_of('postgres', $order_b), 'pending', 'an expired order whose attempt is pending is not closed');
 is($node->safe_psql('postgres', "SELECT status FROM payidem.payment WHERE payment_no = '$pay_b'"),
 	'pending', '... nor its attempt');
-SKIP:
-{
-	skip 'TODO: payidem.query_due() is not in the install script yet', 1
-	  unless $node->safe_psql('postgres', q{SELECT to_regproc('payidem.query_due') IS NOT NULL}) eq 't';
-	is($node->safe_psql('postgres', qq{
-		SELECT count(*) FROM payidem.query_due(100) WHERE order_no = '$order_b' AND payment_no = '$pay_b'}),
-		'1', '... it is listed by query_due() for the application to query the channel');
-}
+is($node->safe_psql('postgres', qq{
+	SELECT count(*) FROM payidem.query_due(100) WHERE order_no = '$order_b' AND payment_no = '$pay_b'}),
+	'1', '... it is listed by query_due() for the application to query the channel');
 is(stat_of('postgres', 'housekeeping_orders_closed'), '1', 'only the one order was closed');
 
 # ---------------------------------------------------------------- 2. idempotency keys

@@ -1,0 +1,233 @@
+------------------------------------------------------------------------------
+-- Roles: application, auditor, merchant-scoped reporting (row-level security)
+------------------------------------------------------------------------------
+
+-- Roles are kept by OID (regrole), not by name: a role dropped and created
+-- again under the same name is a new role and inherits nothing.  pg_dump
+-- writes regrole values as role names, so a restore maps them to the roles of
+-- the target cluster (restore the roles first, as for any GRANT).
+CREATE TABLE payidem.merchant_role (
+	role		regrole		NOT NULL,
+	merchant_no	text		NOT NULL,
+	created_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT merchant_role_pkey PRIMARY KEY (role, merchant_no),
+	CONSTRAINT merchant_role_merchant_fkey FOREIGN KEY (merchant_no)
+		REFERENCES payidem.merchant (merchant_no)
+);
+COMMENT ON TABLE payidem.merchant_role IS
+	'Reporting roles mapped to merchants: such a role reads only its merchants'' orders, payments, refunds and anomalies (row-level security). Managed with map_merchant_role()/unmap_merchant_role(); a role is kept by OID, so a new role with a dropped one''s name inherits nothing.';
+
+CREATE TABLE payidem.auditor_role (
+	role		regrole		NOT NULL,
+	created_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT auditor_role_pkey PRIMARY KEY (role)
+);
+COMMENT ON TABLE payidem.auditor_role IS
+	'Roles granted read access to all merchants'' rows (without secrets) by grant_auditor(), until revoke_auditor(); kept by OID.';
+
+-- Used by the row-level security policies, which pass the querying role's
+-- OID (the policy expression runs as that role; inside this SECURITY DEFINER
+-- function CURRENT_USER would be the owner).  Runs as the extension's owner,
+-- so the mapping tables need no grants.
+-- (SECURITY DEFINER: it reads the mapping tables, which a mapped role may
+-- not; and it answers only for a role the session can act as, so that no
+-- role learns another's mappings by calling it with that role's name)
+CREATE FUNCTION payidem._row_visible(p_merchant_no text, p_role regrole)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+RETURN pg_catalog.pg_has_role(SESSION_USER, p_role, 'MEMBER')
+	AND (EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role = p_role)
+		 OR EXISTS (SELECT 1 FROM payidem.merchant_role r
+					 WHERE r.role = p_role AND r.merchant_no = p_merchant_no));
+
+-- Rows of roles that no longer exist (a role is dropped with DROP OWNED BY,
+-- which revokes the grants but cannot see these rows): removed whenever a
+-- mapping is changed, so that they are not left behind for good.
+CREATE FUNCTION payidem._forget_dropped_roles()
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	DELETE FROM payidem.auditor_role a
+	 WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = a.role::oid);
+	DELETE FROM payidem.merchant_role r
+	 WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = r.role::oid);
+END;
+
+ALTER TABLE payidem."order" ENABLE ROW LEVEL SECURITY;
+ALTER TABLE payidem.payment ENABLE ROW LEVEL SECURITY;
+ALTER TABLE payidem.refund ENABLE ROW LEVEL SECURITY;
+ALTER TABLE payidem.anomaly ENABLE ROW LEVEL SECURITY;
+CREATE POLICY merchant_rows ON payidem."order" FOR SELECT
+	USING (payidem._row_visible(merchant_no, (SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
+CREATE POLICY merchant_rows ON payidem.payment FOR SELECT
+	USING (payidem._row_visible(merchant_no, (SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
+CREATE POLICY merchant_rows ON payidem.refund FOR SELECT
+	USING (payidem._row_visible(merchant_no, (SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
+CREATE POLICY merchant_rows ON payidem.anomaly FOR SELECT
+	USING (payidem._row_visible((SELECT o.merchant_no FROM payidem."order" o WHERE o.order_no = anomaly.order_no),
+								(SELECT u.oid::regrole FROM pg_catalog.pg_roles u WHERE u.rolname = CURRENT_USER)));
+
+-- The role a grant function names: not NULL and existing (22023, 42704); to be
+-- granted something (to_grant), also an ordinary role that row-level security
+-- applies to, and not one of the predefined roles (22023).  Revoking and
+-- unmapping take any role that exists, so that a grant can always be undone.
+CREATE FUNCTION payidem._check_role(role regrole, to_grant boolean DEFAULT true)
+RETURNS name
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	r pg_roles;
+BEGIN
+	IF role IS NULL THEN
+		RAISE EXCEPTION 'role must not be null' USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'Name an existing role, e.g. ''shop_app''.';
+	END IF;
+	SELECT * INTO r FROM pg_catalog.pg_roles WHERE oid = role;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'role does not exist' USING
+			ERRCODE = 'undefined_object',
+			DETAIL = format('No role has OID %s (it was dropped).', role::oid);
+	END IF;
+	IF NOT to_grant THEN
+		RETURN r.rolname;
+	END IF;
+	-- the predefined roles (pg_read_all_data, pg_database_owner, ...: the
+	-- pg_ prefix is reserved to them) hold or pass on more than a grant here
+	-- should give
+	IF r.rolname ~ '^pg_' AND NOT (r.rolsuper OR r.rolbypassrls) THEN
+		RAISE EXCEPTION 'role % is a predefined role', r.rolname USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = 'Predefined roles are shared by every database of the server, and some are members of others.',
+			HINT = 'Create a role of its own for the application and name that one.';
+	END IF;
+	IF r.rolsuper OR r.rolbypassrls THEN
+		RAISE EXCEPTION 'role % bypasses row-level security', r.rolname USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'Use an ordinary role without SUPERUSER or BYPASSRLS.';
+	END IF;
+	RETURN r.rolname;
+END
+$$;
+
+-- The application's API: what grant_app() makes executable.
+CREATE FUNCTION payidem.app_functions()
+RETURNS SETOF regprocedure
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT p.oid::regprocedure
+	  FROM pg_catalog.pg_proc p
+	 WHERE p.pronamespace = 'payidem'::regnamespace
+	   AND p.proname IN ('gen_order_no', 'order_no_valid', 'order_no_parse', 'stats',
+						 'idem_claim', 'idem_record', 'idem_finish', '_idem_key_held',
+						 'transit_order', 'transit_payment', 'transit_refund',
+						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
+						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
+						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
+						 'verify_notification', 'query_due',
+						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order');
+END;
+COMMENT ON FUNCTION payidem.app_functions() IS
+	'The functions grant_app() lets an application role execute.';
+
+CREATE FUNCTION payidem.grant_app(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	f regprocedure;
+	v_role name := payidem._check_role(role);
+BEGIN
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
+	FOR f IN SELECT * FROM payidem.app_functions() LOOP
+		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, v_role);
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION payidem.grant_app(regrole) IS
+	'Let an application role call payidem''s API functions (payidem.app_functions()); it gets no direct access to any table.';
+
+CREATE FUNCTION payidem.grant_auditor(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
+				   'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.status_log, '
+				   'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
+				   'payidem.reconciliation, payidem.recon_summary, payidem.open_anomalies, '
+				   'payidem.open_differences, payidem.notify_event, payidem.notification_backlog TO %I', v_role);
+	PERFORM payidem._forget_dropped_roles();
+	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION payidem.grant_auditor(regrole) IS
+	'Read-only access to every merchant''s business rows; never to merchant_secret, channel_config or idempotency results.';
+
+CREATE FUNCTION payidem.revoke_auditor(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role, to_grant => false);
+BEGIN
+	PERFORM payidem._forget_dropped_roles();
+	DELETE FROM payidem.auditor_role a WHERE a.role = revoke_auditor.role;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'role % is not an auditor', role USING
+			ERRCODE = 'PI009',
+			HINT = 'payidem.auditor_role lists the roles grant_auditor() has made auditors.';
+	END IF;
+	-- what grant_auditor() granted, except what a merchant mapping still needs
+	EXECUTE format('REVOKE SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
+				   'payidem.status_log, payidem.state, payidem.transition, payidem.channel_bill, '
+				   'payidem.recon_batch, payidem.reconciliation, payidem.recon_summary, '
+				   'payidem.open_differences, payidem.notify_event, payidem.notification_backlog FROM %I', v_role);
+	IF NOT EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE r.role = revoke_auditor.role) THEN
+		EXECUTE format('REVOKE SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
+					   'payidem.open_anomalies FROM %I', v_role);
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.revoke_auditor(regrole) IS
+	'Undo grant_auditor(): the role no longer sees every merchant''s rows (a merchant mapping it has stays).';
+
+CREATE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	PERFORM payidem._merchant_for_update(map_merchant_role.merchant_no);
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
+				   'payidem.open_anomalies TO %I', v_role);
+	PERFORM payidem._forget_dropped_roles();
+	INSERT INTO payidem.merchant_role (role, merchant_no)
+	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
+	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security).';
+
+CREATE FUNCTION payidem.unmap_merchant_role(role regrole, merchant_no text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._check_role(role, to_grant => false);
+	PERFORM payidem._forget_dropped_roles();
+	DELETE FROM payidem.merchant_role r
+	 WHERE r.role = unmap_merchant_role.role AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'role % is not mapped to merchant %', role,
+			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009';
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.unmap_merchant_role(regrole, text) IS
+	'Remove a reporting role''s access to one merchant''s rows.';
+
+-- (end of merchant functions)
+
