@@ -477,12 +477,15 @@ ALTER TABLE payidem."order" ADD CONSTRAINT order_never_paid CHECK (status <> 'pa
 SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 700)',
                                  :'p20', 'callback', 'succeeded', 'WX-T-0020'));
 ROLLBACK;
--- a stored generated column added later, reading a column the success sets
+-- stored generated columns added later: one reading a column the success
+-- sets, one reading none
 BEGIN;
 ALTER TABLE payidem.payment ADD COLUMN fee_basis_points bigint
 	GENERATED ALWAYS AS (fee_amount * 10000 / amount) STORED;
+ALTER TABLE payidem.payment ADD COLUMN row_kind text
+	GENERATED ALWAYS AS ('payment'::text) STORED;
 SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_with_generated;
-SELECT fee_amount, fee_basis_points, status_entity FROM payidem.payment WHERE payment_no = :'p20';
+SELECT fee_amount, fee_basis_points, row_kind FROM payidem.payment WHERE payment_no = :'p20';
 ROLLBACK;
 -- a unique index added later
 BEGIN;

@@ -242,8 +242,8 @@ SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000843', 
 SELECT pg_temp.try($$UPDATE payidem."order" SET status = 'shipping' WHERE order_no = 'PO202401010000000000000843'$$);
 DELETE FROM payidem.state WHERE entity = 'order' AND status IN ('shipping', 'delivered');
 SELECT pg_temp.try($$SELECT payidem.transit_order('PO202401010000000000000843', 'shipping')$$);
--- 'completed' stays while an order is in it (foreign key, checked at commit),
--- but is a dead end
+-- 'completed' stays while an order is in it (the whitelist's guard refuses
+-- to delete a status in use), but is a dead end
 BEGIN;
 DELETE FROM payidem.state WHERE entity = 'order' AND status = 'completed';
 COMMIT;

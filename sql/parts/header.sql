@@ -4,13 +4,11 @@
  * payidem 1.0 — schema.
  *
  * Money is bigint in the currency's minor unit; rates are numeric(7,6)
- * fractions.  Status columns of "order", payment and refund reference the
- * state-machine whitelist (payidem.state).  Which statuses a row may take is
+ * fractions.  Which statuses a row of "order", payment and refund may take is
  * enforced by the state-machine triggers at the end of each statement (PI002,
- * also for a status the whitelist does not know); the foreign keys are
- * deferred to commit, a second line that also keeps a state in use from being
- * deleted, and do not pre-empt the triggers' answer.  Nothing is granted to
- * PUBLIC.
+ * also for a status the whitelist payidem.state does not know), and only
+ * there: no foreign key checks it a second time; the whitelist's own guard
+ * keeps a status in use from being deleted.  Nothing is granted to PUBLIC.
  *
  * Order, payment and refund numbers carry ISO 7064 MOD 97-10 check digits
  * (see order_no_valid()).  The tables check them with built-in operators only,

@@ -80,7 +80,6 @@ CREATE TABLE payidem."order" (
 	amount			payidem.minor_amount NOT NULL,
 	currency		payidem.currency_code NOT NULL DEFAULT 'CNY',
 	status			text		NOT NULL DEFAULT 'pending',
-	status_entity	text		NOT NULL GENERATED ALWAYS AS ('order'::text) STORED,
 	refunded_amount	bigint		NOT NULL DEFAULT 0,
 	notify_url		payidem.http_url,
 	return_url		payidem.http_url,
@@ -95,13 +94,10 @@ CREATE TABLE payidem."order" (
 	CONSTRAINT order_merchant_key UNIQUE (order_no, merchant_no),
 	CONSTRAINT order_merchant_fkey FOREIGN KEY (merchant_no)
 		REFERENCES payidem.merchant (merchant_no),
-	CONSTRAINT order_status_known FOREIGN KEY (status_entity, status)
-		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
 	CONSTRAINT order_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount),
 	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
 );
 CREATE INDEX order_pending_expiry ON payidem."order" (expire_at) WHERE status = 'pending';
-CREATE INDEX order_merchant_created ON payidem."order" (merchant_no, created_at);
 COMMENT ON TABLE payidem."order" IS
 	'Merchant orders: one order, possibly several payment attempts.';
 COMMENT ON COLUMN payidem."order".order_no IS
@@ -112,8 +108,6 @@ COMMENT ON COLUMN payidem."order".amount IS
 	'Amount in the currency''s minor unit (fen, cents).';
 COMMENT ON COLUMN payidem."order".status IS
 	'Order status, one of payidem.state where entity = ''order''; changes follow payidem.transition.';
-COMMENT ON COLUMN payidem."order".status_entity IS
-	'Always ''order'': lets the status reference payidem.state (entity, status).';
 COMMENT ON COLUMN payidem."order".refunded_amount IS
 	'Sum of succeeded refunds, minor units; never above amount.';
 COMMENT ON COLUMN payidem."order".notify_url IS
@@ -130,7 +124,6 @@ CREATE TABLE payidem.payment (
 	channel_no		text		NOT NULL,
 	amount			payidem.minor_amount NOT NULL,
 	status			text		NOT NULL DEFAULT 'pending',
-	status_entity	text		NOT NULL GENERATED ALWAYS AS ('payment'::text) STORED,
 	transaction_id	payidem.channel_ref,
 	fee_amount		bigint,
 	cost_amount		bigint,
@@ -148,8 +141,6 @@ CREATE TABLE payidem.payment (
 		REFERENCES payidem."order" (order_no, merchant_no),
 	CONSTRAINT payment_channel_fkey FOREIGN KEY (channel_no)
 		REFERENCES payidem.channel (channel_no),
-	CONSTRAINT payment_status_known FOREIGN KEY (status_entity, status)
-		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED,
 	CONSTRAINT payment_fee_range CHECK (fee_amount >= 0 AND fee_amount <= amount),
 	CONSTRAINT payment_cost_range CHECK (cost_amount >= 0 AND cost_amount <= amount),
 	CONSTRAINT payment_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount)
@@ -165,8 +156,6 @@ COMMENT ON COLUMN payidem.payment.payment_no IS
 	'Platform payment number, payidem.gen_order_no(''PY''); sent to the channel as its out_trade_no.';
 COMMENT ON COLUMN payidem.payment.status IS
 	'Attempt status, one of payidem.state where entity = ''payment''.';
-COMMENT ON COLUMN payidem.payment.status_entity IS
-	'Always ''payment'': lets the status reference payidem.state (entity, status).';
 COMMENT ON COLUMN payidem.payment.transaction_id IS
 	'The channel''s transaction id; unique per channel.';
 COMMENT ON COLUMN payidem.payment.fee_amount IS
@@ -184,7 +173,6 @@ CREATE TABLE payidem.refund (
 	out_refund_no		payidem.merchant_ref NOT NULL,
 	amount				payidem.minor_amount NOT NULL,
 	status				text		NOT NULL DEFAULT 'pending',
-	status_entity		text		NOT NULL GENERATED ALWAYS AS ('refund'::text) STORED,
 	channel_refund_id	payidem.channel_ref,
 	reason				payidem.refund_reason,
 	refunded_at			timestamptz,
@@ -195,9 +183,7 @@ CREATE TABLE payidem.refund (
 	CONSTRAINT refund_payment_fkey FOREIGN KEY (payment_no, order_no)
 		REFERENCES payidem.payment (payment_no, order_no),
 	CONSTRAINT refund_order_fkey FOREIGN KEY (order_no, merchant_no)
-		REFERENCES payidem."order" (order_no, merchant_no),
-	CONSTRAINT refund_status_known FOREIGN KEY (status_entity, status)
-		REFERENCES payidem.state (entity, status) DEFERRABLE INITIALLY DEFERRED
+		REFERENCES payidem."order" (order_no, merchant_no)
 );
 CREATE INDEX refund_payment ON payidem.refund (payment_no);
 CREATE INDEX refund_order ON payidem.refund (order_no);
@@ -209,8 +195,6 @@ COMMENT ON COLUMN payidem.refund.out_refund_no IS
 	'The merchant''s own refund number; unique per merchant.';
 COMMENT ON COLUMN payidem.refund.status IS
 	'Refund status, one of payidem.state where entity = ''refund''.';
-COMMENT ON COLUMN payidem.refund.status_entity IS
-	'Always ''refund'': lets the status reference payidem.state (entity, status).';
 COMMENT ON COLUMN payidem.refund.channel_refund_id IS
 	'The channel''s id for the refund, once it has one.';
 

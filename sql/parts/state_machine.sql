@@ -29,11 +29,43 @@ ALTER TABLE payidem.transition ENABLE ALWAYS TRIGGER whitelist_changed;
 --     restore, so an edit would silently come undone), or making a row
 --     built-in;
 --   * a transition that leaves a terminal status, and making a status
---     terminal while transitions leave it.
+--     terminal while transitions leave it;
+--   * deleting or renaming a status that rows of its entity have (the status
+--     triggers refuse a status the whitelist does not know, so the tables
+--     need no foreign key to payidem.state: see _status_in_use).
 -- ENABLE ALWAYS like whitelist_changed: a restore loads only your own rows.
+
+-- Whether rows of the entity have the status.  The entity's table is locked
+-- in SHARE mode until the end of the transaction first: writers that might
+-- be giving a row that status finish before the look, and the ones after it
+-- wait, then see the whitelist without it (taking their lock makes them read
+-- the invalidation) and are refused.  A DBA's rare operation; it reads the
+-- table whole.  The guard runs as the owner (SECURITY DEFINER), so that
+-- row-level security hides no row from this look, and whoever may change the
+-- whitelist needs no EXECUTE on it.
+CREATE FUNCTION payidem._status_in_use(entity text, status text)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_table constant text := CASE entity WHEN 'order' THEN '"order"' WHEN 'payment' THEN 'payment'
+									  WHEN 'refund' THEN 'refund' END;
+	v_in_use boolean;
+BEGIN
+	IF v_table IS NULL THEN
+		RETURN false;		-- a DBA's own entity: payidem keeps no rows of it
+	END IF;
+	EXECUTE format('LOCK TABLE payidem.%s IN SHARE MODE', v_table);
+	EXECUTE format('SELECT EXISTS (SELECT 1 FROM payidem.%s t WHERE t.status = $1)', v_table)
+	   INTO v_in_use USING status;
+	RETURN v_in_use;
+END
+$$;
+
 CREATE FUNCTION payidem._whitelist_guard()
 RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_in_use boolean := false;
 BEGIN
 	IF TG_OP = 'TRUNCATE' THEN
 		RAISE EXCEPTION 'payidem.% cannot be truncated', TG_TABLE_NAME USING
@@ -47,6 +79,22 @@ BEGIN
 			DETAIL = format('%s row %s is built in: payidem''s functions rely on it, and CREATE EXTENSION recreates it on a restore.',
 							TG_TABLE_NAME, to_jsonb(OLD) - 'builtin'),
 			HINT = 'Add statuses and transitions of your own; only rows with builtin = false can be changed or deleted.';
+	END IF;
+	-- (nested: PL/pgSQL may evaluate every operand of an AND, and a
+	-- transition row has no status field)
+	IF TG_TABLE_NAME = 'state' AND TG_OP IN ('UPDATE', 'DELETE') THEN
+		IF TG_OP = 'DELETE' THEN
+			v_in_use := payidem._status_in_use(OLD.entity, OLD.status);
+		ELSIF (NEW.entity, NEW.status) IS DISTINCT FROM (OLD.entity, OLD.status) THEN
+			v_in_use := payidem._status_in_use(OLD.entity, OLD.status);
+		END IF;
+	END IF;
+	IF v_in_use THEN
+		RAISE EXCEPTION 'status % of % is in use', quote_literal(OLD.status), OLD.entity USING
+			ERRCODE = 'foreign_key_violation',
+			DETAIL = format('Rows of payidem.%s have status %L; the whitelist cannot lose it.',
+							CASE OLD.entity WHEN 'order' THEN '"order"' ELSE OLD.entity END, OLD.status),
+			HINT = format('Move them to another status first (payidem.transit_%s), or keep the status.', OLD.entity);
 	END IF;
 	IF TG_OP = 'DELETE' THEN
 		RETURN OLD;
@@ -79,7 +127,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem._whitelist_guard() IS
-	'Trigger on payidem.state and payidem.transition: built-in rows are fixed; no transition leaves a terminal status.';
+	'Trigger on payidem.state and payidem.transition: built-in rows are fixed; no transition leaves a terminal status; a status rows have is not deleted or renamed.';
 
 CREATE TRIGGER whitelist_guard
 	BEFORE INSERT OR UPDATE OR DELETE ON payidem.state
