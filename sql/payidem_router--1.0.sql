@@ -324,6 +324,18 @@ $$;
 COMMENT ON FUNCTION payidem.sync_shards() IS
 	'Router: make every partition the shard its number says (shard_prepare() on a new, empty one) and give it partition 0''s reference data (merchants, secrets, channels, configurations, bindings); one row per partition and kind with what changed. Safe to re-run; repairs a half-failed write of reference data.';
 
+-- The connection strings of these that server payidem does not have yet,
+-- each once, in the order given.
+CREATE FUNCTION payidem._new_connections(connections text[])
+RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT array_agg(d.c ORDER BY d.o)
+		  FROM (SELECT DISTINCT ON (u.c) u.c, u.o FROM unnest(connections) WITH ORDINALITY AS u(c, o)
+				 WHERE u.c IS NOT NULL ORDER BY u.c, u.o) d
+		 WHERE NOT EXISTS (SELECT 1 FROM pg_foreign_server s, unnest(s.srvoptions) AS x(opt)
+							WHERE s.srvname = 'payidem' AND x.opt ~ '^p[0-9]+='
+							  AND substr(x.opt, strpos(x.opt, '=') + 1) = d.c));
+
 -- Add partitions to server payidem and bring them in line, in one
 -- transaction of the router: other sessions route to the new partitions
 -- only once their reference data is there.  Connection strings already in
@@ -336,8 +348,13 @@ DECLARE
 	v_new   text[];
 	v_opts  text;
 BEGIN
+	-- idempotency calls wait for a growth only (the growth lock first, then
+	-- the reference-data one; a repeat that adds nothing only syncs); the new
+	-- strings are decided again once the locks are held
+	IF cardinality(payidem._new_connections(connections)) > 0 THEN
+		PERFORM payidem._growth_lock();
+	END IF;
 	PERFORM payidem._reference_write_lock(true);
-	PERFORM payidem._growth_lock();
 	n := payidem.cluster_partitions();
 	IF n = 0 THEN
 		PERFORM payidem.check_partition(0);		-- its error: server payidem is missing
@@ -347,10 +364,7 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			HINT = 'Name each new shard: payidem.add_shards(''host=... dbname=...'', ''host=... dbname=...'').';
 	END IF;
-	SELECT array_agg(c ORDER BY o) INTO v_new
-	  FROM (SELECT DISTINCT ON (c) c, o FROM unnest(connections) WITH ORDINALITY AS u(c, o) ORDER BY c, o) d
-	 WHERE NOT EXISTS (SELECT 1 FROM pg_foreign_server s, unnest(s.srvoptions) AS x(opt)
-						WHERE s.srvname = 'payidem' AND x.opt ~ '^p[0-9]+=' AND substr(x.opt, strpos(x.opt, '=') + 1) = d.c);
+	v_new := payidem._new_connections(connections);
 	IF coalesce(cardinality(v_new), 0) > 0 THEN
 		IF (n + cardinality(v_new)) & (n + cardinality(v_new) - 1) <> 0 THEN
 			RAISE EXCEPTION 'a cluster of % partitions is not possible', n + cardinality(v_new) USING
@@ -899,9 +913,9 @@ $$;
 
 -- An idempotency key lives on the shard its hash names over the partitions
 -- of the day it was made (a NULL key reaches a shard as '', which refuses it
--- as one database does).  Adding partitions moves no key: until no shard
--- holds a key made before a growth, a key whose home the growth changed is
--- first looked for where the partition count before it put it.
+-- as one database does).  Adding partitions moves no key: until every key
+-- is where today's count puts it (the growth settled), a key whose home a
+-- growth changed is first looked for where the count before it put it.
 CREATE TABLE payidem.partition_growth (
 	grown_at			timestamptz	NOT NULL,
 	partitions_before	integer		NOT NULL,
@@ -911,14 +925,25 @@ CREATE TABLE payidem.partition_growth (
 	CONSTRAINT partition_growth_grows CHECK (partitions_before >= 1 AND partitions_after > partitions_before)
 );
 COMMENT ON TABLE payidem.partition_growth IS
-	'Router: each add_shards() that added partitions; until settled_at (set by idem_purge() once no shard holds an idempotency key made before it), keys are also looked for where partitions_before put them.';
+	'Router: each add_shards() that added partitions; until settled_at (set by idem_purge() once every idempotency key is where today''s partition count puts it), keys are also looked for where partitions_before put them.';
 COMMENT ON COLUMN payidem.partition_growth.settled_at IS
-	'When idem_purge() found no idempotency key made before this growth (within an hour for clock skew) on any shard.';
+	'When idem_purge() found no idempotency key on any shard that today''s partition count puts elsewhere.';
 SELECT pg_catalog.pg_extension_config_dump('payidem.partition_growth', '');
 
--- The partition counts before the growths that still matter.  Reading the
--- table is also the lock that add_shards() waits for: a key's partition is
--- never decided with a partition count that is about to change.
+-- The lock an idempotency call holds to the end of its transaction, which
+-- add_shards() waits for (and which waits for add_shards()): a key's
+-- partition is never decided with a partition count that is about to change.
+-- Its own statement, before the reads: a statement that waited for the lock
+-- would read with the snapshot it took before waiting, from before the growth.
+CREATE FUNCTION payidem._growth_share_lock()
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	LOCK TABLE payidem.partition_growth IN ACCESS SHARE MODE;
+END
+$$;
+
+-- The partition counts before the growths that still matter.
 CREATE FUNCTION payidem._partitions_before()
 RETURNS integer[]
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -955,11 +980,15 @@ CREATE FUNCTION payidem.idem_partition(idem_key text)
 RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-	v_before constant integer[] := payidem._partitions_before();
 	h constant integer := hashtext(coalesce(idem_key, ''));
-	p constant integer := h & (payidem.cluster_partitions() - 1);
+	v_before integer[];
+	p integer;
 	q integer;
 BEGIN
+	PERFORM payidem._growth_share_lock();
+	-- (each statement from here reads with a snapshot taken after the lock)
+	v_before := payidem._partitions_before();
+	p := h & (payidem.cluster_partitions() - 1);
 	IF cardinality(v_before) > 0 THEN
 		FOREACH q IN ARRAY ARRAY(SELECT DISTINCT h & (b - 1) FROM unnest(v_before) b) LOOP
 			IF q <> p AND payidem._idem_key_held_on(q, idem_key) THEN
@@ -1012,28 +1041,36 @@ LANGUAGE plproxy AS $$
 	SELECT payidem.idem_purge(older_than);
 $$;
 
-CREATE FUNCTION payidem._idem_keys_made_before_all(made_before timestamptz)
+CREATE FUNCTION payidem._idem_keys_misplaced_all(partitions integer)
 RETURNS SETOF boolean
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
 	RUN ON ALL;
-	SELECT payidem._idem_keys_made_before(made_before);
+	SELECT payidem._idem_keys_misplaced(partitions);
 $$;
 
--- A growth is settled once no shard holds a key made before it (an hour
--- later, for clocks that differ): from then on keys go by today's hash
--- alone.  Keys still processing are never purged, so they keep it open.
+-- The growths are settled once no shard holds a key that is not where
+-- today's partition count puts it: from then on keys go by today's hash
+-- alone.  By the hash, not by when a key was made, so neither a clock nor a
+-- key made again on its old partition (found there, purged, claimed anew)
+-- settles them early.  The look that settles is made again under the
+-- growth lock, exclusively: no idempotency call is between its look-aside
+-- and its write meanwhile (they wait, once per growth, for one look).  Keys
+-- still processing are never purged, so they keep the growths open.
 CREATE FUNCTION payidem._settle_growth()
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	g record;
 BEGIN
-	FOR g IN SELECT * FROM payidem.partition_growth WHERE settled_at IS NULL ORDER BY grown_at LOOP
-		EXIT WHEN EXISTS (SELECT 1 FROM payidem._idem_keys_made_before_all(g.grown_at + interval '1 hour') AS held
-						   WHERE held);
-		UPDATE payidem.partition_growth SET settled_at = now() WHERE grown_at = g.grown_at;
-	END LOOP;
+	IF NOT EXISTS (SELECT 1 FROM payidem.partition_growth WHERE settled_at IS NULL)
+	   OR EXISTS (SELECT 1 FROM payidem._idem_keys_misplaced_all(payidem.cluster_partitions()) AS misplaced
+				   WHERE misplaced) THEN
+		RETURN;
+	END IF;
+	PERFORM payidem._growth_lock();
+	IF NOT EXISTS (SELECT 1 FROM payidem._idem_keys_misplaced_all(payidem.cluster_partitions()) AS misplaced
+				    WHERE misplaced) THEN
+		UPDATE payidem.partition_growth SET settled_at = now() WHERE settled_at IS NULL;
+	END IF;
 END
 $$;
 
@@ -1049,7 +1086,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.idem_purge(interval) IS
-	'Router: idem_purge on every partition; the number of keys deleted in all. Also settles the growths (payidem.partition_growth) that no key made before is left from.';
+	'Router: idem_purge on every partition; the number of keys deleted in all. Also settles the growths (payidem.partition_growth) once every key is where today''s partition count puts it.';
 
 -- A transition is routed by the number, as every call keyed by one.
 CREATE FUNCTION payidem.transit_order(order_no text, to_status text)
@@ -1405,7 +1442,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 	WITH api(name) AS (
 		SELECT unnest(ARRAY['gen_order_no', 'gen_order_no_for', 'order_no_valid', 'order_no_parse', 'stats', 'stats_by_shard',
-						 'idem_claim', 'idem_record', 'idem_finish', 'idem_partition', '_partitions_before',
+						 'idem_claim', 'idem_record', 'idem_finish', 'idem_partition', '_partitions_before', '_growth_share_lock',
 						 '_idem_key_held_on',
 						 'transit_order', 'transit_payment', 'transit_refund',
 						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',

@@ -18,7 +18,7 @@
 --   export_reference()        partition 0's reference data, for sync_shards()
 --   import_reference(doc)     make this shard's reference data that of partition 0
 --   _idem_key_held(key)       whether this shard holds an idempotency key
---   _idem_keys_made_before(t) whether it holds one made before t
+--   _idem_keys_misplaced(n)   whether it holds one that n partitions put elsewhere
 --
 -- The import functions are idempotent: the router replays them on every
 -- partition (RUN ON ALL), including the one where the row was made, and an
@@ -518,8 +518,9 @@ COMMENT ON FUNCTION payidem.load_bill_part(text, date, text, integer, bigint[], 
 -- lives where the partition count of its day put it, so the router asks
 -- that partition whether it holds the key (granted to application roles
 -- with idem_claim: it tells no more than a claim does), and, to know when
--- that partition count no longer matters, whether any key made before a
--- growth is left (the router's idem_purge).
+-- the counts of before no longer matter, whether any key it holds is not
+-- where today's count puts it (the router's idem_purge).  By the hash, not
+-- by time: no clock decides it.
 CREATE FUNCTION payidem._idem_key_held(idem_key text)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -527,12 +528,14 @@ RETURN EXISTS (SELECT 1 FROM payidem.idempotency i WHERE i.idem_key OPERATOR(pg_
 COMMENT ON FUNCTION payidem._idem_key_held(text) IS
 	'Scale-out: whether this shard holds the idempotency key (for the router, after it added partitions).';
 
-CREATE FUNCTION payidem._idem_keys_made_before(made_before timestamptz)
+CREATE FUNCTION payidem._idem_keys_misplaced(partitions integer)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN EXISTS (SELECT 1 FROM payidem.idempotency i WHERE i.created_at OPERATOR(pg_catalog.<) made_before);
-COMMENT ON FUNCTION payidem._idem_keys_made_before(timestamptz) IS
-	'Scale-out: whether this shard still holds an idempotency key made before that time (for the router''s idem_purge).';
+RETURN EXISTS (SELECT 1 FROM payidem.idempotency i
+				WHERE (pg_catalog.hashtext(i.idem_key) OPERATOR(pg_catalog.&) (partitions OPERATOR(pg_catalog.-) 1))
+					  OPERATOR(pg_catalog.<>) payidem.shard_id());
+COMMENT ON FUNCTION payidem._idem_keys_misplaced(integer) IS
+	'Scale-out: whether this shard holds an idempotency key that hashtext(idem_key) over that many partitions puts on another partition (for the router''s idem_purge).';
 
 REVOKE ALL ON FUNCTION payidem.shard_prepare(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.shard_id() FROM PUBLIC;
@@ -548,7 +551,7 @@ REVOKE ALL ON FUNCTION payidem._bill_check(text, date, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.bill_unplaced_lines(text, date, text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem.load_bill_part(text, date, text, integer, bigint[], integer[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem._idem_key_held(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION payidem._idem_keys_made_before(timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._idem_keys_misplaced(integer) FROM PUBLIC;
 
 -- (end of shard helpers)
 

@@ -530,13 +530,14 @@ cmp_ok(scalar(@movers), '>', 0, 'grow: some merchants would hash elsewhere over 
 # idempotency keys made before the growth whose hash over 4 partitions is
 # not their partition over 2: one still processing, one completed, and one
 # first claimed after the growth
-my ($key_processing, $key_completed, $key_after) = split /,/, $router->safe_psql('postgres', q{
+my ($key_processing, $key_completed, $key_after, $key_race) = split /,/, $router->safe_psql('postgres', q{
 	SELECT string_agg(k, ',' ORDER BY i)
 	  FROM (SELECT i, 'grow:key:' || i AS k FROM generate_series(1, 60) i) x
 	 WHERE hashtext(k) & 1 <> hashtext(k) & 3});
 my %key_home = map { $_ => [ split /\|/, $router->safe_psql('postgres', "SELECT (hashtext('$_') & 1) || '|' || (hashtext('$_') & 3)") ] }
-	$key_processing, $key_completed, $key_after;
+	$key_processing, $key_completed, $key_after, $key_race;
 $router->safe_psql('postgres', "SELECT * FROM payidem.idem_claim('$key_processing', 'pay', 'PO1', 'WX_001', 100)");
+$router->safe_psql('postgres', "SELECT * FROM payidem.idem_claim('$key_race', 'pay', 'PO1', 'WX_001', 100)");
 $router->safe_psql('postgres', qq{SELECT * FROM payidem.idem_record('$key_completed', 'pay', 'PO1', 'WX_001', 100, '{"n": 1}')});
 
 my $bindings = $shards[0]->safe_psql('postgres', 'SELECT count(*) FROM payidem.merchant_channel');
@@ -555,12 +556,38 @@ ok(!$grew && $grow_err =~ /lock timeout/, 'grow: add_shards() waits for an open 
 is($router->safe_psql('postgres', 'SELECT payidem.cluster_partitions()'), 2, 'grow: ... and, given up, changed nothing');
 $claimer->query_safe('COMMIT');
 $claimer->quit;
-is($router->safe_psql('postgres', qq{
-	SELECT string_agg(partition || ' ' || kind || ' ' || added, ',' ORDER BY partition, kind)
-	  FROM payidem.add_shards($conns) WHERE partition >= 2}),
+# the growth itself, with an idempotency claim that comes while add_shards()
+# waits for its lock: the claim decides its key's partition after the growth
+# committed (today's count, and the look where the count before put the key)
+my $waiting = sub {
+	my ($n) = @_;
+	return $router->poll_query_until('postgres', qq{
+		SELECT count(*) = $n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = 'postgres'});
+};
+$router->safe_psql('postgres', 'CREATE TABLE grow_out (what text PRIMARY KEY, result text)');
+my $holder = $router->background_psql('postgres');
+$holder->query_safe('BEGIN');
+$holder->query_safe('LOCK TABLE payidem.partition_growth IN ACCESS EXCLUSIVE MODE');
+my $grower = $router->background_psql('postgres');
+$grower->query_until(qr/go/, qq{\\echo go
+INSERT INTO grow_out SELECT 'grow', string_agg(partition || ' ' || kind || ' ' || added, ',' ORDER BY partition, kind)
+  FROM payidem.add_shards($conns) WHERE partition >= 2;
+});
+ok($waiting->(1), 'grow: add_shards() waits for the growth lock');
+my $racer = $router->background_psql('postgres');
+$racer->query_until(qr/go/, qq{\\echo go
+INSERT INTO grow_out SELECT 'claim', outcome FROM payidem.idem_claim('$key_race', 'pay', 'PO1', 'WX_001', 100);
+});
+ok($waiting->(2), 'grow: ... and an idempotency claim waits behind it');
+$holder->query_safe('COMMIT');
+ok($router->poll_query_until('postgres', 'SELECT count(*) = 2 FROM grow_out'), 'grow: ... both finish once the lock is free');
+$_->quit for ($holder, $grower, $racer);
+is($router->safe_psql('postgres', "SELECT result FROM grow_out WHERE what = 'grow'"),
 	join(',', map { ("$_ bindings $bindings", "$_ channels 2", "$_ configs 1", "$_ merchants " . scalar(@before),
 					 "$_ secrets " . scalar(@before)) } 2, 3),
 	'grow: add_shards() adds two partitions and copies every merchant, secret, channel, configuration and binding');
+is($router->safe_psql('postgres', "SELECT result FROM grow_out WHERE what = 'claim'"), 'in_progress',
+	'grow: the claim that waited for the growth finds its key where it was made (in progress), not a new one');
 push @shards, @new;
 is($router->safe_psql('postgres',
 		'SELECT string_agg(shard_id::text, \',\' ORDER BY partition) FILTER (WHERE ok) FROM payidem.cluster_check()'),
@@ -586,7 +613,7 @@ like(error_of($router, "SELECT * FROM payidem.idem_claim('$key_completed', 'pay'
 	qr/^ERROR:  PI001: idempotency key reused with a different amount/, 'grow: ... and its reuse with another amount is PI001');
 is($router->safe_psql('postgres', "SELECT * FROM payidem.idem_claim('$key_after', 'pay', 'PO1', 'WX_001', 100)"),
 	'claimed|processing||1', 'grow: a key first claimed after the growth is claimed');
-for my $k ($key_processing, $key_completed, $key_after)
+for my $k ($key_processing, $key_completed, $key_after, $key_race)
 {
 	my $home = $k eq $key_after ? $key_home{$k}[1] : $key_home{$k}[0];
 	is(join(',', map { count_on($shards[$_], 'idempotency', 'idem_key', $k) } 0 .. 3),
