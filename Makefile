@@ -82,7 +82,8 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 $(BUILT_SQL): $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) Makefile
-	cat $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) > $@
+	cat $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) > $@.tmp
+	mv $@.tmp $@
 
 .PHONY: test test-matrix installcheck demo version bench bench-check
 # PG=17 (18, 19): against that major, in its chroot

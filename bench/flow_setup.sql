@@ -129,18 +129,15 @@ CREATE SEQUENCE bench.next_ref START 1001;
 -- The same handler on payidem's own tables: bench.same_order, same_payment,
 -- same_idem and same_log are copies of "order", payment, idempotency and
 -- status_log with every column type, default, CHECK and index (LIKE ...
--- INCLUDING ALL), plus the foreign keys, statuses included; none of payidem's
--- triggers.  It writes what apply_payment_result() writes for a first
+-- INCLUDING ALL), plus the foreign keys; none of payidem's triggers.  It writes what apply_payment_result() writes for a first
 -- delivery, checking the state in code as seed 002 does.
 CREATE TABLE bench.same_order (LIKE payidem."order" INCLUDING ALL);
 ALTER TABLE bench.same_order
-	ADD FOREIGN KEY (merchant_no) REFERENCES payidem.merchant,
-	ADD FOREIGN KEY (status_entity, status) REFERENCES payidem.state DEFERRABLE INITIALLY DEFERRED;
+	ADD FOREIGN KEY (merchant_no) REFERENCES payidem.merchant;
 CREATE TABLE bench.same_payment (LIKE payidem.payment INCLUDING ALL);
 ALTER TABLE bench.same_payment
 	ADD FOREIGN KEY (order_no, merchant_no) REFERENCES bench.same_order (order_no, merchant_no),
-	ADD FOREIGN KEY (channel_no) REFERENCES payidem.channel,
-	ADD FOREIGN KEY (status_entity, status) REFERENCES payidem.state DEFERRABLE INITIALLY DEFERRED;
+	ADD FOREIGN KEY (channel_no) REFERENCES payidem.channel;
 CREATE TABLE bench.same_idem (LIKE payidem.idempotency INCLUDING ALL);
 CREATE TABLE bench.same_log (LIKE payidem.status_log INCLUDING ALL);
 CREATE TABLE bench.ref_same_pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);

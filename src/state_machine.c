@@ -73,6 +73,7 @@
 #include "nodes/makefuncs.h"
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
+#include "storage/lmgr.h"
 #include "tcop/pquery.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -1033,6 +1034,79 @@ payidem_whitelist_changed(PG_FUNCTION_ARGS)
 
 	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
 	return PointerGetDatum(NULL);
+}
+
+/*
+ * Whether payidem.<table> has a row with this status, looked at with the
+ * latest snapshot (not the transaction's: under REPEATABLE READ a row
+ * committed while the caller waited for its lock would be invisible) and as
+ * the table's owner, row-level security not forced (it must see every row).
+ */
+static bool
+status_rows_exist(Oid relid, Datum status)
+{
+	StringInfoData query;
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		values[1];
+	SPIPlanPtr	plan;
+	Oid			save_userid;
+	int			save_sec_context;
+	bool		found;
+
+	initStringInfo(&query);
+	appendStringInfo(&query,
+					 "SELECT 1 FROM %s t WHERE t.status OPERATOR(pg_catalog.=) $1 LIMIT 1",
+					 quote_qualified_identifier("payidem", get_rel_name(relid)));
+	values[0] = status;
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(payidem_relation_owner(relid),
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	plan = SPI_prepare(query.data, 1, argtypes);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	if (SPI_execute_snapshot(plan, values, NULL, GetLatestSnapshot(),
+							 InvalidSnapshot, true, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading payidem.%s failed", get_rel_name(relid));
+	found = SPI_processed > 0;
+	SPI_finish();
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	pfree(query.data);
+	return found;
+}
+
+/*
+ * payidem._status_in_use(entity text, status text) RETURNS boolean
+ *		For the whitelist's guard (a status rows have is not deleted or
+ *		renamed, there being no foreign key to payidem.state): whether rows
+ *		of the entity's table ("order", payment, refund) have the status.
+ *		First a look without a lock, which answers a status in use at once;
+ *		if it saw none, the table is locked in SHARE mode to the end of the
+ *		transaction — waiting for the writers that might be giving a row the
+ *		status, keeping new ones out until the change commits, after which
+ *		they see the whitelist without it — and looked at again.  An entity
+ *		of a DBA's own has no table here: false.
+ */
+PG_FUNCTION_INFO_V1(payidem_status_in_use);
+Datum
+payidem_status_in_use(PG_FUNCTION_ARGS)
+{
+	char	   *entity;
+	Oid			relid;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		PG_RETURN_BOOL(false);
+	entity = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (strcmp(entity, "order") == 0 || strcmp(entity, "payment") == 0 ||
+		strcmp(entity, "refund") == 0)
+		relid = payidem_relid(entity);
+	else
+		PG_RETURN_BOOL(false);
+	if (status_rows_exist(relid, PG_GETARG_DATUM(1)))
+		PG_RETURN_BOOL(true);
+	LockRelationOid(relid, ShareLock);
+	PG_RETURN_BOOL(status_rows_exist(relid, PG_GETARG_DATUM(1)));
 }
 
 /*

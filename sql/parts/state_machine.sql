@@ -35,31 +35,17 @@ ALTER TABLE payidem.transition ENABLE ALWAYS TRIGGER whitelist_changed;
 --     need no foreign key to payidem.state: see _status_in_use).
 -- ENABLE ALWAYS like whitelist_changed: a restore loads only your own rows.
 
--- Whether rows of the entity have the status.  The entity's table is locked
--- in SHARE mode until the end of the transaction first: writers that might
--- be giving a row that status finish before the look, and the ones after it
--- wait, then see the whitelist without it (taking their lock makes them read
--- the invalidation) and are refused.  A DBA's rare operation; it reads the
--- table whole.  The guard runs as the owner (SECURITY DEFINER), so that
--- row-level security hides no row from this look, and whoever may change the
+-- Whether rows of the entity have the status (src/state_machine.c): looked
+-- at with the latest snapshot, first without a lock, then under a SHARE
+-- lock on the entity's table held to the end of the transaction, which waits
+-- for writers that might be giving a row the status and keeps new ones out
+-- until the change commits (they then see the whitelist without it).  The
+-- guard runs as the owner (SECURITY DEFINER), so whoever may change the
 -- whitelist needs no EXECUTE on it.
 CREATE FUNCTION payidem._status_in_use(entity text, status text)
 RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_table constant text := CASE entity WHEN 'order' THEN '"order"' WHEN 'payment' THEN 'payment'
-									  WHEN 'refund' THEN 'refund' END;
-	v_in_use boolean;
-BEGIN
-	IF v_table IS NULL THEN
-		RETURN false;		-- a DBA's own entity: payidem keeps no rows of it
-	END IF;
-	EXECUTE format('LOCK TABLE payidem.%s IN SHARE MODE', v_table);
-	EXECUTE format('SELECT EXISTS (SELECT 1 FROM payidem.%s t WHERE t.status = $1)', v_table)
-	   INTO v_in_use USING status;
-	RETURN v_in_use;
-END
-$$;
+AS 'MODULE_PATHNAME', 'payidem_status_in_use'
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION payidem._whitelist_guard()
 RETURNS trigger
