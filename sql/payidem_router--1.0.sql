@@ -1,9 +1,9 @@
 \echo Use "CREATE EXTENSION payidem_router" to load this file. \quit
 
 /*
- * payidem_router 1.0 — the payidem API on a router database (DESIGN §9).
+ * payidem_router 1.0 -- the payidem API on a router database (DESIGN section 9).
  *
- * Every function of DESIGN §7-§8 exists here with the same name, arguments,
+ * Every function of DESIGN sections 7-8 exists here with the same name, arguments,
  * defaults and result, as a PL/Proxy function (or a small SQL/plpgsql function
  * over PL/Proxy functions) on the PL/Proxy cluster "payidem":
  *
@@ -116,8 +116,8 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			HINT = 'The kinds are order, payment and refund.';
 	END IF;
-	-- A number this cluster cannot place — malformed, of another kind, with
-	-- wrong check digits, of a shard it does not have — goes to partition 0,
+	-- A number this cluster cannot place -- malformed, of another kind, with
+	-- wrong check digits, of a shard it does not have -- goes to partition 0,
 	-- which refuses it in the words of one database (one implementation of
 	-- the number's rules: the shard's).
 	IF number IS NULL OR number !~ '^[A-Z0-9]{2}[0-9]{24}$' OR left(number, 2) <> v_prefix THEN
@@ -1308,7 +1308,7 @@ LANGUAGE plproxy AS $$
 $$;
 
 ------------------------------------------------------------------------------
--- What a person should look at (DESIGN §10): the shards' views, gathered
+-- What a person should look at (DESIGN section 10): the shards' views, gathered
 ------------------------------------------------------------------------------
 
 -- Each view of one database, on the router: its rows from every partition
@@ -1507,7 +1507,7 @@ COMMENT ON FUNCTION payidem.grant_app(regrole) IS
 	'Router: let an application role call the payidem API through the router (USAGE on schema and server, EXECUTE on payidem.app_functions()); it still needs a user mapping for server payidem.';
 
 ------------------------------------------------------------------------------
--- Errors as one database raises them (DESIGN §9)
+-- Errors as one database raises them (DESIGN section 9)
 ------------------------------------------------------------------------------
 
 -- PL/Proxy re-raises a shard's error with its SQLSTATE but rewords it:

@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------
--- What a person should look at (DESIGN §10)
+-- What a person should look at (DESIGN section 10)
 ------------------------------------------------------------------------------
 
 CREATE FUNCTION payidem.resolve_anomaly(anomaly_id bigint, handle_status text, note text DEFAULT NULL)

@@ -10,7 +10,7 @@
 -- changes.  Each is text (or char(3)) underneath: clients see the base type.
 -- The number domains use built-in operators only (a role writing the tables
 -- needs no EXECUTE on payidem's functions): the MOD 97-10 sum, and check
--- digits 02..98 as gen_order_no() writes them — without it 00, 01 and 99
+-- digits 02..98 as gen_order_no() writes them -- without it 00, 01 and 99
 -- would give a second spelling of some numbers.  They do not check the time
 -- part as order_no_valid() does.
 CREATE DOMAIN payidem.order_number AS text
@@ -206,8 +206,8 @@ COMMENT ON COLUMN payidem.refund.channel_refund_id IS
 -- Single-column rules as domains (checked where the column is written; a
 -- CHECK constraint would be read from the catalog at every INSERT, which
 -- runs on the hot path of a first success).  What ties the columns
--- together — a refund event names its refund, only a pending event has a
--- next attempt — is kept by the only writers, the status_notify trigger,
+-- together -- a refund event names its refund, only a pending event has a
+-- next attempt -- is kept by the only writers, the status_notify trigger,
 -- notify_due() and notify_result().
 CREATE DOMAIN payidem.notify_event_type AS text
 	CONSTRAINT notify_event_type_known CHECK (VALUE IN ('order.paid', 'refund.succeeded', 'order.closed'));

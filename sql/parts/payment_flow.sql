@@ -828,7 +828,7 @@ BEGIN
 	END IF;
 
 	-- a repeat is answered from the refund's row, which we hold locked: it
-	-- is the record of the decision (no idempotency key: DESIGN §4)
+	-- is the record of the decision (no idempotency key: DESIGN section 4)
 	IF r.status = v_status THEN
 		RETURN 'duplicate';
 	END IF;

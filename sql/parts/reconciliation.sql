@@ -374,9 +374,9 @@ BEGIN
 	),
 	-- a bill line without a payment of the day: ours from another day (a
 	-- midnight straddle), ours but not paid, or unknown.  It is ours and paid
-	-- (x_paid) when the payment has this transaction id — or has none, was
+	-- (x_paid) when the payment has this transaction id -- or has none, was
 	-- paid this bill day, and is the one whose number this line alone of the
-	-- day's unmatched lines echoes — and no earlier day's bill lists the
+	-- day's unmatched lines echoes -- and no earlier day's bill lists the
 	-- transaction with the same status (that would be billing it twice; a
 	-- later day's line is the repeat, so re-running this day changes nothing).
 	bo AS (

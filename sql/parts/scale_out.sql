@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------
--- Scale-out: shard-side helpers for the payidem_router extension (DESIGN §9)
+-- Scale-out: shard-side helpers for the payidem_router extension (DESIGN section 9)
 ------------------------------------------------------------------------------
 --
 -- A shard is an ordinary payidem database whose payidem.shard_id is its

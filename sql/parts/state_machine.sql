@@ -167,11 +167,11 @@ CREATE TRIGGER status_log_append_only
 	FOR EACH STATEMENT EXECUTE FUNCTION payidem.status_log_append_only();
 ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
 
--- A status and its bookkeeping never disagree (DESIGN §5), whoever writes:
+-- A status and its bookkeeping never disagree (DESIGN section 5), whoever writes:
 -- the flow functions, transit_*(), a DBA's own UPDATE (src/ledger.c, where
 -- the rules are written).  What one row says about itself is checked at the
--- end of each statement (status_ledger); what rows say about each other — an
--- order's paying payment, a payment's refunds — at commit
+-- end of each statement (status_ledger); what rows say about each other -- an
+-- order's paying payment, a payment's refunds -- at commit
 -- (status_ledger_at_commit), when every row of a flow step is written.
 -- Refused with PI002: the message names the invariant, DETAIL the values,
 -- HINT the flow function that does the bookkeeping.  Ordinary triggers, like
@@ -207,7 +207,7 @@ CREATE CONSTRAINT TRIGGER status_ledger_at_commit
 	AFTER UPDATE ON payidem.refund DEFERRABLE INITIALLY DEFERRED
 	FOR EACH ROW EXECUTE FUNCTION payidem.ledger_at_commit();
 
--- Money records are kept (DESIGN §5): no DELETE or TRUNCATE of orders,
+-- Money records are kept (DESIGN section 5): no DELETE or TRUNCATE of orders,
 -- payments, refunds or anomalies, for any role.  Ordinary triggers: the
 -- superuser's session_replication_role = replica is the one way around.
 CREATE FUNCTION payidem._keep_money_records()
