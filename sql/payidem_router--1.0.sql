@@ -943,11 +943,16 @@ BEGIN
 END
 $$;
 
--- The partition counts before the growths that still matter.
+-- The partition counts before the growths that still matter (PL/pgSQL: a
+-- SQL function with SET is planned again at every call on 15-17, and this
+-- one is on every idempotency call's path).
 CREATE FUNCTION payidem._partitions_before()
 RETURNS integer[]
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN ARRAY(SELECT DISTINCT g.partitions_before FROM payidem.partition_growth g WHERE g.settled_at IS NULL);
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	RETURN ARRAY(SELECT DISTINCT g.partitions_before FROM payidem.partition_growth g WHERE g.settled_at IS NULL);
+END
+$$;
 
 -- add_shards() takes this lock first and holds it to its end, so that
 -- idempotency calls (which read the table) wait for it, and records the

@@ -523,8 +523,12 @@ COMMENT ON FUNCTION payidem.load_bill_part(text, date, text, integer, bigint[], 
 -- by time: no clock decides it.
 CREATE FUNCTION payidem._idem_key_held(idem_key text)
 RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-RETURN EXISTS (SELECT 1 FROM payidem.idempotency i WHERE i.idem_key OPERATOR(pg_catalog.=) _idem_key_held.idem_key);
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	-- (PL/pgSQL: its plan is kept, as it is on a claim's path while a growth is unsettled)
+	RETURN EXISTS (SELECT 1 FROM payidem.idempotency i WHERE i.idem_key = _idem_key_held.idem_key);
+END
+$$;
 COMMENT ON FUNCTION payidem._idem_key_held(text) IS
 	'Scale-out: whether this shard holds the idempotency key (for the router, after it added partitions).';
 
