@@ -30,7 +30,7 @@ CLIENTS=${CLIENTS:-"1 8 32"}
 if [ "${QUICK:-}" = 1 ]; then RUNS=1; SECONDS_PER_RUN=1; FSYNC_SECONDS=1; fi
 
 set_pg_paths
-[ "${SKIP_BUILD:-}" = 1 ] || build_and_install
+bench_build
 RUN=$(make_run_dir bench-ceiling)
 # other work on the machine (a concurrent benchmark, a build) moves both
 # figures: the load before the run goes into the report

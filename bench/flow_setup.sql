@@ -127,10 +127,12 @@ SELECT count(*) AS ref_paid_for_duplicates
 CREATE SEQUENCE bench.next_ref START 1001;
 
 -- The same handler on payidem's own tables: bench.same_order, same_payment,
--- same_idem and same_log are copies of "order", payment, idempotency and
--- status_log with every column type, default, CHECK and index (LIKE ...
--- INCLUDING ALL), plus the foreign keys; none of payidem's triggers.  It writes what apply_payment_result() writes for a first
--- delivery, checking the state in code as seed 002 does.
+-- same_idem, same_log and same_event are copies of "order", payment,
+-- idempotency, status_log and notify_event with every column type, default,
+-- CHECK and index (LIKE ... INCLUDING ALL), plus the foreign keys; none of
+-- payidem's triggers.  It writes what apply_payment_result() writes for a
+-- first delivery (and an idempotency row, as seed 002 does), checking the
+-- state in code as seed 002 does.
 CREATE TABLE bench.same_order (LIKE payidem."order" INCLUDING ALL);
 ALTER TABLE bench.same_order
 	ADD FOREIGN KEY (merchant_no) REFERENCES payidem.merchant;
@@ -140,6 +142,10 @@ ALTER TABLE bench.same_payment
 	ADD FOREIGN KEY (channel_no) REFERENCES payidem.channel;
 CREATE TABLE bench.same_idem (LIKE payidem.idempotency INCLUDING ALL);
 CREATE TABLE bench.same_log (LIKE payidem.status_log INCLUDING ALL);
+CREATE TABLE bench.same_event (LIKE payidem.notify_event INCLUDING ALL);
+ALTER TABLE bench.same_event
+	ADD FOREIGN KEY (order_no, merchant_no) REFERENCES bench.same_order (order_no, merchant_no);
+CREATE SEQUENCE bench.same_event_seq;
 CREATE TABLE bench.ref_same_pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);
 CREATE FUNCTION bench.refill_ref_same(n int) RETURNS void LANGUAGE sql
 BEGIN ATOMIC
@@ -154,6 +160,7 @@ DECLARE
 	o bench.same_order;
 	v_rate numeric;
 	v_cost_rate numeric;
+	v_id bigint;
 BEGIN
 	PERFORM pg_advisory_xact_lock(hashtext(p_payment_no));
 	SELECT * INTO p FROM bench.same_payment WHERE payment_no = p_payment_no FOR UPDATE;
@@ -188,11 +195,21 @@ BEGIN
 	VALUES ('payment', p_payment_no, p.status, p_status);
 	IF o.status = 'pending' THEN
 		UPDATE bench.same_order
-		   SET status = 'paid', paid_payment_no = p_payment_no, paid_at = now(), notify_status = 'pending',
-			   next_notify_at = now(), notify_attempts = 0, updated_at = now()
+		   SET status = 'paid', paid_payment_no = p_payment_no, paid_at = now(), updated_at = now()
 		 WHERE order_no = o.order_no;
 		INSERT INTO bench.same_log (entity, entity_no, from_status, to_status)
 		VALUES ('order', o.order_no, o.status, 'paid');
+		-- the merchant's notification, as payidem's order.paid event
+		v_id := nextval('bench.same_event_seq') * 100;
+		INSERT INTO bench.same_event (event_id, event, order_no, merchant_no, payload, status, attempts,
+									  next_attempt_at, created_at)
+		VALUES (v_id, 'order.paid', o.order_no, o.merchant_no,
+				json_build_object('event_id', v_id, 'event', 'order.paid', 'created_at', now(),
+								  'merchant_no', o.merchant_no, 'order_no', o.order_no,
+								  'out_trade_no', o.out_trade_no, 'amount', o.amount, 'currency', o.currency,
+								  'status', 'paid', 'payment_no', p_payment_no, 'transaction_id', p_txn,
+								  'paid_at', now())::text,
+				'pending', 0, now(), now());
 	END IF;
 	RETURN 'applied';
 END

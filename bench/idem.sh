@@ -51,7 +51,7 @@ CASES=(new dup)
 declare -A NAME=([claim]="idem_claim" [raw]="raw ON CONFLICT" [plpgsql]="PL/pgSQL")
 
 set_pg_paths
-[ "${SKIP_BUILD:-}" = 1 ] || build_and_install
+bench_build
 RUN=$(make_run_dir bench-idem)
 trap cluster_stop EXIT
 PAYIDEM_PORT=${PAYIDEM_PORT:-55700} cluster_start "$RUN" "fsync = on" "full_page_writes = on"

@@ -13,23 +13,43 @@
 #                                     bench/instructions.baseline
 #   bench/instructions.sh --update    measure and rewrite the baseline
 #
-# Also writes bench/out/instructions.md (the table with the baseline next to
+# Then one delivery of a payment result, each in a transaction of its own (a
+# line of its own for the single-user backend, so the commit and everything
+# deferred to it are counted), through payidem.apply_payment_result(), through
+# seed 002's handler (bench/flow_setup.sql: bench.ref_apply) and through that
+# handler on copies of payidem's tables (bench.ref_same_apply): a first success
+# and a duplicate of each, and a one-row insert commit, all in the same run, so
+# their ratios are exact.  Each is counted by callgrind (FLOW_N transactions,
+# minus FLOW_N of the same reads without the call) and timed as backend CPU
+# (user + system time of the single-user backend, CPU_RUNS runs without
+# valgrind, the median); every delivery's outcome is checked.
+#
+# Also writes bench/out/instructions.md (the tables, with the baseline next to
 # each count) and bench/out/instructions.targets.  N (2000) calls per
-# statement, on fixtures of N rows; compare counts only at the same N.
+# statement, on fixtures of N rows; compare counts only at the same N.  The
+# baseline is per major (bench/instructions.pgNN.baseline); on a major without
+# one, --check only reports.  make bench-check PG=17 runs this in that major's
+# chroot (scripts/chroot bench 17), its results in bench/out/pg17/.
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 MODE=${1:-}
+# another major than this system's own: the same run in that major's chroot
+if [ -n "${PG:-}" ] && [ -z "${PAYIDEM_IN_CHROOT:-}" ] && [ "$PG" != "$(native_major)" ]; then
+	exec bash scripts/chroot bench "$PG" "$MODE"
+fi
 N=${N:-2000}
+FLOW_N=${FLOW_N:-1000}
+CPU_RUNS=${CPU_RUNS:-3}
 TOLERANCE=${TOLERANCE:-1.20}
-BASELINE=bench/instructions.baseline
+BASELINE=bench/instructions.pg$PG_MAJOR.baseline
 
 command -v valgrind >/dev/null || {
 	is_root || die "valgrind is missing: sudo apt-get install -y valgrind"
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 }
 set_pg_paths
-[ "${SKIP_BUILD:-}" = 1 ] || build_and_install
+bench_build
 
 RUN=$(make_run_dir bench-instructions)
 trap cluster_stop EXIT
@@ -62,6 +82,13 @@ SELECT payidem.gen_order_no('PY'), order_no, merchant_no, 'BENCH_PAY', amount FR
 INSERT INTO payidem.idempotency (idem_key, biz_type, order_no, amount, status, result)
 SELECT 'dup:' || i, 'pay', 'PO1', 100, 'completed', '{"ok": true}' FROM generate_series(1, :rows) AS i;
 SQL
+# the deliveries: bench/flow.sh's set-up, with pending payments for the
+# callgrind run and each CPU run
+DBF=bench_flow
+POOL=$((FLOW_N * (1 + CPU_RUNS)))
+psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE $DBF"
+psql -X -q -At -v ON_ERROR_STOP=1 -v pool="$POOL" -v ref_pool="$POOL" -v ref_same_pool="$POOL" \
+	-d "$DBF" -f bench/flow_setup.sql >/dev/null
 cluster_stop
 
 # name -> one statement making N calls (:n = N); BASE -> the same statement
@@ -82,16 +109,23 @@ declare -A BASE=(
 )
 ORDER=(gen_order_no idem_claim_new idem_claim_dup transit_order apply_payment_result)
 
-# postgres --single runs one statement per line
+# The single-user backend on database $2, reading the statements of file $1,
+# one per line, each its own transaction; under the command words before them.
+single() {
+	local script=$1 db=$2; shift 2
+	"$@" "$PGBIN/postgres" --single -D "$RUN/data" -c shared_preload_libraries=payidem \
+		-c fsync=off -c log_min_messages=warning "$db" <"$script"
+}
+
+# instructions NAME call|base: the instructions of one callgrind run of its statement
 instructions() {
 	local name=$1 which=$2 out="$RUN/callgrind.$1.$2" stmt
 	if [ "$which" = call ]; then stmt=${CALL[$name]}; else stmt=${BASE[$name]}; fi
 	printf '%s\n' "${stmt//:n/$N}" >"$RUN/script.$name.$which.sql"
 	is_root && chown postgres: "$RUN/script.$name.$which.sql"
-	as_pg valgrind --tool=callgrind --callgrind-out-file="$out" --trace-children=no \
-		"$PGBIN/postgres" --single -D "$RUN/data" -c shared_preload_libraries=payidem \
-		-c fsync=off -c log_min_messages=warning "$DB" \
-		<"$RUN/script.$name.$which.sql" >"$RUN/single.$name.$which.log" 2>"$RUN/valgrind.$name.$which.log" ||
+	single "$RUN/script.$name.$which.sql" "$DB" as_pg valgrind --tool=callgrind \
+		--callgrind-out-file="$out" --trace-children=no \
+		>"$RUN/single.$name.$which.log" 2>"$RUN/valgrind.$name.$which.log" ||
 		{ tail -20 "$RUN/valgrind.$name.$which.log" >&2; die "callgrind run failed for $name"; }
 	if grep -q ERROR "$RUN/single.$name.$which.log"; then
 		grep ERROR "$RUN/single.$name.$which.log" | head -3 >&2
@@ -111,7 +145,106 @@ for name in "${ORDER[@]}"; do
 	printf '%-16s %10d\n' "$name" "$per" | tee -a "$OUT"
 done
 
-# the report's section and target line, against the committed baseline
+# One delivery per transaction: payidem, seed 002's handler, that handler on
+# payidem's tables, and a one-row insert commit.  NAME -> the statement of
+# delivery @K (a pool number), the outcome each must print, and the pool range:
+# a first success takes a fresh pending payment of its pool for every
+# delivery (run r of 0..CPU_RUNS uses 1001 + r * FLOW_N ...), a duplicate one
+# of the 1,000 that flow_setup.sql paid.
+declare -A DCALL=(
+	[payidem_first]="SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || k, amount) FROM bench.pool WHERE k = @K;"
+	[seed002_first]="SELECT bench.ref_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_pool WHERE k = @K;"
+	[same_tables_first]="SELECT bench.ref_same_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_same_pool WHERE k = @K;"
+	[insert_commit]="INSERT INTO bench.ceiling (v) VALUES (@K);"
+)
+DCALL[payidem_dup]=${DCALL[payidem_first]}
+DCALL[seed002_dup]=${DCALL[seed002_first]}
+DCALL[same_tables_dup]=${DCALL[same_tables_first]}
+declare -A DBASE=(
+	[payidem_first]="SELECT payment_no, 'TX' || k, amount FROM bench.pool WHERE k = @K;"
+	[seed002_first]="SELECT payment_no, 'TX' || k, amount FROM bench.ref_pool WHERE k = @K;"
+	[same_tables_first]="SELECT payment_no, 'TX' || k, amount FROM bench.ref_same_pool WHERE k = @K;"
+	[insert_commit]="SELECT @K;"
+)
+DBASE[payidem_dup]=${DBASE[payidem_first]}
+DBASE[seed002_dup]=${DBASE[seed002_first]}
+DBASE[same_tables_dup]=${DBASE[same_tables_first]}
+declare -A DOUTCOME=(
+	[payidem_first]=applied [seed002_first]=applied [same_tables_first]=applied
+	[payidem_dup]=duplicate [seed002_dup]=duplicate [same_tables_dup]=duplicate
+)
+DORDER=(payidem_first seed002_first same_tables_first payidem_dup seed002_dup same_tables_dup insert_commit)
+
+# delivery_script NAME call|base RUN -> the file of FLOW_N statements
+delivery_script() {
+	local name=$1 which=$2 r=$3 f="$RUN/delivery.$1.$2.$3.sql" stmt
+	if [ "$which" = call ]; then stmt=${DCALL[$name]}; else stmt=${DBASE[$name]}; fi
+	awk -v n="$FLOW_N" -v r="$r" -v dup="$([[ $name == *_dup ]] && echo 1 || echo 0)" -v s="$stmt" 'BEGIN {
+		for (i = 0; i < n; i++) {
+			k = dup ? 1 + i % 1000 : 1001 + r * n + i
+			line = s; gsub(/@K/, k, line); print line
+		}
+	}' >"$f"
+	is_root && chown postgres: "$f"
+	echo "$f"
+}
+
+# delivery_check NAME LOG: no error, and every delivery gave its outcome
+delivery_check() {
+	local name=$1 log=$2 want=${DOUTCOME[$1]:-} got
+	if grep -q ERROR "$log"; then
+		grep ERROR "$log" | head -3 >&2
+		die "$name failed"
+	fi
+	[ -n "$want" ] || return 0
+	got=$(grep -c "= \"$want\"" "$log" || true)
+	[ "$got" -eq "$FLOW_N" ] || die "$name: $got of $FLOW_N deliveries were '$want'"
+}
+
+# delivery_instructions NAME call|base
+delivery_instructions() {
+	local name=$1 which=$2 out="$RUN/callgrind.d.$1.$2" script
+	script=$(delivery_script "$name" "$which" 0)
+	single "$script" "$DBF" as_pg valgrind --tool=callgrind --callgrind-out-file="$out" --trace-children=no \
+		>"$RUN/single.d.$name.$which.log" 2>"$RUN/valgrind.d.$name.$which.log" ||
+		{ tail -20 "$RUN/valgrind.d.$name.$which.log" >&2; die "callgrind run failed for $name"; }
+	[ "$which" = call ] && delivery_check "$name" "$RUN/single.d.$name.$which.log"
+	awk '/^summary:/ {print $2}' "$out"
+}
+
+# delivery_cpu NAME call|base RUN -> user + system seconds of the backend
+delivery_cpu() {
+	local name=$1 which=$2 r=$3 script log="$RUN/single.cpu.$1.$2.$3.log" TIMEFORMAT='%3U %3S'
+	script=$(delivery_script "$name" "$which" "$r")
+	{ time single "$script" "$DBF" as_pg >"$log" 2>&1; } 2>"$RUN/time.$name.$which.$r" ||
+		{ tail -5 "$log" >&2; die "$name failed"; }
+	[ "$which" = call ] && delivery_check "$name" "$log"
+	awk '{print $1 + $2}' "$RUN/time.$name.$which.$r"
+}
+
+DOUT=bench/out/instructions.delivery
+: >"$DOUT"
+say "one delivery per transaction (callgrind and backend CPU, FLOW_N = $FLOW_N, $CPU_RUNS CPU runs)"
+for name in "${DORDER[@]}"; do
+	base=$(delivery_instructions "$name" base)
+	full=$(delivery_instructions "$name" call)
+	per=$(( (full - base) / FLOW_N ))
+	cpus=()
+	for r in $(seq 1 "$CPU_RUNS"); do
+		b=$(delivery_cpu "$name" base "$r")
+		c=$(delivery_cpu "$name" call "$r")
+		cpus+=("$(awk -v c="$c" -v b="$b" -v n="$FLOW_N" 'BEGIN {printf "%.1f", (c - b) * 1e6 / n}')")
+	done
+	us=$(printf '%s\n' "${cpus[@]}" | median)
+	printf '%-18s %10d %8s\n' "$name" "$per" "$us" | tee -a "$DOUT"
+	# the instruction counts go to the baseline too
+	printf '%-16s %10d\n' "$name" "$per" >>"$OUT"
+done
+
+# dget NAME FIELD: a delivery's instructions (2) or backend CPU in µs (3)
+dget() { awk -v n="$1" -v f="$2" '$1 == n {print $f}' "$DOUT"; }
+
+# the report's section and target lines, against the committed baseline
 {
 	echo "Callgrind, one statement of N = $N calls in a single-user backend, minus the same"
 	echo "statement without the call; $(date -u +%Y-%m-%d), PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}')."
@@ -119,17 +252,61 @@ done
 	echo "| call | instructions per call | baseline | ratio |"
 	echo "|---|---:|---:|---:|"
 	while read -r name per; do
-		base=$(awk -v n="$name" '$1 == n {print $2}' "$BASELINE" 2>/dev/null)
+		base=$(awk -v n="$name" '$1 == n {print $2}' "$BASELINE" 2>/dev/null || true)
 		printf '| `%s` | %s | %s | %s |\n' "$name" "$per" "${base:-—}" \
 			"$(awk -v a="$per" -v b="${base:-0}" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "—"}')"
 	done <"$OUT"
+	echo
+	echo "One delivery of a success result per transaction ($FLOW_N transactions, the same reads"
+	echo "without the call subtracted; backend CPU: user + system time of the single-user backend,"
+	echo "median of $CPU_RUNS runs), in the same run: payidem's \`apply_payment_result()\`, seed 002's"
+	echo "handler on its own light tables (\`bench.ref_apply\`), and that handler on copies of payidem's"
+	echo "tables (\`bench.ref_same_apply\`):"
+	echo
+	echo "| delivery | payidem | seed-002 handler | payidem / handler | handler on payidem's tables | payidem / that |"
+	echo "|---|---:|---:|---:|---:|---:|"
+	for kind in first dup; do
+		label="first success"; [ "$kind" = dup ] && label="duplicate"
+		printf '| %s, instructions | %s | %s | %s | %s | %s |\n' "$label" \
+			"$(dget payidem_$kind 2)" "$(dget seed002_$kind 2)" "$(ratio "$(dget payidem_$kind 2)" "$(dget seed002_$kind 2)")" \
+			"$(dget same_tables_$kind 2)" "$(ratio "$(dget payidem_$kind 2)" "$(dget same_tables_$kind 2)")"
+		printf '| %s, backend CPU µs | %s | %s | %s | %s | %s |\n' "$label" \
+			"$(dget payidem_$kind 3)" "$(dget seed002_$kind 3)" "$(ratio "$(dget payidem_$kind 3)" "$(dget seed002_$kind 3)")" \
+			"$(dget same_tables_$kind 3)" "$(ratio "$(dget payidem_$kind 3)" "$(dget same_tables_$kind 3)")"
+	done
+	echo
+	echo "A one-row insert commit, in the same run: $(dget insert_commit 2) instructions, $(dget insert_commit 3) µs of"
+	echo "backend CPU. A first success through payidem is $(ratio "$(dget payidem_first 2)" "$(dget insert_commit 2)")× its instructions and"
+	echo "$(ratio "$(dget payidem_first 3)" "$(dget insert_commit 3)")× its CPU; the seed-002 handler's, $(ratio "$(dget seed002_first 2)" "$(dget insert_commit 2)")× and $(ratio "$(dget seed002_first 3)" "$(dget insert_commit 3)")×."
 } >bench/out/instructions.md
-worst=$(while read -r name per; do
-	awk -v n="$name" -v a="$per" '$1 == n {printf "%.2f %s\n", a / $2, n}' "$BASELINE" 2>/dev/null
+worst=""
+[ -f "$BASELINE" ] && worst=$(while read -r name per; do
+	awk -v n="$name" -v a="$per" '$1 == n {printf "%.2f %s\n", a / $2, n}' "$BASELINE"
 done <"$OUT" | sort -gr | head -1)
-printf 'every call within %s× of bench/instructions.baseline (make bench-check)\t%s\t%s\n' "$TOLERANCE" \
+printf 'every call within %s× of the baseline (make bench-check)\t%s\t%s\n' "$TOLERANCE" \
 	"${worst:+highest: ${worst#* } at ${worst%% *}×}" "$(awk -v w="${worst%% *}" -v t="$TOLERANCE" 'BEGIN {print (w != "" && w <= t) ? "yes" : "no"}')" \
 	>bench/out/instructions.targets
+# the delivery targets (#23): a first success at most 0.8x seed 002's handler
+# in instructions and in CPU, and under 1.0x at the least; a duplicate at most
+# 0.3x of that handler's first success
+target() {	# what, measured ratio, limit
+	printf '%s\t%s×\t%s\n' "$1" "$2" "$(awk -v m="$2" -v l="$3" 'BEGIN {print (m != "n/a" && m <= l) ? "yes" : "no"}')"
+}
+{
+	target "first success ≤ 0.8× the seed-002 handler's instructions" \
+		"$(ratio "$(dget payidem_first 2)" "$(dget seed002_first 2)")" 0.8
+	target "first success ≤ 0.8× the seed-002 handler's backend CPU" \
+		"$(ratio "$(dget payidem_first 3)" "$(dget seed002_first 3)")" 0.8
+	target "first success below 1.0× the seed-002 handler's instructions (the least)" \
+		"$(ratio "$(dget payidem_first 2)" "$(dget seed002_first 2)")" 0.999
+	target "duplicate ≤ 0.3× the seed-002 handler's first success (instructions)" \
+		"$(ratio "$(dget payidem_dup 2)" "$(dget seed002_first 2)")" 0.3
+	printf 'CPU of a first success, as a multiple of a one-row insert commit\t%s× (instructions %s×)\tn/a\n' \
+		"$(ratio "$(dget payidem_first 3)" "$(dget insert_commit 3)")" "$(ratio "$(dget payidem_first 2)" "$(dget insert_commit 2)")"
+} >>bench/out/instructions.targets
+
+say "targets (bench/out/instructions.targets)"
+awk -F'\t' '{printf "  %-78s %-28s %s\n", $1, $2, $3}' bench/out/instructions.targets
 
 case "$MODE" in
 --update)
@@ -140,7 +317,7 @@ case "$MODE" in
 	say "baseline written to $BASELINE"
 	;;
 --check)
-	[ -f "$BASELINE" ] || die "no baseline: run bench/instructions.sh --update"
+	[ -f "$BASELINE" ] || { say "no baseline for PostgreSQL $PG_MAJOR ($BASELINE): nothing to compare"; exit 0; }
 	failed=0
 	while read -r name per; do
 		base=$(awk -v n="$name" '$1 == n {print $2}' "$BASELINE")

@@ -11,3 +11,11 @@ median() {
 
 # a / b to two decimals; n/a when b is not positive.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+
+# Build and install payidem for PG_MAJOR, installing first what a build needs
+# on a fresh machine (the server, its headers); SKIP_BUILD=1 uses what is installed.
+bench_build() {
+	[ "${SKIP_BUILD:-}" = 1 ] && return 0
+	ensure_packages
+	build_and_install
+}

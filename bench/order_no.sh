@@ -86,7 +86,7 @@ cleanup() {
 }
 
 set_pg_paths
-[ "${SKIP_BUILD:-}" = 1 ] || build_and_install
+bench_build
 ensure_redis
 RUN=$(make_run_dir bench-order-no)
 trap cleanup EXIT

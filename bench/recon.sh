@@ -39,7 +39,7 @@ PERIOD=${PERIOD:-5000}
 WORK_MEM=${WORK_MEM:-64MB}
 
 set_pg_paths
-[ "${SKIP_BUILD:-}" = 1 ] || build_and_install
+bench_build
 RUN=$(make_run_dir bench-recon)
 trap cluster_stop EXIT
 PAYIDEM_PORT=${PAYIDEM_PORT:-55850} cluster_start "$RUN" "fsync = on" "shared_buffers = 256MB" "max_wal_size = 4GB"

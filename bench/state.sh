@@ -52,7 +52,7 @@ CLIENTS=${CLIENTS:-"8 32"}
 if [ "${QUICK:-}" = 1 ]; then RUNS=1; SECONDS_PER_RUN=1; ROWS=10000; LOOP_N=2000; PGB_ROWS=8000; fi
 
 set_pg_paths
-[ "${SKIP_BUILD:-}" = 1 ] || build_and_install
+bench_build
 RUN=$(make_run_dir bench-state)
 trap cluster_stop EXIT
 # every run starts from freshly vacuumed tables and lasts seconds: autovacuum
