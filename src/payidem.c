@@ -16,12 +16,14 @@
 
 #include "access/htup_details.h"
 #include "catalog/pg_class.h"
+#include "catalog/namespace.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/syscache.h"
 
 #include "payidem.h"
@@ -96,6 +98,23 @@ payidem_relation_owner(Oid relid)
 	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
 	ReleaseSysCache(tup);
 	return owner;
+}
+
+/* OID of payidem.<relname>; a clear error if the extension is missing */
+Oid
+payidem_relid(const char *relname)
+{
+	Oid			nsp = get_namespace_oid("payidem", true);
+	Oid			relid = InvalidOid;
+
+	if (OidIsValid(nsp))
+		relid = get_relname_relid(relname, nsp);
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("relation payidem.%s does not exist", relname),
+				 errhint("Run CREATE EXTENSION payidem in this database.")));
+	return relid;
 }
 
 /*

@@ -112,6 +112,7 @@ extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);
 extern bool payidem_text_equal(Datum a, Datum b);
 extern Oid	payidem_relation_owner(Oid relid);
+extern Oid	payidem_relid(const char *relname);
 /* the one relcache callback and one callback per syscache, dispatching to the parts' */
 typedef void (*PayidemRelcacheCallback) (Datum arg, Oid relid);
 typedef void (*PayidemSyscacheCallback) (Datum arg, int cacheid, uint32 hashvalue);

@@ -213,24 +213,6 @@ whitelist_relcache_callback(Datum arg, Oid relid)
 	}
 }
 
-/* OID of payidem.<relname>; a clear error if the extension is missing */
-static Oid
-payidem_relid(const char *relname)
-{
-	Oid			nsp = get_namespace_oid("payidem", true);
-	Oid			relid = InvalidOid;
-
-	if (OidIsValid(nsp))
-		relid = get_relname_relid(relname, nsp);
-	if (!OidIsValid(relid))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("relation payidem.%s does not exist", relname),
-				 errhint("Run CREATE EXTENSION payidem in this database.")));
-	return relid;
-}
-
-
 /* prepare and keep a generic plan (SPI must be connected) */
 static SPIPlanPtr
 prepare_saved(const char *sql, int nargs, Oid *argtypes)

@@ -174,12 +174,12 @@ $$;
 -- that names no row is PI009).
 -- A point in time as an application reads it, whatever its session's
 -- DateStyle and TimeZone: UTC, ISO 8601, microseconds.
--- (a SQL-standard body, parsed when it is created, needs no search_path of its
--- own, and without one it is inlined into its callers: no call per use)
+-- C (src/notify.c), where the events' payloads are written with the same
+-- code: the format is written once.
 CREATE FUNCTION payidem._utc(t timestamptz)
 RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN pg_catalog.to_char(pg_catalog.timezone('UTC', t), 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'payidem_utc';
 COMMENT ON FUNCTION payidem._utc(timestamptz) IS
 	'Internal: a timestamp as UTC ISO 8601 text (2026-11-30T07:33:36.463208Z), for payloads and the read API.';
 

@@ -873,69 +873,16 @@ COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
 -- path, a DBA's transit_order()).  The payload is built once, when the event
 -- is written, and never again: it says the state at the event.
 
--- The trigger, on "order" (paid, closed) and refund (succeeded), for an
--- order with a notify_url: the event row, with its payload.  The payload is
--- JSON text, keys in this fixed order, those that do not apply to the event
--- (or are NULL) left out; this is the only place a payload is made.  An
--- event is written on the hot path of a first success: one function, one
--- expression, one INSERT (see docs/benchmarks.md for its cost).  SECURITY DEFINER:
--- the event is written whoever changed the row.
+-- The event of an order that became paid or closed, or of a refund that
+-- succeeded: src/notify.c, the one place an event's row and payload are
+-- made (docs/notifications.md).  SECURITY DEFINER: the event is written
+-- whoever changed the row; every name it uses is schema-qualified, and its
+-- own search_path keeps whatever runs in its INSERT (and its saved plans)
+-- independent of the caller's.
 CREATE FUNCTION payidem._status_event()
 RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	o payidem."order";
-	p payidem.payment;
-	r payidem.refund;
-	v_event text;
-	v_id bigint;
-	v_payload text;
-BEGIN
-	IF TG_TABLE_NAME = 'refund' THEN
-		r := NEW;
-		-- at the end of the statement: the order with this refund counted
-		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = r.order_no;
-		IF o.notify_url IS NULL THEN
-			RETURN NULL;
-		END IF;
-		SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = r.payment_no;
-		v_event := 'refund.succeeded';
-	ELSE
-		o := NEW;
-		IF o.status = 'paid' THEN
-			SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = o.paid_payment_no;
-			v_event := 'order.paid';
-		ELSE
-			v_event := 'order.closed';
-		END IF;
-	END IF;
-	-- the shard's two digits last, as in every number payidem makes
-	v_id := nextval('payidem.notify_event_seq') * 100 + payidem.shard_id();
-	-- (a PL/pgSQL expression, compiled once per transaction; in the INSERT
-	-- it would be compiled at every execution)
-	v_payload := '{"event_id":' || v_id
-		|| ',"event":' || to_json(v_event)
-		|| ',"created_at":' || to_json(payidem._utc(now()))
-		|| ',"merchant_no":' || to_json(o.merchant_no)
-		|| ',"order_no":' || to_json(o.order_no::text)
-		|| ',"out_trade_no":' || to_json(o.out_trade_no::text)
-		|| ',"amount":' || o.amount::bigint
-		|| ',"currency":' || to_json(o.currency::text)
-		|| ',"status":' || to_json(o.status)
-		|| coalesce(',"payment_no":' || to_json(p.payment_no::text), '')
-		|| coalesce(',"transaction_id":' || to_json(p.transaction_id::text), '')
-		|| coalesce(',"paid_at":' || to_json(payidem._utc(p.paid_at)), '')
-		|| CASE WHEN r.refund_no IS NULL THEN ''
-				ELSE ',"refund_no":' || to_json(r.refund_no::text)
-					 || ',"refund_amount":' || r.amount::bigint
-					 || ',"refunded_amount":' || o.refunded_amount END
-		|| '}';
-	INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, refund_no, payload,
-									  status, attempts, next_attempt_at, created_at)
-	VALUES (v_id, v_event, o.order_no, o.merchant_no, r.refund_no, v_payload, 'pending', 0, now(), now());
-	RETURN NULL;
-END
-$$;
+LANGUAGE c SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'payidem_status_event';
 COMMENT ON FUNCTION payidem._status_event() IS
 	'Trigger status_notify on payidem."order" and payidem.refund: the notification event of the change, with its payload (docs/notifications.md).';
 
