@@ -687,6 +687,7 @@ DECLARE
 	v_amount bigint := refund.amount;
 	v_out_refund_no text := refund.out_refund_no;
 	v_refund_no text;
+	v_order_no text;
 	v_committed bigint;
 	p payidem.payment;
 	r payidem.refund;
@@ -713,7 +714,13 @@ BEGIN
 			DETAIL = format('The reason has %s characters; at most 256 are allowed.', length(reason));
 	END IF;
 
-	-- serializes the refunds of one payment
+	-- serializes the refunds of one payment; in the lock order of every flow
+	-- function, the order first (its number never changes), so a refund and
+	-- its result in one transaction cannot deadlock with a payment result
+	SELECT x.order_no INTO v_order_no FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+	IF FOUND THEN
+		PERFORM 1 FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
+	END IF;
 	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
