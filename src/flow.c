@@ -895,7 +895,12 @@ apply_fetch_rate(Oid relid, ApplyIndex *ix, Datum *keys, AttrNumber attno,
 	return found;
 }
 
-/* round(amount * rate)::bigint, as the SQL does it; NULL for a NULL rate */
+/*
+ * The fee (or cost) of an amount at a rate: amount * rate, exact, rounded
+ * half-up to minor units (numeric's round, half away from zero, on a
+ * positive amount); NULL for a NULL rate.  The one place a fee is computed:
+ * the SQL calls it as payidem._fee().
+ */
 static Datum
 apply_fee(int64 amount, Datum rate, bool rate_null, bool *isnull)
 {
@@ -906,6 +911,16 @@ apply_fee(int64 amount, Datum rate, bool rate_null, bool *isnull)
 		return (Datum) 0;
 	product = DirectFunctionCall2(numeric_mul, DirectFunctionCall1(int8_numeric, Int64GetDatum(amount)), rate);
 	return DirectFunctionCall1(numeric_int8, DirectFunctionCall2(numeric_round, product, Int32GetDatum(0)));
+}
+
+/* payidem._fee(amount bigint, rate numeric) RETURNS bigint, IMMUTABLE STRICT */
+PG_FUNCTION_INFO_V1(payidem_fee);
+Datum
+payidem_fee(PG_FUNCTION_ARGS)
+{
+	bool		isnull;
+
+	return apply_fee(PG_GETARG_INT64(0), PG_GETARG_DATUM(1), false, &isnull);
 }
 
 typedef enum ApplyFast
@@ -921,13 +936,14 @@ typedef enum ApplyFast
  */
 
 /*
- * The transaction-level advisory lock pg_advisory_xact_lock(
- * hashtext('payidem.transaction_id'), hashtext(channel_no || '/' || txn))
- * of _apply_payment_result(), without waiting: false if another delivery
- * holds it.
+ * The transaction-level advisory lock on a channel's transaction id, which
+ * two deliveries applying one transaction id to two payments take: the one
+ * place its key is made (the label's hash and that of channel_no/txn, as
+ * pg_advisory_xact_lock(int4, int4) would take them).  Without waiting
+ * (false if another delivery holds it), or waiting.
  */
 static bool
-lock_transaction_id(Datum channel_no, text *txn)
+lock_transaction_id(Datum channel_no, text *txn, bool wait)
 {
 	static const char label[] = "payidem.transaction_id";
 	text	   *channel = DatumGetTextPP(channel_no);
@@ -947,8 +963,22 @@ lock_transaction_id(Datum channel_no, text *txn)
 	pfree(buf);
 	/* as pg_advisory_xact_lock(int4, int4) sets it (SET_LOCKTAG_INT32) */
 	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) key1, (uint32) key2, 2);
-	res = LockAcquire(&tag, ExclusiveLock, false, true);
+	res = LockAcquire(&tag, ExclusiveLock, false, !wait);
 	return res != LOCKACQUIRE_NOT_AVAIL;
+}
+
+/*
+ * payidem._lock_transaction_id(channel_no text, transaction_id text,
+ *     wait boolean) RETURNS boolean: the lock above, for
+ *     _apply_payment_result(); true if taken (always, when waiting).
+ */
+PG_FUNCTION_INFO_V1(payidem_lock_transaction_id);
+Datum
+payidem_lock_transaction_id(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		elog(ERROR, "payidem._lock_transaction_id: a required argument is NULL");
+	PG_RETURN_BOOL(lock_transaction_id(PG_GETARG_DATUM(0), PG_GETARG_TEXT_PP(1), PG_GETARG_BOOL(2)));
 }
 
 static ApplyFast
@@ -1006,7 +1036,7 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 		if (isnull || !payidem_paid_at_acceptable(DatumGetTimestampTz(created), paid_at))
 			goto done;			/* 22023 is the SQL function's to raise */
 	}
-	if (text_is(d, "succeeded") || text_is(d, "partially_refunded") || text_is(d, "refunded"))
+	if (payidem_payment_has_paid(d))
 	{
 		p_txn = slot_getattr(pslot, apply.p_txn, &p_txn_null);
 		if (amount == p_amount && !p_txn_null && payidem_text_equal(PointerGetDatum(txn), p_txn))
@@ -1069,7 +1099,7 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 		Snapshot	latest;
 		int			taken;
 
-		if (!lock_transaction_id(p_channel_no, txn))
+		if (!lock_transaction_id(p_channel_no, txn, false))
 			goto done_order;
 		xslot = table_slot_create(payment, NULL);
 		keys[0] = p_channel_no;

@@ -46,6 +46,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/lsyscache.h"
@@ -68,7 +69,36 @@ text_in(Datum d, const char *const *list)
 }
 
 static const char *const paid_order[] = {"paid", "partially_refunded", "refunded", NULL};
+
+/*
+ * The statuses of a payment whose money arrived: the one list, for the
+ * bookkeeping here, for apply_payment_result()'s C part (a repeated success)
+ * and, through payidem._paid_payment_statuses(), for the SQL.
+ */
 static const char *const paid_payment[] = {"succeeded", "partially_refunded", "refunded", NULL};
+
+bool
+payidem_payment_has_paid(Datum status)
+{
+	return text_in(status, paid_payment);
+}
+
+/*
+ * payidem._paid_payment_statuses() RETURNS text[], IMMUTABLE: the list
+ * above.  `status = ANY (payidem._paid_payment_statuses())` is folded into a
+ * constant when the query is planned.
+ */
+PG_FUNCTION_INFO_V1(payidem_paid_payment_statuses);
+Datum
+payidem_paid_payment_statuses(PG_FUNCTION_ARGS)
+{
+	Datum		elems[lengthof(paid_payment)];
+	int			n = 0;
+
+	for (; paid_payment[n] != NULL; n++)
+		elems[n] = CStringGetTextDatum(paid_payment[n]);
+	PG_RETURN_ARRAYTYPE_P(construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT));
+}
 static const char *const partly[] = {"partially_refunded", NULL};
 static const char *const fully[] = {"refunded", NULL};
 

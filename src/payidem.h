@@ -97,6 +97,8 @@ extern void recon_define_gucs(void);
 /* flow.c */
 extern void flow_define_gucs(void);
 extern bool payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_at);
+/* ledger.c */
+extern bool payidem_payment_has_paid(Datum status);
 
 /* payidem.c */
 /* The outcomes of an idempotency claim, as returned and as counted in payidem.stats(). */

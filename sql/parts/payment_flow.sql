@@ -256,7 +256,7 @@ BEGIN
 		SELECT coalesce(sum(x.amount), 0) INTO v_used FROM payidem.payment x
 		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no
 		   AND x.created_at >= v_day_start
-		   AND x.status IN ('pending', 'succeeded', 'partially_refunded', 'refunded');
+		   AND (x.status = 'pending' OR x.status = ANY (payidem._paid_payment_statuses()));
 		IF v_used + o.amount > b.daily_limit OR v_used + o.amount > c.daily_limit THEN
 			RAISE EXCEPTION 'amount exceeds the daily limit' USING
 				ERRCODE = 'PI007',
@@ -346,6 +346,25 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem._record_order_paid(tid, text, payidem.payment_number, timestamptz) IS
 	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at (its order.paid event is written by the status_notify trigger). False (nothing done) as for _record_payment_success().';
 
+-- The fee of an amount at a rate, exact and rounded half-up (src/flow.c: the
+-- one place a fee is computed, which the C path of apply_payment_result()
+-- uses too).
+CREATE FUNCTION payidem._fee(amount bigint, rate numeric)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'payidem_fee'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._fee(bigint, numeric) IS
+	'Internal: amount * rate in minor units, rounded half-up (exact numeric arithmetic).';
+
+-- The transaction-level lock two deliveries of one channel transaction id
+-- for two payments take (src/flow.c, where its key is made for both paths).
+CREATE FUNCTION payidem._lock_transaction_id(channel_no text, transaction_id text, wait boolean)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_lock_transaction_id'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION payidem._lock_transaction_id(text, text, boolean) IS
+	'Internal to apply_payment_result(): take the transaction-level lock on channel_no''s transaction_id; without waiting, false if another transaction holds it.';
+
 -- The one rule for a reported paid_at (src/flow.c, payidem.max_clock_skew),
 -- which the C path of apply_payment_result() applies too.
 CREATE FUNCTION payidem._check_paid_at(payment_no text, created_at timestamptz, paid_at timestamptz)
@@ -397,7 +416,7 @@ BEGIN
 	IF v_status = 'succeeded' AND v_source IN ('callback', 'query', 'close') THEN
 		SELECT x.status, x.amount, x.transaction_id, x.created_at INTO p
 		  FROM payidem.payment x WHERE x.payment_no = v_payment_no;
-		IF FOUND AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+		IF FOUND AND p.status = ANY (payidem._paid_payment_statuses())
 			AND v_amount = p.amount AND v_txn = p.transaction_id
 			AND (_apply_payment_result.paid_at IS NULL OR payidem._paid_at_ok(p.created_at, _apply_payment_result.paid_at)) THEN
 			RETURN 'duplicate';
@@ -450,7 +469,7 @@ BEGIN
 		IF _apply_payment_result.paid_at IS NOT NULL THEN
 			PERFORM payidem._check_paid_at(p.payment_no, p.created_at, v_paid_at);
 		END IF;
-		IF p.status IN ('succeeded', 'partially_refunded', 'refunded') THEN
+		IF p.status = ANY (payidem._paid_payment_statuses()) THEN
 			IF v_amount = p.amount AND v_txn = p.transaction_id THEN
 				RETURN 'duplicate';		-- applied meanwhile, by the delivery we waited for
 			END IF;
@@ -466,8 +485,8 @@ BEGIN
 			-- the second waits until the first commits, then (READ
 			-- COMMITTED: a new snapshot per statement) finds its row below.
 			-- The C path of apply_payment_result() takes the same lock.
-			IF NOT pg_try_advisory_xact_lock(hashtext('payidem.transaction_id'), hashtext(p.channel_no || '/' || v_txn)) THEN
-				PERFORM pg_advisory_xact_lock(hashtext('payidem.transaction_id'), hashtext(p.channel_no || '/' || v_txn));
+			IF NOT payidem._lock_transaction_id(p.channel_no, v_txn, false) THEN
+				PERFORM payidem._lock_transaction_id(p.channel_no, v_txn, true);
 				IF current_setting('transaction_isolation') <> 'read committed' THEN
 					RAISE EXCEPTION 'transaction id % is being applied to another payment at the same time', quote_literal(v_txn) USING
 						ERRCODE = 'serialization_failure',
@@ -482,7 +501,7 @@ BEGIN
 				v_kind := 'transaction_conflict';
 			END IF;
 		END IF;
-	ELSIF p.status IN ('succeeded', 'partially_refunded', 'refunded') THEN
+	ELSIF p.status = ANY (payidem._paid_payment_statuses()) THEN
 		-- the channel's word of success stands; a later failure/close report
 		-- contradicts it
 		v_kind := 'conflicting_result';
@@ -530,13 +549,13 @@ BEGIN
 	-- then the same UPDATE in SQL.
 	v_outcome := CASE WHEN v_order_status = 'pending' THEN 'applied' ELSE 'anomaly' END;
 	IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
-											round(p.amount * v_rate)::bigint,
-											round(p.amount * v_cost_rate)::bigint) THEN
+											payidem._fee(p.amount, v_rate),
+											payidem._fee(p.amount, v_cost_rate)) THEN
 		UPDATE payidem.payment x
 		   SET status = 'succeeded', updated_at = now(),
 			   transaction_id = v_txn, paid_at = v_paid_at,
-			   fee_amount = round(p.amount * v_rate)::bigint,
-			   cost_amount = round(p.amount * v_cost_rate)::bigint
+			   fee_amount = payidem._fee(p.amount, v_rate),
+			   cost_amount = payidem._fee(p.amount, v_cost_rate)
 		 WHERE x.payment_no = p.payment_no;
 	END IF;
 	IF v_order_status = 'pending' THEN

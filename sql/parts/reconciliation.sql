@@ -346,7 +346,7 @@ BEGIN
 			  FROM payidem.payment pay
 			 WHERE pay.channel_no = v_channel
 			   AND pay.paid_at >= v_from AND pay.paid_at < v_to
-			   AND pay.status IN ('succeeded', 'partially_refunded', 'refunded')) p
+			   AND pay.status = ANY (payidem._paid_payment_statuses())) p
 	  FULL JOIN
 		   -- only what the join needs: the hash of the bill is its biggest
 		   -- cost; the payment number the channel echoes is read for the
@@ -382,7 +382,7 @@ BEGIN
 	bo AS (
 		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status,
 			   x.payment_no AS x_no, x.order_no AS x_order, x.amount AS x_amount, x.status AS x_status,
-			   coalesce(x.by_txn AND x.status IN ('succeeded', 'partially_refunded', 'refunded'), false)
+			   coalesce(x.by_txn AND x.status = ANY (payidem._paid_payment_statuses()), false)
 			   AND NOT (coalesce(x.by_no, false)
 						AND count(*) OVER (PARTITION BY x.by_no, x.payment_no) > 1)
 			   AND NOT EXISTS (SELECT 1 FROM payidem.channel_bill cb

@@ -178,6 +178,17 @@ ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
 -- status_guard: session_replication_role = replica (superuser) skips them.
 -- Named status_ledger*: triggers of one event fire in name order, so a
 -- change the whitelist refuses is reported as that (status_guard) first.
+-- The statuses of a payment whose money arrived (src/ledger.c, the one list,
+-- which the bookkeeping triggers and apply_payment_result() read too);
+-- IMMUTABLE, so `status = ANY (payidem._paid_payment_statuses())` is a
+-- constant once planned.
+CREATE FUNCTION payidem._paid_payment_statuses()
+RETURNS text[]
+AS 'MODULE_PATHNAME', 'payidem_paid_payment_statuses'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._paid_payment_statuses() IS
+	'Internal: the payment statuses in which its money has arrived (succeeded, partially_refunded, refunded).';
+
 CREATE FUNCTION payidem.ledger_row()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'payidem_ledger_row'
