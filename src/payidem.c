@@ -15,16 +15,21 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
-#include "catalog/pg_class.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
+#include "executor/executor.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/syscache.h"
+#include "utils/typcache.h"
 
 #include "payidem.h"
 
@@ -84,6 +89,90 @@ payidem_text_equal(Datum a, Datum b)
 
 	return la == VARSIZE_ANY_EXHDR(tb) &&
 		memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), la) == 0;
+}
+
+/*
+ * payidem._fits(value text, domain regtype) RETURNS boolean, STABLE STRICT
+ *		Whether value satisfies every CHECK of a text domain (and of the
+ *		domains it is made from), without raising: the flow functions test
+ *		an argument with the domain of the column it is written to, so a
+ *		format's pattern is written once, in its domain, and they can still
+ *		say which argument is wrong (docs/schema.md, "Formats as domains").
+ *		The constraints are compiled once per backend and domain, kept up
+ *		to date by the type cache (an ALTER DOMAIN is seen at the next call).
+ */
+typedef struct DomainFit
+{
+	Oid			typid;
+	DomainConstraintRef ref;
+	ExprContext *econtext;
+} DomainFit;
+
+#define MAX_DOMAIN_FITS 16
+static DomainFit *domain_fits[MAX_DOMAIN_FITS];
+static int	n_domain_fits = 0;
+static MemoryContext domain_fit_context = NULL;
+
+static DomainFit *
+domain_fit(Oid typid)
+{
+	DomainFit  *fit;
+	MemoryContext oldcxt;
+	int			i;
+
+	for (i = 0; i < n_domain_fits; i++)
+		if (domain_fits[i]->typid == typid)
+			return domain_fits[i];
+	if (get_typtype(typid) != TYPTYPE_DOMAIN || getBaseType(typid) != TEXTOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is not a domain over text", format_type_be(typid))));
+	if (n_domain_fits >= MAX_DOMAIN_FITS)
+		elog(ERROR, "payidem._fits: more than %d domains", MAX_DOMAIN_FITS);
+	if (domain_fit_context == NULL)
+		domain_fit_context = AllocSetContextCreate(CacheMemoryContext, "payidem domain checks",
+												   ALLOCSET_SMALL_SIZES);
+	oldcxt = MemoryContextSwitchTo(domain_fit_context);
+	fit = palloc0(sizeof(DomainFit));
+	fit->typid = typid;
+	InitDomainConstraintRef(typid, &fit->ref, domain_fit_context, true);
+	fit->econtext = CreateStandaloneExprContext();
+	MemoryContextSwitchTo(oldcxt);
+	domain_fits[n_domain_fits++] = fit;
+	return fit;
+}
+
+PG_FUNCTION_INFO_V1(payidem_fits);
+Datum
+payidem_fits(PG_FUNCTION_ARGS)
+{
+	Datum		value = PG_GETARG_DATUM(0);
+	DomainFit  *fit = domain_fit(PG_GETARG_OID(1));
+	ExprContext *econtext = fit->econtext;
+	bool		fits = true;
+	ListCell   *lc;
+
+	UpdateDomainConstraintRef(&fit->ref);
+	econtext->domainValue_datum = value;
+	econtext->domainValue_isNull = false;
+	foreach(lc, fit->ref.constraints)
+	{
+		DomainConstraintState *con = (DomainConstraintState *) lfirst(lc);
+		bool		isnull;
+		Datum		ok;
+
+		if (con->constrainttype != DOM_CONSTRAINT_CHECK)
+			continue;			/* NOT NULL: the value is not NULL */
+		ok = ExecEvalExprSwitchContext(con->check_exprstate, econtext, &isnull);
+		/* as a CHECK: NULL passes */
+		if (!isnull && !DatumGetBool(ok))
+		{
+			fits = false;
+			break;
+		}
+	}
+	ResetExprContext(econtext);
+	PG_RETURN_BOOL(fits);
 }
 
 /* The owner of a relation, from the syscache. */

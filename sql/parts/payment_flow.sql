@@ -42,37 +42,27 @@ BEGIN
 							coalesce(v_amount::text, 'NULL')),
 			HINT = 'Pass 12.50 CNY as 1250.';
 	END IF;
-	IF v_subject IS NULL OR length(btrim(v_subject)) NOT BETWEEN 1 AND 256 THEN
+	IF v_subject IS NULL OR NOT payidem._fits(v_subject, 'payidem.order_subject') THEN
 		RAISE EXCEPTION 'invalid order subject' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
 							coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
 			HINT = 'Describe what is being paid for, e.g. ''Green tea 250 g''.';
 	END IF;
-	IF v_out_trade_no IS NULL OR v_out_trade_no !~ '^[0-9A-Za-z_.|*@-]+$' OR length(v_out_trade_no) > 64 THEN
-		RAISE EXCEPTION 'invalid out_trade_no' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; it must be 1 to 64 characters of 0-9, A-Z, a-z and _ . | * @ -.',
-							coalesce(quote_literal(left(v_out_trade_no, 64)), 'NULL')),
-			HINT = 'Use the merchant''s own order number, e.g. SHOP-20261129-0001.';
+	IF v_out_trade_no IS NULL OR NOT payidem._fits(v_out_trade_no, 'payidem.merchant_ref') THEN
+		PERFORM payidem._invalid_format('out_trade_no', v_out_trade_no, 'payidem.merchant_ref',
+										'Use the merchant''s own order number, e.g. SHOP-20261129-0001.');
 	END IF;
 	PERFORM payidem._check_duration('invalid expiry', 'expire_in', expire_in, false,
 									'The default is ''2 hours''.');
-	IF notify_url IS NOT NULL AND (notify_url !~ '^https?://[^[:space:]]+$' OR length(notify_url) > 1024) THEN
-		RAISE EXCEPTION 'invalid notify_url' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; it must be an http:// or https:// URL without spaces, at most 1024 characters.',
-							quote_literal(left(notify_url, 64))),
-			HINT = 'Pass NULL for no merchant notification.';
+	IF NOT payidem._fits(notify_url, 'payidem.http_url') THEN
+		PERFORM payidem._invalid_format('notify_url', notify_url, 'payidem.http_url',
+										'Pass NULL for no merchant notification.');
 	END IF;
-	IF return_url IS NOT NULL AND (return_url !~ '^https?://[^[:space:]]+$' OR length(return_url) > 1024) THEN
-		RAISE EXCEPTION 'invalid return_url' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; it must be an http:// or https:// URL without spaces, at most 1024 characters.',
-							quote_literal(left(return_url, 64))),
-			HINT = 'Pass NULL for none.';
+	IF NOT payidem._fits(return_url, 'payidem.http_url') THEN
+		PERFORM payidem._invalid_format('return_url', return_url, 'payidem.http_url', 'Pass NULL for none.');
 	END IF;
-	IF body IS NOT NULL AND length(body) > 1024 THEN
+	IF NOT payidem._fits(body, 'payidem.order_body') THEN
 		RAISE EXCEPTION 'invalid order body' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The body has %s characters; at most 1024 are allowed.', length(body));
@@ -304,11 +294,8 @@ BEGIN
 			DETAIL = format('The amount was %s; it must be positive.', amount),
 			HINT = 'Pass the amount the channel reports, in minor units.';
 	END IF;
-	IF transaction_id IS NOT NULL AND (transaction_id !~ '^[[:graph:]]+$' OR length(transaction_id) > 64) THEN
-		RAISE EXCEPTION 'invalid transaction_id' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
-							quote_literal(left(transaction_id, 64)));
+	IF NOT payidem._fits(transaction_id, 'payidem.channel_ref') THEN
+		PERFORM payidem._invalid_format('transaction_id', transaction_id, 'payidem.channel_ref');
 	END IF;
 	IF NOT isfinite(paid_at) THEN
 		RAISE EXCEPTION 'invalid paid_at' USING
@@ -429,7 +416,7 @@ BEGIN
 		OR v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close')
 		OR v_status IS NULL OR v_status NOT IN ('succeeded', 'failed', 'closed')
 		OR (v_status = 'succeeded' AND (v_txn IS NULL OR v_amount IS NULL))
-		OR v_amount <= 0 OR v_txn !~ '^[[:graph:]]+$' OR length(v_txn) > 64
+		OR v_amount <= 0 OR NOT payidem._fits(v_txn, 'payidem.channel_ref')
 		OR NOT isfinite(_apply_payment_result.paid_at) THEN
 		PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount,
 												   _apply_payment_result.paid_at);
@@ -720,14 +707,11 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The amount was %s; it must be a positive number of minor units.', coalesce(v_amount::text, 'NULL'));
 	END IF;
-	IF v_out_refund_no IS NULL OR v_out_refund_no !~ '^[0-9A-Za-z_.|*@-]+$' OR length(v_out_refund_no) > 64 THEN
-		RAISE EXCEPTION 'invalid out_refund_no' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; it must be 1 to 64 characters of 0-9, A-Z, a-z and _ . | * @ -.',
-							coalesce(quote_literal(left(v_out_refund_no, 64)), 'NULL')),
-			HINT = 'Use the merchant''s own refund number.';
+	IF v_out_refund_no IS NULL OR NOT payidem._fits(v_out_refund_no, 'payidem.merchant_ref') THEN
+		PERFORM payidem._invalid_format('out_refund_no', v_out_refund_no, 'payidem.merchant_ref',
+										'Use the merchant''s own refund number.');
 	END IF;
-	IF length(reason) > 256 THEN
+	IF NOT payidem._fits(reason, 'payidem.refund_reason') THEN
 		RAISE EXCEPTION 'invalid refund reason' USING
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The reason has %s characters; at most 256 are allowed.', length(reason));
@@ -818,11 +802,8 @@ BEGIN
 			DETAIL = format('The status was %s; it must be succeeded or failed.',
 							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
 	END IF;
-	IF v_crid IS NOT NULL AND (v_crid !~ '^[[:graph:]]+$' OR length(v_crid) > 64) THEN
-		RAISE EXCEPTION 'invalid channel_refund_id' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; it must be 1 to 64 printable characters without spaces.',
-							quote_literal(left(v_crid, 64)));
+	IF NOT payidem._fits(v_crid, 'payidem.channel_ref') THEN
+		PERFORM payidem._invalid_format('channel_refund_id', v_crid, 'payidem.channel_ref');
 	END IF;
 
 	-- the lock order of every flow function: the order (a success moves

@@ -149,10 +149,10 @@ BEGIN
 						ARRAY['bill_date', l.f[2], 'is not a date written YYYY-MM-DD']
 					WHEN l.f[2] <> '' AND l.f[2] <> v_day_text THEN
 						ARRAY['bill_date', l.f[2], format('is not the day of this bill (%s)', v_day_text)]
-					WHEN l.f[3] !~ '^[[:graph:]]+$' OR length(l.f[3]) > 64 THEN
-						ARRAY['transaction_id', l.f[3], 'must be 1 to 64 printable characters without spaces']
-					WHEN l.f[4] <> '' AND (l.f[4] !~ '^[[:graph:]]+$' OR length(l.f[4]) > 64) THEN
-						ARRAY['payment_no', l.f[4], 'must be empty or 1 to 64 printable characters without spaces']
+					WHEN NOT payidem._fits(l.f[3], 'payidem.channel_ref') THEN
+						ARRAY['transaction_id', l.f[3], 'must be ' || payidem._format_rule('payidem.channel_ref')]
+					WHEN l.f[4] <> '' AND NOT payidem._fits(l.f[4], 'payidem.channel_ref') THEN
+						ARRAY['payment_no', l.f[4], 'must be empty or ' || payidem._format_rule('payidem.channel_ref')]
 					-- at most the bigint maximum, as create_order() takes (compared as text)
 					WHEN l.f[5] !~ '^[0-9]+$' OR l.f[5] ~ '^0+$' OR length(ltrim(l.f[5], '0')) > 19
 						 OR (length(ltrim(l.f[5], '0')) = 19

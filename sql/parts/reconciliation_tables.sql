@@ -50,7 +50,7 @@ COMMENT ON COLUMN payidem.anomaly.handle_status IS
 CREATE TABLE payidem.channel_bill (
 	channel_no		text		NOT NULL,
 	bill_date		date		NOT NULL,
-	transaction_id	text		NOT NULL,
+	transaction_id	payidem.channel_ref NOT NULL,
 	payment_no		text,
 	amount			bigint		NOT NULL,
 	fee				bigint		NOT NULL DEFAULT 0,
@@ -60,7 +60,6 @@ CREATE TABLE payidem.channel_bill (
 	CONSTRAINT channel_bill_pkey PRIMARY KEY (channel_no, bill_date, transaction_id),
 	CONSTRAINT channel_bill_channel_fkey FOREIGN KEY (channel_no)
 		REFERENCES payidem.channel (channel_no),
-	CONSTRAINT channel_bill_transaction_id_format CHECK (transaction_id ~ '^[[:graph:]]+$' AND pg_catalog.length(transaction_id) <= 64),
 	CONSTRAINT channel_bill_amount_positive CHECK (amount > 0),
 	CONSTRAINT channel_bill_fee_nonnegative CHECK (fee >= 0),
 	CONSTRAINT channel_bill_status_known CHECK (status IN ('succeeded', 'refunded'))

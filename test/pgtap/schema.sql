@@ -118,7 +118,7 @@ SELECT is((SELECT array_agg(format('%s.%s %s', c.relname, a.attname, format_type
              FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
             WHERE c.relnamespace = 'payidem'::regnamespace AND c.relkind = 'r' AND a.attnum > 0
               AND NOT a.attisdropped AND a.atttypid IN (SELECT oid FROM pg_type WHERE typtype = 'd')),
-	ARRAY['notify_event.attempts payidem.attempt_count', 'notify_event.event payidem.notify_event_type',
+	ARRAY['channel_bill.transaction_id payidem.channel_ref', 'notify_event.attempts payidem.attempt_count', 'notify_event.event payidem.notify_event_type',
 	      'notify_event.last_response payidem.notify_response', 'notify_event.status payidem.notify_status',
 	      'order.amount payidem.minor_amount', 'order.body payidem.order_body',
 	      'order.currency payidem.currency_code', 'order.notify_url payidem.http_url',
@@ -1081,7 +1081,7 @@ SELECT throws_ok($$INSERT INTO payidem.channel_bill (channel_no, bill_date, tran
 	'channel_bill: channel must exist');
 SELECT throws_ok($$INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, amount, status) VALUES
 	('WXPAY_001', '2024-06-01', '4200 0009', 100, 'succeeded')$$,
-	'23514', 'new row for relation "channel_bill" violates check constraint "channel_bill_transaction_id_format"',
+	'23514', 'value for domain payidem.channel_ref violates check constraint "channel_ref_format"',
 	'channel_bill: transaction_id must be printable without spaces');
 SELECT throws_ok($$INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, amount, status) VALUES
 	('WXPAY_001', '2024-06-01', '4200000000000000000009', 0, 'succeeded')$$,
