@@ -459,19 +459,6 @@ payidem_function_name(const char *name)
 	return list_make2(makeString(pstrdup("payidem")), makeString(pstrdup(name)));
 }
 
-/* A plan kept for the rest of the process. */
-static SPIPlanPtr
-keep_plan(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
-
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "SPI_keepplan failed");
-	return plan;
-}
-
 /*
  * Whether this database has extension payidem with the functions the
  * worker calls; if so, prepare and keep their plans.  In a transaction of
@@ -492,9 +479,9 @@ prepare_housekeeping(void)
 		OidIsValid(LookupFuncName(payidem_function_name("_idem_purge_batch"), 2, purge_args, true));
 	if (present)
 	{
-		list_plan = keep_plan("SELECT payidem._expired_orders($1)", 1, int_arg);
-		close_plan = keep_plan("SELECT payidem._close_expired_order($1)", 1, text_arg);
-		purge_plan = keep_plan("SELECT payidem._idem_purge_batch($1, $2)", 2, purge_args);
+		payidem_saved_plan(&list_plan, "SELECT payidem._expired_orders($1)", 1, int_arg);
+		payidem_saved_plan(&close_plan, "SELECT payidem._close_expired_order($1)", 1, text_arg);
+		payidem_saved_plan(&purge_plan, "SELECT payidem._idem_purge_batch($1, $2)", 2, purge_args);
 	}
 	end_step();
 	return present;

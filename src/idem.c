@@ -620,28 +620,6 @@ direct_insert(Oid relid, Datum *values, bool *isnull)
 }
 
 /*
- * Return the saved plan in *cache, preparing and keeping it on first use.
- * Always a generic plan: every statement is a primary-key or index lookup,
- * so custom plans would only cost planning time.  Caller is SPI-connected.
- */
-static SPIPlanPtr
-saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	plan;
-
-	if (*cache != NULL)
-		return *cache;
-	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-			 sql, SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "SPI_keepplan failed");
-	*cache = plan;
-	return plan;
-}
-
-/*
  * Become the table's owner and return the table's OID; the previous identity
  * is left in *save_userid / *save_sec_context for end_as_owner().  The OID is
  * the caller's to keep for the call: an invalidation processed on the way
@@ -1026,7 +1004,7 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 			if (inserted < 0)
 			{
 				connect_spi(&spi);
-				rc = SPI_execute_plan(saved_plan(&insert_plan, insert_sql, 10, insert_types),
+				rc = SPI_execute_plan(payidem_saved_plan(&insert_plan, insert_sql, 10, insert_types),
 									  params, paramnulls, false, 1);
 				if (rc != SPI_OK_INSERT_RETURNING)
 					elog(ERROR, "idempotency insert failed: %s", SPI_result_code_string(rc));
@@ -1083,7 +1061,7 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 								TimestampTzGetDatum(now), IntervalPGetDatum(lease));
 		rparams[2] = TimestampTzGetDatum(now);
 		connect_spi(&spi);
-		rc = SPI_execute_plan(saved_plan(&reclaim_plan, reclaim_sql, 3, reclaim_types),
+		rc = SPI_execute_plan(payidem_saved_plan(&reclaim_plan, reclaim_sql, 3, reclaim_types),
 							  rparams, NULL, false, 1);
 		if (rc != SPI_OK_UPDATE_RETURNING)
 			elog(ERROR, "idempotency reclaim failed: %s", SPI_result_code_string(rc));
@@ -1104,7 +1082,7 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 				Datum		fparams[4] = {PointerGetDatum(key), status_value, result, rparams[2]};
 				char		fnulls[4] = {' ', ' ', result_isnull ? 'n' : ' ', ' '};
 
-				rc = SPI_execute_plan(saved_plan(&finish_plan, finish_sql, 4, finish_types),
+				rc = SPI_execute_plan(payidem_saved_plan(&finish_plan, finish_sql, 4, finish_types),
 									  fparams, fnulls, false, 0);
 				if (rc != SPI_OK_UPDATE || SPI_processed != 1)
 					elog(ERROR, "idempotency finish after reclaim failed: %s",
@@ -1263,7 +1241,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 
 	(void) begin_as_owner(&save_userid, &save_sec_context);
 	connect_spi(&spi);
-	rc = SPI_execute_plan(saved_plan(&finish_plan, finish_sql, 4, finish_types),
+	rc = SPI_execute_plan(payidem_saved_plan(&finish_plan, finish_sql, 4, finish_types),
 						  params, paramnulls, false, 0);
 	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "idempotency finish failed: %s", SPI_result_code_string(rc));
@@ -1273,7 +1251,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 		char	   *shown = payidem_quote_value(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
 		bool		isnull;
 
-		rc = SPI_execute_plan(saved_plan(&select_plan, select_sql, 1, select_types),
+		rc = SPI_execute_plan(payidem_saved_plan(&select_plan, select_sql, 1, select_types),
 							  params, NULL, false, 1);
 		if (rc != SPI_OK_SELECT)
 			elog(ERROR, "idempotency lookup failed: %s", SPI_result_code_string(rc));
@@ -1350,7 +1328,7 @@ purge(FunctionCallInfo fcinfo, int64 max_rows)
 
 	(void) begin_as_owner(&save_userid, &save_sec_context);
 	connect_spi(&spi);
-	rc = SPI_execute_plan(saved_plan(&purge_plan, purge_sql, 2, purge_types),
+	rc = SPI_execute_plan(payidem_saved_plan(&purge_plan, purge_sql, 2, purge_types),
 						  params, nulls, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "idempotency purge failed: %s", SPI_result_code_string(rc));

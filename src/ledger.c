@@ -280,15 +280,7 @@ saved_plan(SPIPlanPtr *plan, const char *sql, int nargs)
 {
 	Oid			types[2] = {TEXTOID, TEXTOID};
 
-	if (*plan == NULL)
-	{
-		SPIPlanPtr	p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
-
-		if (p == NULL || SPI_keepplan(p) != 0)
-			elog(ERROR, "payidem: could not prepare \"%s\": %s", sql, SPI_result_code_string(SPI_result));
-		*plan = p;
-	}
-	return *plan;
+	return payidem_saved_plan(plan, sql, nargs, types);
 }
 
 static void

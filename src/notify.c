@@ -98,22 +98,6 @@ enum
 };
 #define O_NCOLS 8
 
-static SPIPlanPtr
-keep_plan(SPIPlanPtr *plan, const char *sql, int nargs, Oid *argtypes)
-{
-	if (*plan == NULL)
-	{
-		SPIPlanPtr	p = SPI_prepare(sql, nargs, argtypes);
-
-		if (p == NULL)
-			elog(ERROR, "payidem: SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(p) != 0)
-			elog(ERROR, "payidem: SPI_keepplan failed");
-		*plan = p;
-	}
-	return *plan;
-}
-
 /* one row by its key through plan, or false; read-write, so it sees what this statement wrote */
 static bool
 fetch_one(SPIPlanPtr plan, Datum key)
@@ -222,7 +206,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		order_no = SPI_getbinval(tuple, RelationGetDescr(rel),
 								 SPI_fnumber(RelationGetDescr(rel), "order_no"), &isnull);
 		/* at the end of the statement: the order with this refund counted */
-		keep_plan(&order_plan,
+		payidem_saved_plan(&order_plan,
 				  "SELECT order_no::pg_catalog.text, merchant_no, out_trade_no::pg_catalog.text,"
 				  " amount::pg_catalog.int8, currency::pg_catalog.text, status, notify_url::pg_catalog.text,"
 				  " refunded_amount FROM payidem.\"order\""
@@ -266,7 +250,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	}
 	if (!payment_key_null)
 	{
-		keep_plan(&payment_plan,
+		payidem_saved_plan(&payment_plan,
 				  "SELECT payment_no::pg_catalog.text, transaction_id::pg_catalog.text, paid_at"
 				  " FROM payidem.payment WHERE payment_no OPERATOR(pg_catalog.=) $1",
 				  1, text1);
@@ -325,7 +309,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		char		nulls[6] = {' ', ' ', ' ', ' ', r_refund_no ? ' ' : 'n', ' '};
 		int			rc;
 
-		keep_plan(&insert_plan,
+		payidem_saved_plan(&insert_plan,
 				  "INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, refund_no, payload,"
 				  " status, attempts, next_attempt_at, created_at)"
 				  " VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, pg_catalog.now(), pg_catalog.now())",

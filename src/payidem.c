@@ -19,6 +19,7 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
@@ -173,6 +174,29 @@ payidem_fits(PG_FUNCTION_ARGS)
 	}
 	ResetExprContext(econtext);
 	PG_RETURN_BOOL(fits);
+}
+
+/*
+ * A plan prepared once and kept for the rest of the session (SPI_keepplan),
+ * always generic: the callers' parameters never change the best plan, so a
+ * custom plan would cost planning time at every call.  *cache holds it;
+ * PostgreSQL re-plans it when an object it uses changes.  The caller is
+ * SPI-connected.  The one place payidem's C parts prepare their SQL.
+ */
+SPIPlanPtr
+payidem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+	if (plan == NULL)
+		elog(ERROR, "payidem: could not prepare \"%s\": %s", sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "payidem: could not keep the plan of \"%s\"", sql);
+	*cache = plan;
+	return plan;
 }
 
 /* The owner of a relation, from the syscache. */

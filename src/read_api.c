@@ -76,15 +76,7 @@ read_order(FunctionCallInfo fcinfo, Datum order_no, bool order_no_null,
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (read_plan == NULL)
-	{
-		SPIPlanPtr	p = SPI_prepare_cursor("SELECT payidem._read_order($1, $2, $3, $4, $5)", 5, types,
-										   CURSOR_OPT_GENERIC_PLAN);
-
-		if (p == NULL || SPI_keepplan(p) != 0)
-			elog(ERROR, "payidem: could not prepare the read of an order");
-		read_plan = p;
-	}
+	payidem_saved_plan(&read_plan, "SELECT payidem._read_order($1, $2, $3, $4, $5)", 5, types);
 	if (SPI_execute_plan(read_plan, values, nulls, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "payidem: the read of an order failed");
 	result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);

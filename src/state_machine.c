@@ -213,21 +213,6 @@ whitelist_relcache_callback(Datum arg, Oid relid)
 	}
 }
 
-/* prepare and keep a generic plan (SPI must be connected) */
-static SPIPlanPtr
-prepare_saved(const char *sql, int nargs, Oid *argtypes)
-{
-	/* parameters never change the best plan here: skip custom planning */
-	SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-			 sql, SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "SPI_keepplan failed");
-	return plan;
-}
-
 /* copy column col of SPI result row into the current memory context */
 static char *
 spi_text(int row, int col)
@@ -281,12 +266,10 @@ whitelist_load(void)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (load_states_plan == NULL)
-		load_states_plan = prepare_saved(
+	payidem_saved_plan(&load_states_plan,
 			"SELECT entity, status, initial, terminal FROM payidem.state"
 			" ORDER BY entity COLLATE \"C\", status COLLATE \"C\"", 0, NULL);
-	if (load_transitions_plan == NULL)
-		load_transitions_plan = prepare_saved(
+	payidem_saved_plan(&load_transitions_plan,
 			"SELECT entity, from_status, to_status FROM payidem.transition"
 			" ORDER BY entity COLLATE \"C\", from_status COLLATE \"C\", to_status COLLATE \"C\"", 0, NULL);
 
@@ -1220,13 +1203,13 @@ transit(FunctionCallInfo fcinfo, int which)
 	{
 		Oid			types[3] = {TEXTOID, TEXTOID, TEXTARRAYOID};
 
-		target->update_plan = prepare_saved(target->update_sql, 3, types);
+		payidem_saved_plan(&target->update_plan, target->update_sql, 3, types);
 	}
 	if (target->select_plan == NULL)
 	{
 		Oid			types[1] = {TEXTOID};
 
-		target->select_plan = prepare_saved(target->select_sql, 1, types);
+		payidem_saved_plan(&target->select_plan, target->select_sql, 1, types);
 	}
 
 	values[0] = PointerGetDatum(key);
