@@ -631,6 +631,23 @@ UPDATE payidem.query_lease SET leased_until = now() - interval '1 second' WHERE 
 SELECT count(*) AS listed_once_paid FROM payidem.query_due(100) WHERE order_no = :'o30';
 SELECT count(*) AS lease_dropped FROM payidem.query_lease WHERE payment_no = :'p30';
 
+------------------------------------------------------------ what a success writes
+-- The update that pays an order is HOT: no index of "order" names a column
+-- it changes (status, paid_at, paid_payment_no), so no index entry is
+-- written; and the expiry queue gets one row per order, at its creation,
+-- none at its payment.  (The backend's counts of earlier transactions are
+-- flushed first, so the transaction's own are read.)
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT payidem.create_order(:'m1', 'HOT-0001', 700, 'Tea leaves') AS o_hot \gset
+SELECT payidem.begin_payment(:'o_hot', 'FLOW_WX') AS p_hot \gset
+SELECT count(*) AS queued_at_creation FROM payidem.order_expiry WHERE order_no = :'o_hot';
+SELECT payidem.apply_payment_result(:'p_hot', 'callback', 'succeeded', 'WX-HOT-0001', 700) AS paid;
+SELECT pg_stat_get_xact_tuples_updated('payidem."order"'::regclass) AS order_updates,
+       pg_stat_get_xact_tuples_hot_updated('payidem."order"'::regclass) AS order_hot_updates;
+SELECT count(*) AS queued_after_payment FROM payidem.order_expiry WHERE order_no = :'o_hot';
+COMMIT;
+
 ------------------------------------------------------------------- privileges
 -- an application role reaches the flow only through the functions
 CREATE ROLE flow_app;

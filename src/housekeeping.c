@@ -21,8 +21,11 @@
  * - A per-database worker (dynamic, never restarted), one at a time.  It
  *   connects as the bootstrap superuser, checks that extension payidem is
  *   there with the functions it calls (an older or foreign installation is
- *   skipped quietly), reads up to HOUSEKEEPING_MAX_CLOSES expired orders
- *   with payidem._expired_orders(), closes each with
+ *   skipped quietly), removes from the expiry queue (payidem.order_expiry)
+ *   the orders past their time that are no longer pending, a batch per
+ *   transaction (payidem._prune_expiry_queue()), reads up to
+ *   HOUSEKEEPING_MAX_CLOSES expired orders with payidem._expired_orders()
+ *   from the queue, closes each with
  *   payidem._close_expired_order(order_no) in a transaction of its own, and
  *   purges idempotency keys with payidem._idem_purge_batch() a batch per
  *   transaction until a batch is short.  Each phase stops when its time
@@ -79,6 +82,7 @@
 #include "catalog/pg_type.h"
 #include "commands/dbcommands.h"	/* get_database_name() up to 18 */
 #include "commands/extension.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
@@ -96,6 +100,7 @@
 #include "utils/guc.h"
 #include "utils/lsyscache.h"		/* get_database_name() from 19 */
 #include "utils/memutils.h"
+#include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
@@ -154,6 +159,7 @@ static bool slots_exhausted_logged = false;
 static SPIPlanPtr list_plan = NULL;
 static SPIPlanPtr close_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
+static SPIPlanPtr prune_plan = NULL;
 /* worker: its database's name, for the error context; failed steps so far */
 static char worker_dbname[NAMEDATALEN];
 static int	worker_failures = 0;
@@ -476,12 +482,14 @@ prepare_housekeeping(void)
 	present = OidIsValid(get_extension_oid("payidem", true)) &&
 		OidIsValid(LookupFuncName(payidem_function_name("_expired_orders"), 1, int_arg, true)) &&
 		OidIsValid(LookupFuncName(payidem_function_name("_close_expired_order"), 1, text_arg, true)) &&
-		OidIsValid(LookupFuncName(payidem_function_name("_idem_purge_batch"), 2, purge_args, true));
+		OidIsValid(LookupFuncName(payidem_function_name("_idem_purge_batch"), 2, purge_args, true)) &&
+		OidIsValid(LookupFuncName(payidem_function_name("_prune_expiry_queue"), 1, int_arg, true));
 	if (present)
 	{
 		payidem_saved_plan(&list_plan, "SELECT payidem._expired_orders($1)", 1, int_arg);
 		payidem_saved_plan(&close_plan, "SELECT payidem._close_expired_order($1)", 1, text_arg);
 		payidem_saved_plan(&purge_plan, "SELECT payidem._idem_purge_batch($1, $2)", 2, purge_args);
+		payidem_saved_plan(&prune_plan, "SELECT payidem._prune_expiry_queue($1)", 1, int_arg);
 	}
 	end_step();
 	return present;
@@ -592,27 +600,21 @@ close_expired_orders(MemoryContext cxt)
 }
 
 /*
- * Purge idempotency keys past the retention, a batch per transaction, until
- * a batch comes back short, the cap, or the phase's budget.  Returns how
- * many were deleted.
+ * Run plan (a function of payidem that deletes up to a batch of rows and
+ * returns how many) a batch per transaction, until a batch comes back short,
+ * the cap of batches, or the phase's budget.  Returns how many were deleted.
  */
 static int64
-purge_idempotency_keys(MemoryContext cxt)
+delete_in_batches(MemoryContext cxt, SPIPlanPtr plan, Datum *values, const char *sql,
+				  const char *what, int batch_size, int counter)
 {
-	volatile int64 purged = 0;
+	volatile int64 total = 0;
 	volatile int batch;
-	Interval	retention;
-	Datum		values[2];
 	TimestampTz start = GetCurrentTimestamp();
 	ErrorContextCallback step_context;
 
-	memset(&retention, 0, sizeof(retention));
-	retention.time = (int64) idem_retention * USECS_PER_SEC;
-	values[0] = IntervalPGetDatum(&retention);
-	values[1] = Int32GetDatum(HOUSEKEEPING_PURGE_BATCH);
-
 	step_context.callback = housekeeping_error_context;
-	step_context.arg = (void *) "purging idempotency keys";
+	step_context.arg = (void *) what;
 	step_context.previous = error_context_stack;
 	error_context_stack = &step_context;
 	for (batch = 0; batch < HOUSEKEEPING_MAX_PURGE_BATCHES && !phase_over(start); batch++)
@@ -626,10 +628,10 @@ purge_idempotency_keys(MemoryContext cxt)
 			bool		isnull;
 			int			rc;
 
-			begin_step("SELECT payidem._idem_purge_batch($1, $2)");
-			rc = SPI_execute_plan(purge_plan, values, NULL, false, 1);
+			begin_step(sql);
+			rc = SPI_execute_plan(plan, values, NULL, false, 1);
 			if (rc != SPI_OK_SELECT || SPI_processed != 1)
-				elog(ERROR, "payidem._idem_purge_batch() failed: %s", SPI_result_code_string(rc));
+				elog(ERROR, "%s failed: %s", sql, SPI_result_code_string(rc));
 			deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 			if (isnull)
 				deleted = 0;
@@ -644,14 +646,41 @@ purge_idempotency_keys(MemoryContext cxt)
 		if (failed)
 			break;
 
-		/* counted once committed: stats() never shows a purge rolled back */
-		payidem_count_n(PAYIDEM_HOUSEKEEPING_KEYS_PURGED, (uint64) deleted);
-		purged += deleted;
-		if (deleted < HOUSEKEEPING_PURGE_BATCH)
+		/* counted once committed: stats() never shows a deletion rolled back */
+		if (counter >= 0)
+			payidem_count_n((PayidemCounter) counter, (uint64) deleted);
+		total += deleted;
+		if (deleted < batch_size)
 			break;
 	}
 	error_context_stack = step_context.previous;
-	return purged;
+	return total;
+}
+
+/* Idempotency keys past the retention. */
+static int64
+purge_idempotency_keys(MemoryContext cxt)
+{
+	Interval	retention;
+	Datum		values[2];
+
+	memset(&retention, 0, sizeof(retention));
+	retention.time = (int64) idem_retention * USECS_PER_SEC;
+	values[0] = IntervalPGetDatum(&retention);
+	values[1] = Int32GetDatum(HOUSEKEEPING_PURGE_BATCH);
+	return delete_in_batches(cxt, purge_plan, values, "SELECT payidem._idem_purge_batch($1, $2)",
+							 "purging idempotency keys", HOUSEKEEPING_PURGE_BATCH,
+							 PAYIDEM_HOUSEKEEPING_KEYS_PURGED);
+}
+
+/* The rows of the expiry queue whose time has passed and whose order is no longer pending. */
+static int64
+prune_expiry_queue(MemoryContext cxt)
+{
+	Datum		values[1] = {Int32GetDatum(HOUSEKEEPING_PURGE_BATCH)};
+
+	return delete_in_batches(cxt, prune_plan, values, "SELECT payidem._prune_expiry_queue($1)",
+							 "removing settled orders from the expiry queue", HOUSEKEEPING_PURGE_BATCH, -1);
 }
 
 /*
@@ -668,6 +697,7 @@ payidem_housekeeping_db_main(Datum main_arg)
 	ErrorContextCallback db_context;
 	int			closed;
 	int64		purged;
+	int64		pruned;
 
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
@@ -709,10 +739,107 @@ payidem_housekeeping_db_main(Datum main_arg)
 	if (!prepare_housekeeping())
 		proc_exit(0);
 
+	pruned = prune_expiry_queue(run_context);
 	closed = close_expired_orders(run_context);
 	purged = purge_idempotency_keys(run_context);
 	payidem_count(PAYIDEM_HOUSEKEEPING_RUNS);
-	elog(DEBUG1, "payidem housekeeping: %d expired orders closed, " INT64_FORMAT " idempotency keys purged, %d steps failed",
-		 closed, purged, worker_failures);
+	elog(DEBUG1, "payidem housekeeping: " INT64_FORMAT " settled orders left the expiry queue, %d expired orders closed, "
+		 INT64_FORMAT " idempotency keys purged, %d steps failed",
+		 pruned, closed, purged, worker_failures);
 	proc_exit(worker_failures > 0 ? 1 : 0);
+}
+
+/*
+ * payidem._queue_expiry() — trigger order_expiry_queue, AFTER INSERT OR
+ * UPDATE OF status, expire_at ON payidem."order" FOR EACH ROW.  A pending
+ * order's expire_at into payidem.order_expiry, when it is not queued at that
+ * time yet: an order inserted pending, one made pending again, one whose
+ * expire_at moved while pending.  Every other change (the payment of an
+ * order, its close) returns before any work, so a payment writes nothing to
+ * the queue.  An owner's COPY into "order" (a restore) adds nothing: the
+ * queue is dumped and restored with the orders.  The row is written as the
+ * queue's owner (an application writes orders through payidem's functions;
+ * whoever else may write them need not be able to write the queue), through
+ * a saved, schema-qualified plan; ON CONFLICT DO NOTHING, as a time queued
+ * twice is the same row.
+ */
+static SPIPlanPtr queue_plan = NULL;
+
+/* the status and expire_at of an order's row */
+static bool
+order_pending(Relation rel, HeapTuple tuple, TimestampTz *expire_at)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			status_att = SPI_fnumber(desc, "status");
+	int			expire_att = SPI_fnumber(desc, "expire_at");
+	bool		isnull;
+	Datum		d;
+	text	   *status;
+
+	if (status_att <= 0 || expire_att <= 0)
+		elog(ERROR, "payidem: payidem.\"order\" has no status or expire_at column");
+	d = heap_getattr(tuple, status_att, desc, &isnull);
+	if (isnull)
+		return false;
+	status = DatumGetTextPP(d);
+	if (VARSIZE_ANY_EXHDR(status) != 7 || memcmp(VARDATA_ANY(status), "pending", 7) != 0)
+		return false;
+	d = heap_getattr(tuple, expire_att, desc, &isnull);
+	if (isnull)
+		return false;
+	*expire_at = DatumGetTimestampTz(d);
+	return true;
+}
+
+PG_FUNCTION_INFO_V1(payidem_queue_expiry);
+Datum
+payidem_queue_expiry(PG_FUNCTION_ARGS)
+{
+	TriggerData *td = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	HeapTuple	tuple;
+	TimestampTz expire_at;
+	TimestampTz old_expire_at;
+	Oid			save_userid;
+	int			save_sec_context;
+	Oid			types[2] = {TIMESTAMPTZOID, TEXTOID};
+	Datum		values[2];
+	bool		isnull;
+	int			rc;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(td->tg_event) ||
+		!(TRIGGER_FIRED_BY_INSERT(td->tg_event) || TRIGGER_FIRED_BY_UPDATE(td->tg_event)))
+		elog(ERROR, "payidem._queue_expiry() must be an AFTER INSERT OR UPDATE ... FOR EACH ROW trigger");
+	rel = td->tg_relation;
+	tuple = TRIGGER_FIRED_BY_UPDATE(td->tg_event) ? td->tg_newtuple : td->tg_trigtuple;
+	if (!order_pending(rel, tuple, &expire_at))
+		return PointerGetDatum(NULL);
+	if (TRIGGER_FIRED_BY_UPDATE(td->tg_event))
+	{
+		if (order_pending(rel, td->tg_trigtuple, &old_expire_at) && old_expire_at == expire_at)
+			return PointerGetDatum(NULL);	/* queued at that time already */
+	}
+	else if (payidem_restoring(rel))
+		return PointerGetDatum(NULL);
+
+	values[0] = TimestampTzGetDatum(expire_at);
+	values[1] = heap_getattr(tuple, SPI_fnumber(RelationGetDescr(rel), "order_no"), RelationGetDescr(rel), &isnull);
+	if (isnull)
+		return PointerGetDatum(NULL);	/* refused by its NOT NULL */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(payidem_relation_owner(payidem_relid("order_expiry")),
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	payidem_saved_plan(&queue_plan,
+					   "INSERT INTO payidem.order_expiry (expire_at, order_no) VALUES ($1, $2)"
+					   " ON CONFLICT ON CONSTRAINT order_expiry_pkey DO NOTHING",
+					   2, types);
+	rc = SPI_execute_plan(queue_plan, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "payidem: queueing the expiry of an order failed: %s", SPI_result_code_string(rc));
+	SPI_finish();
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+	return PointerGetDatum(NULL);
 }

@@ -134,10 +134,30 @@ CREATE TABLE payidem."order" (
 		REFERENCES payidem.merchant (merchant_no),
 	CONSTRAINT order_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount),
 	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
-);
-CREATE INDEX order_pending_expiry ON payidem."order" (expire_at) WHERE status = 'pending';
+) WITH (fillfactor = 85);
+-- No index of "order" names status, paid_at or paid_payment_no, in its key or
+-- its predicate: the update that pays an order is HOT (no index entry
+-- written), and the 15 % left free on each page (fillfactor) is where its new
+-- version goes.  Which pending orders expire when is kept in order_expiry.
 COMMENT ON TABLE payidem."order" IS
 	'Merchant orders: one order, possibly several payment attempts.';
+
+-- The orders that may expire, by expiry time: a row is added when an order
+-- is inserted pending, becomes pending again, or has its expire_at moved
+-- while pending (trigger order_expiry_queue, src/housekeeping.c, for every
+-- writer); housekeeping reads it in expire_at order and removes, once their
+-- time has passed, the rows of orders no longer pending at that time
+-- (_prune_expiry_queue).  So an order is written to it once, a payment
+-- writes nothing to it, and it holds about the orders of one expiry period.
+-- An owner's COPY into "order" (a restore) adds nothing: the table is dumped
+-- and restored with the rest.
+CREATE TABLE payidem.order_expiry (
+	expire_at		timestamptz	NOT NULL,
+	order_no		text		NOT NULL,
+	CONSTRAINT order_expiry_pkey PRIMARY KEY (expire_at, order_no)
+);
+COMMENT ON TABLE payidem.order_expiry IS
+	'The pending orders by expiry time, for housekeeping and query_due(); rows of orders no longer pending are removed after their expire_at.';
 COMMENT ON COLUMN payidem."order".order_no IS
 	'Platform order number, payidem.gen_order_no(''PO'').';
 COMMENT ON COLUMN payidem."order".out_trade_no IS

@@ -644,18 +644,57 @@ $$;
 COMMENT ON FUNCTION payidem.close_order(text) IS
 	'Close a pending order and its pending payment attempt (query and close it at the channel first): true = closed now, false = already closed; PI002 if paid or refunded, PI009 if unknown. A success arriving later is recorded as anomaly paid_after_close.';
 
--- Housekeeping (the background worker, src/housekeeping.c): a run reads the
--- expired orders once, then closes each in a transaction of its own, so it
--- never holds more than one order's lock, a failure on one order stops only
--- that one, and no call scans again what the ones before it passed.
+-- The expiry queue (payidem.order_expiry): its trigger, on every insert of an
+-- order and every change of an order's status or expire_at (src/housekeeping.c:
+-- in C, it returns at once unless the order is pending with a time not yet
+-- queued; the queue is written as the table's owner, whoever writes the order).
+CREATE FUNCTION payidem._queue_expiry()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_queue_expiry'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem._queue_expiry() IS
+	'Trigger order_expiry_queue on payidem."order": a pending order''s expire_at into payidem.order_expiry.';
+CREATE TRIGGER order_expiry_queue
+	AFTER INSERT OR UPDATE OF status, expire_at ON payidem."order"
+	FOR EACH ROW EXECUTE FUNCTION payidem._queue_expiry();
+
+-- Housekeeping (the background worker, src/housekeeping.c): a run first
+-- removes from the queue, in batches, the rows whose time has passed and
+-- whose order is no longer pending at that time (locking those orders FOR
+-- SHARE SKIP LOCKED, so an order a transaction is changing is looked at
+-- again next time, and one made pending again meanwhile keeps its row);
+-- then reads the expired orders once and closes each in a transaction of
+-- its own, so it never holds more than one order's lock, a failure on one
+-- order stops only that one, and no call scans again what the ones before
+-- it passed.
+CREATE FUNCTION payidem._prune_expiry_queue(max_rows integer)
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+	WITH done AS (
+		SELECT q.expire_at, q.order_no
+		  FROM payidem.order_expiry q JOIN payidem."order" x ON x.order_no = q.order_no
+		 WHERE q.expire_at <= now() AND (x.status <> 'pending' OR x.expire_at <> q.expire_at)
+		 ORDER BY q.expire_at, q.order_no
+		 LIMIT max_rows
+		   FOR SHARE OF x SKIP LOCKED),
+	gone AS (
+		DELETE FROM payidem.order_expiry q USING done d
+		 WHERE q.expire_at = d.expire_at AND q.order_no = d.order_no
+		RETURNING 1)
+	SELECT count(*) FROM gone
+$$;
+COMMENT ON FUNCTION payidem._prune_expiry_queue(integer) IS
+	'Internal (housekeeping): remove up to max_rows rows of payidem.order_expiry past their time whose order is no longer pending at it; how many were removed.';
+
 CREATE FUNCTION payidem._expired_orders(max_rows integer)
 RETURNS SETOF text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-	SELECT x.order_no::text FROM payidem."order" x
-	 WHERE x.status = 'pending' AND x.expire_at <= now()
+	SELECT x.order_no::text
+	  FROM payidem.order_expiry q JOIN payidem."order" x ON x.order_no = q.order_no
+	 WHERE q.expire_at <= now() AND x.status = 'pending' AND x.expire_at = q.expire_at
 	   AND NOT EXISTS (SELECT 1 FROM payidem.payment p
 						WHERE p.order_no = x.order_no AND p.status = 'pending')
-	 ORDER BY x.expire_at, x.order_no
+	 ORDER BY q.expire_at, q.order_no
 	 LIMIT max_rows
 $$;
 COMMENT ON FUNCTION payidem._expired_orders(integer) IS
@@ -1160,9 +1199,10 @@ BEGIN
 	-- a payment result never waits for query_due().
 	FOR c IN
 		SELECT p.payment_no::text AS payment_no, p.order_no, p.channel_no, o.expire_at
-		  FROM payidem."order" o
+		  FROM payidem.order_expiry q
+		  JOIN payidem."order" o ON o.order_no = q.order_no AND o.expire_at = q.expire_at
 		  JOIN payidem.payment p ON p.order_no = o.order_no AND p.status = 'pending'
-		 WHERE o.status = 'pending' AND o.expire_at <= now()
+		 WHERE q.expire_at <= now() AND o.status = 'pending'
 		   AND NOT EXISTS (SELECT 1 FROM payidem.query_lease l
 							WHERE l.payment_no = p.payment_no AND l.leased_until > now())
 		 ORDER BY o.expire_at, p.payment_no

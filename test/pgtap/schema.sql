@@ -39,8 +39,8 @@ SELECT tables_are('payidem', ARRAY[
 	'merchant', 'merchant_secret', 'channel', 'channel_config', 'merchant_channel',
 	'order', 'payment', 'refund', 'notify_event', 'query_lease',
 	'idempotency', 'anomaly', 'channel_bill', 'recon_batch', 'reconciliation',
-	'merchant_role', 'auditor_role'
-], 'payidem has exactly the 20 expected tables');
+	'merchant_role', 'auditor_role', 'order_expiry'
+], 'payidem has exactly the 21 expected tables');
 SELECT has_table('payidem', 'state',            'table payidem.state exists');
 SELECT has_table('payidem', 'transition',       'table payidem.transition exists');
 SELECT has_table('payidem', 'status_log',       'table payidem.status_log exists');
@@ -1200,12 +1200,12 @@ $$, $$ VALUES
 	('state', 'WHERE NOT builtin'), ('transition', 'WHERE NOT builtin'),
 	('status_log', ''), ('status_log_log_id_seq', ''),
 	('merchant', ''), ('merchant_secret', ''), ('channel', ''), ('channel_config', ''), ('merchant_channel', ''),
-	('order', ''), ('payment', ''), ('refund', ''),
+	('order', ''), ('order_expiry', ''), ('payment', ''), ('refund', ''),
 	('notify_event', ''), ('notify_event_seq', ''), ('query_lease', ''),
 	('idempotency', ''), ('anomaly', ''), ('anomaly_anomaly_id_seq', ''),
 	('channel_bill', ''), ('recon_batch', ''), ('reconciliation', ''), ('reconciliation_recon_id_seq', ''), ('order_no_hwm', ''),
 	('merchant_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)'), ('auditor_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)')
-$$, 'extconfig lists the 20 tables and 5 sequences, with their dump conditions');
+$$, 'extconfig lists the 21 tables and 5 sequences, with their dump conditions');
 SELECT set_eq($$
 	SELECT c.relname::text, cfg.cond
 	FROM pg_catalog.pg_extension e,

@@ -8,7 +8,8 @@
 #    failed), a key within it and a processing key are kept, and a new
 #    retention applies after a reload;
 # 3. every database with payidem is housekept, one without it is skipped
-#    quietly; DROP EXTENSION in one leaves no error loop in the log and the
+#    quietly; the expiry queue lets go of closed and paid orders once their
+#    time has passed, and an expiry a DBA moves earlier is the one that counts; DROP EXTENSION in one leaves no error loop in the log and the
 #    other goes on; DROP DATABASE works while the worker runs;
 # 4. a worker stuck behind a lock shows in pg_stat_activity, gives up at
 #    its lock_timeout (one logged error per interval, never a loop) and
@@ -224,6 +225,31 @@ ok(wait_for('hk_other', closed_sql($order_c), 1 + 2 * $interval + 1), 'an expire
 is(stat_of('hk_other', 'housekeeping_orders_closed'), '1', '... counted for that database');
 is(stat_of('hk_other', 'housekeeping_orders_closed', 'server_value'), '2', '... and in the server total');
 is(worker_errors($log_start), 0, 'no housekeeping error so far (the database without payidem is skipped quietly)');
+
+# the expiry queue (payidem.order_expiry): a closed order's row goes once
+# its time has passed; so does a paid one's, and the payment wrote none; an
+# expiry a DBA moves earlier is the one that counts
+my $queued = sub {
+	my ($order_no) = @_;
+	return qq{SELECT (SELECT count(*) FROM payidem.order_expiry WHERE order_no = '$order_no')};
+};
+ok(wait_for('hk_other', $queued->($order_c) . ' = 0', 2 * $interval + 2),
+	'the expiry queue lets go of the closed order');
+my $order_paid = new_order('hk_other', 'HK-Q1', '1 second');
+my $pay_paid = $node->safe_psql('hk_other', "SELECT payidem.begin_payment('$order_paid', 'HK_WX')");
+is($node->safe_psql('hk_other', qq{SELECT payidem.apply_payment_result('$pay_paid', 'callback', 'succeeded', 'TX-HK-Q1', 100)}),
+	'applied', 'an order paid before its expiry');
+is($node->safe_psql('hk_other', $queued->($order_paid)), '1', '... is still queued, once: its payment wrote nothing there');
+ok(wait_for('hk_other', $queued->($order_paid) . ' = 0', 1 + 2 * $interval + 2),
+	'... and leaves the queue once its time has passed');
+is(status_of('hk_other', $order_paid), 'paid', '... still paid');
+my $order_moved = new_order('hk_other', 'HK-Q2', '1 hour');
+$node->safe_psql('hk_other', qq{UPDATE payidem."order" SET expire_at = now() + interval '1 second' WHERE order_no = '$order_moved'});
+is($node->safe_psql('hk_other', $queued->($order_moved)), '2', 'an expiry moved earlier is queued at its new time too');
+ok(wait_for('hk_other', closed_sql($order_moved), 1 + 2 * $interval + 2),
+	'... and the order is closed at that time, not an hour later');
+ok(wait_for('hk_other', $queued->($order_moved) . ' = 1', 2 * $interval + 2),
+	'... its row at that time leaves the queue; the one of its old time waits for that time');
 
 my $offset = -s $node->logfile;
 $node->safe_psql('hk_other', 'DROP EXTENSION payidem CASCADE');
