@@ -15,14 +15,15 @@
 #
 # Then one delivery of a payment result, each in a transaction of its own (a
 # line of its own for the single-user backend, so the commit and everything
-# deferred to it are counted), through payidem.apply_payment_result(), through
+# deferred to it are counted; an EXECUTE of a statement prepared once, as a
+# driver sends it), through payidem.apply_payment_result(), through
 # seed 002's handler (bench/flow_setup.sql: bench.ref_apply) and through that
 # handler on copies of payidem's tables (bench.ref_same_apply): a first success
 # and a duplicate of each, and a one-row insert commit, all in the same run, so
 # their ratios are exact.  Each is counted by callgrind (FLOW_N transactions,
 # minus FLOW_N of the same reads without the call) and timed as backend CPU
-# (user + system time of the single-user backend, CPU_RUNS runs without
-# valgrind, the median); every delivery's outcome is checked.
+# (user + system time of the single-user backend, CPU_RUNS runs of CPU_N
+# without valgrind, the median); every delivery's outcome is checked.
 #
 # Also writes bench/out/instructions.md (the tables, with the baseline next to
 # each count) and bench/out/instructions.targets.  N (2000) calls per
@@ -40,7 +41,8 @@ if [ -n "${PG:-}" ] && [ -z "${PAYIDEM_IN_CHROOT:-}" ] && [ "$PG" != "$(native_m
 fi
 N=${N:-2000}
 FLOW_N=${FLOW_N:-1000}
-CPU_RUNS=${CPU_RUNS:-3}
+CPU_N=${CPU_N:-4000}
+CPU_RUNS=${CPU_RUNS:-5}
 TOLERANCE=${TOLERANCE:-1.20}
 BASELINE=bench/instructions.pg$PG_MAJOR.baseline
 
@@ -85,7 +87,7 @@ SQL
 # the deliveries: bench/flow.sh's set-up, with pending payments for the
 # callgrind run and each CPU run
 DBF=bench_flow
-POOL=$((FLOW_N * (1 + CPU_RUNS)))
+POOL=$((FLOW_N + CPU_N * CPU_RUNS))
 psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE $DBF"
 psql -X -q -At -v ON_ERROR_STOP=1 -v pool="$POOL" -v ref_pool="$POOL" -v ref_same_pool="$POOL" \
 	-d "$DBF" -f bench/flow_setup.sql >/dev/null
@@ -147,24 +149,25 @@ done
 
 # One delivery per transaction: payidem, seed 002's handler, that handler on
 # payidem's tables, and a one-row insert commit.  NAME -> the statement of
-# delivery @K (a pool number), the outcome each must print, and the pool range:
+# delivery $1 (a pool number), the outcome each must print, and the pool range:
 # a first success takes a fresh pending payment of its pool for every
-# delivery (run r of 0..CPU_RUNS uses 1001 + r * FLOW_N ...), a duplicate one
+# delivery (the callgrind run 1001 ..., CPU run r the CPU_N after those of
+# run r - 1), a duplicate one
 # of the 1,000 that flow_setup.sql paid.
 declare -A DCALL=(
-	[payidem_first]="SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || k, amount) FROM bench.pool WHERE k = @K;"
-	[seed002_first]="SELECT bench.ref_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_pool WHERE k = @K;"
-	[same_tables_first]="SELECT bench.ref_same_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_same_pool WHERE k = @K;"
-	[insert_commit]="INSERT INTO bench.ceiling (v) VALUES (@K);"
+	[payidem_first]="SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || k, amount) FROM bench.pool WHERE k = \$1;"
+	[seed002_first]="SELECT bench.ref_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_pool WHERE k = \$1;"
+	[same_tables_first]="SELECT bench.ref_same_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_same_pool WHERE k = \$1;"
+	[insert_commit]="INSERT INTO bench.ceiling (v) VALUES (\$1);"
 )
 DCALL[payidem_dup]=${DCALL[payidem_first]}
 DCALL[seed002_dup]=${DCALL[seed002_first]}
 DCALL[same_tables_dup]=${DCALL[same_tables_first]}
 declare -A DBASE=(
-	[payidem_first]="SELECT payment_no, 'TX' || k, amount FROM bench.pool WHERE k = @K;"
-	[seed002_first]="SELECT payment_no, 'TX' || k, amount FROM bench.ref_pool WHERE k = @K;"
-	[same_tables_first]="SELECT payment_no, 'TX' || k, amount FROM bench.ref_same_pool WHERE k = @K;"
-	[insert_commit]="SELECT @K;"
+	[payidem_first]="SELECT payment_no, 'TX' || k, amount FROM bench.pool WHERE k = \$1;"
+	[seed002_first]="SELECT payment_no, 'TX' || k, amount FROM bench.ref_pool WHERE k = \$1;"
+	[same_tables_first]="SELECT payment_no, 'TX' || k, amount FROM bench.ref_same_pool WHERE k = \$1;"
+	[insert_commit]="SELECT \$1::bigint;"
 )
 DBASE[payidem_dup]=${DBASE[payidem_first]}
 DBASE[seed002_dup]=${DBASE[seed002_first]}
@@ -175,56 +178,57 @@ declare -A DOUTCOME=(
 )
 DORDER=(payidem_first seed002_first same_tables_first payidem_dup seed002_dup same_tables_dup insert_commit)
 
-# delivery_script NAME call|base RUN -> the file of FLOW_N statements
+# delivery_script NAME call|base RUN N -> the file of N statements
 delivery_script() {
-	local name=$1 which=$2 r=$3 f="$RUN/delivery.$1.$2.$3.sql" stmt
+	local name=$1 which=$2 r=$3 n=$4 f="$RUN/delivery.$1.$2.$3.sql" stmt first
 	if [ "$which" = call ]; then stmt=${DCALL[$name]}; else stmt=${DBASE[$name]}; fi
-	awk -v n="$FLOW_N" -v r="$r" -v dup="$([[ $name == *_dup ]] && echo 1 || echo 0)" -v s="$stmt" 'BEGIN {
-		for (i = 0; i < n; i++) {
-			k = dup ? 1 + i % 1000 : 1001 + r * n + i
-			line = s; gsub(/@K/, k, line); print line
-		}
-	}' >"$f"
+	# prepared once, as a driver does, so neither the call's parse nor its plan is counted
+	printf 'PREPARE d(bigint) AS %s\n' "$stmt" >"$f"
+	first=$(( r == 0 ? 1001 : 1001 + FLOW_N + (r - 1) * CPU_N ))
+	awk -v n="$n" -v first="$first" -v dup="$([[ $name == *_dup ]] && echo 1 || echo 0)" 'BEGIN {
+		for (i = 0; i < n; i++)
+			printf "EXECUTE d(%d);\n", dup ? 1 + i % 1000 : first + i
+	}' >>"$f"
 	is_root && chown postgres: "$f"
 	echo "$f"
 }
 
-# delivery_check NAME LOG: no error, and every delivery gave its outcome
+# delivery_check NAME LOG N: no error, and every delivery gave its outcome
 delivery_check() {
-	local name=$1 log=$2 want=${DOUTCOME[$1]:-} got
+	local name=$1 log=$2 n=$3 want=${DOUTCOME[$1]:-} got
 	if grep -q ERROR "$log"; then
 		grep ERROR "$log" | head -3 >&2
 		die "$name failed"
 	fi
 	[ -n "$want" ] || return 0
 	got=$(grep -c "= \"$want\"" "$log" || true)
-	[ "$got" -eq "$FLOW_N" ] || die "$name: $got of $FLOW_N deliveries were '$want'"
+	[ "$got" -eq "$n" ] || die "$name: $got of $n deliveries were '$want'"
 }
 
 # delivery_instructions NAME call|base
 delivery_instructions() {
 	local name=$1 which=$2 out="$RUN/callgrind.d.$1.$2" script
-	script=$(delivery_script "$name" "$which" 0)
+	script=$(delivery_script "$name" "$which" 0 "$FLOW_N")
 	single "$script" "$DBF" as_pg valgrind --tool=callgrind --callgrind-out-file="$out" --trace-children=no \
 		>"$RUN/single.d.$name.$which.log" 2>"$RUN/valgrind.d.$name.$which.log" ||
 		{ tail -20 "$RUN/valgrind.d.$name.$which.log" >&2; die "callgrind run failed for $name"; }
-	[ "$which" = call ] && delivery_check "$name" "$RUN/single.d.$name.$which.log"
+	[ "$which" = call ] && delivery_check "$name" "$RUN/single.d.$name.$which.log" "$FLOW_N"
 	awk '/^summary:/ {print $2}' "$out"
 }
 
 # delivery_cpu NAME call|base RUN -> user + system seconds of the backend
 delivery_cpu() {
 	local name=$1 which=$2 r=$3 script log="$RUN/single.cpu.$1.$2.$3.log" TIMEFORMAT='%3U %3S'
-	script=$(delivery_script "$name" "$which" "$r")
+	script=$(delivery_script "$name" "$which" "$r" "$CPU_N")
 	{ time single "$script" "$DBF" as_pg >"$log" 2>&1; } 2>"$RUN/time.$name.$which.$r" ||
 		{ tail -5 "$log" >&2; die "$name failed"; }
-	[ "$which" = call ] && delivery_check "$name" "$log"
+	[ "$which" = call ] && delivery_check "$name" "$log" "$CPU_N"
 	awk '{print $1 + $2}' "$RUN/time.$name.$which.$r"
 }
 
 DOUT=bench/out/instructions.delivery
 : >"$DOUT"
-say "one delivery per transaction (callgrind and backend CPU, FLOW_N = $FLOW_N, $CPU_RUNS CPU runs)"
+say "one delivery per transaction (callgrind: FLOW_N = $FLOW_N; backend CPU: $CPU_RUNS runs of CPU_N = $CPU_N)"
 for name in "${DORDER[@]}"; do
 	base=$(delivery_instructions "$name" base)
 	full=$(delivery_instructions "$name" call)
@@ -233,7 +237,7 @@ for name in "${DORDER[@]}"; do
 	for r in $(seq 1 "$CPU_RUNS"); do
 		b=$(delivery_cpu "$name" base "$r")
 		c=$(delivery_cpu "$name" call "$r")
-		cpus+=("$(awk -v c="$c" -v b="$b" -v n="$FLOW_N" 'BEGIN {printf "%.1f", (c - b) * 1e6 / n}')")
+		cpus+=("$(awk -v c="$c" -v b="$b" -v n="$CPU_N" 'BEGIN {printf "%.1f", (c - b) * 1e6 / n}')")
 	done
 	us=$(printf '%s\n' "${cpus[@]}" | median)
 	printf '%-18s %10d %8s\n' "$name" "$per" "$us" | tee -a "$DOUT"
@@ -259,7 +263,7 @@ dget() { awk -v n="$1" -v f="$2" '$1 == n {print $f}' "$DOUT"; }
 	echo
 	echo "One delivery of a success result per transaction ($FLOW_N transactions, the same reads"
 	echo "without the call subtracted; backend CPU: user + system time of the single-user backend,"
-	echo "median of $CPU_RUNS runs), in the same run: payidem's \`apply_payment_result()\`, seed 002's"
+	echo "median of $CPU_RUNS runs of $CPU_N), in the same run: payidem's \`apply_payment_result()\`, seed 002's"
 	echo "handler on its own light tables (\`bench.ref_apply\`), and that handler on copies of payidem's"
 	echo "tables (\`bench.ref_same_apply\`):"
 	echo
@@ -288,7 +292,7 @@ printf 'every call within %s× of the baseline (make bench-check)\t%s\t%s\n' "$T
 	>bench/out/instructions.targets
 # the delivery targets (#23): a first success at most 0.8x seed 002's handler
 # in instructions and in CPU, and under 1.0x at the least; a duplicate at most
-# 0.3x of that handler's first success
+# 0.3x of that handler's duplicate
 target() {	# what, measured ratio, limit
 	printf '%s\t%s×\t%s\n' "$1" "$2" "$(awk -v m="$2" -v l="$3" 'BEGIN {print (m != "n/a" && m <= l) ? "yes" : "no"}')"
 }
@@ -299,8 +303,8 @@ target() {	# what, measured ratio, limit
 		"$(ratio "$(dget payidem_first 3)" "$(dget seed002_first 3)")" 0.8
 	target "first success below 1.0× the seed-002 handler's instructions (the least)" \
 		"$(ratio "$(dget payidem_first 2)" "$(dget seed002_first 2)")" 0.999
-	target "duplicate ≤ 0.3× the seed-002 handler's first success (instructions)" \
-		"$(ratio "$(dget payidem_dup 2)" "$(dget seed002_first 2)")" 0.3
+	target "duplicate ≤ 0.3× the seed-002 handler's duplicate (instructions)" \
+		"$(ratio "$(dget payidem_dup 2)" "$(dget seed002_dup 2)")" 0.3
 	printf 'CPU of a first success, as a multiple of a one-row insert commit\t%s× (instructions %s×)\tn/a\n' \
 		"$(ratio "$(dget payidem_first 3)" "$(dget insert_commit 3)")" "$(ratio "$(dget payidem_first 2)" "$(dget insert_commit 2)")"
 } >>bench/out/instructions.targets
