@@ -26,10 +26,7 @@ read -r -a SIZES <<<"${GROWTH_SIZES:-10000 1000000}"
 FLOW_N=${FLOW_N:-500}
 DAY_N=${DAY_N:-1000}
 
-command -v valgrind >/dev/null || {
-	is_root || die "valgrind is missing: sudo apt-get install -y valgrind"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-}
+ensure_valgrind
 set_pg_paths
 bench_build
 

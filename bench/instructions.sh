@@ -46,10 +46,7 @@ CPU_RUNS=${CPU_RUNS:-5}
 TOLERANCE=${TOLERANCE:-1.20}
 BASELINE=bench/instructions.pg$PG_MAJOR.baseline
 
-command -v valgrind >/dev/null || {
-	is_root || die "valgrind is missing: sudo apt-get install -y valgrind"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-}
+ensure_valgrind
 set_pg_paths
 bench_build
 

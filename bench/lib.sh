@@ -19,3 +19,10 @@ bench_build() {
 	ensure_packages
 	build_and_install
 }
+
+# valgrind, for the instruction counts (installed if missing, as root)
+ensure_valgrind() {
+	command -v valgrind >/dev/null && return 0
+	is_root || die "valgrind is missing: sudo apt-get install -y valgrind"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+}
