@@ -647,6 +647,17 @@ SELECT pg_stat_get_xact_tuples_updated('payidem."order"'::regclass) AS order_upd
        pg_stat_get_xact_tuples_hot_updated('payidem."order"'::regclass) AS order_hot_updates;
 SELECT count(*) AS queued_after_payment FROM payidem.order_expiry WHERE order_no = :'o_hot';
 COMMIT;
+-- an order written with the triggers off is not queued until the queue is
+-- made again from the orders
+SET session_replication_role = replica;
+INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
+VALUES (payidem.gen_order_no('PO'), :'m1', 'HOT-0002', 'Tea leaves', 700, now() + interval '1 hour')
+RETURNING order_no AS o_off \gset
+RESET session_replication_role;
+SELECT count(*) AS queued_with_triggers_off FROM payidem.order_expiry WHERE order_no = :'o_off';
+SELECT payidem.rebuild_expiry_queue() >= 1 AS rebuilt;
+SELECT count(*) AS queued_after_rebuild FROM payidem.order_expiry WHERE order_no = :'o_off';
+SELECT payidem.rebuild_expiry_queue() AS rebuilt_again;
 
 ------------------------------------------------------------------- privileges
 -- an application role reaches the flow only through the functions

@@ -111,6 +111,10 @@
 #define HOUSEKEEPING_MAX_CLOSES			1000
 /* ... and at most this many batches of this many keys purged ... */
 #define HOUSEKEEPING_PURGE_BATCH		1000
+/* rows of the expiry queue looked at per transaction: each of their orders
+ * is locked FOR SHARE until it commits, so a payment call on one of them
+ * waits for at most this batch */
+#define HOUSEKEEPING_PRUNE_BATCH		100
 #define HOUSEKEEPING_MAX_PURGE_BATCHES	100
 /* ... each phase for at most this long (milliseconds) ... */
 #define HOUSEKEEPING_PHASE_MS			1000
@@ -677,10 +681,10 @@ purge_idempotency_keys(MemoryContext cxt)
 static int64
 prune_expiry_queue(MemoryContext cxt)
 {
-	Datum		values[1] = {Int32GetDatum(HOUSEKEEPING_PURGE_BATCH)};
+	Datum		values[1] = {Int32GetDatum(HOUSEKEEPING_PRUNE_BATCH)};
 
 	return delete_in_batches(cxt, prune_plan, values, "SELECT payidem._prune_expiry_queue($1)",
-							 "removing settled orders from the expiry queue", HOUSEKEEPING_PURGE_BATCH, -1);
+							 "removing settled orders from the expiry queue", HOUSEKEEPING_PRUNE_BATCH, -1);
 }
 
 /*
@@ -751,13 +755,12 @@ payidem_housekeeping_db_main(Datum main_arg)
 
 /*
  * payidem._queue_expiry() — trigger order_expiry_queue, AFTER INSERT OR
- * UPDATE OF status, expire_at ON payidem."order" FOR EACH ROW.  A pending
- * order's expire_at into payidem.order_expiry, when it is not queued at that
- * time yet: an order inserted pending, one made pending again, one whose
- * expire_at moved while pending.  Every other change (the payment of an
- * order, its close) returns before any work, so a payment writes nothing to
- * the queue.  An owner's COPY into "order" (a restore) adds nothing: the
- * queue is dumped and restored with the orders.  The row is written as the
+ * UPDATE ON payidem."order" FOR EACH ROW.  A pending order's expire_at into
+ * payidem.order_expiry, when it is not queued at that time yet: an order
+ * inserted pending (a restore's COPY too: the queue is derived data, not
+ * dumped), one made pending again, one whose expire_at moved while pending.
+ * Every other change (the payment of an order, its close) returns before
+ * any work, so a payment writes nothing to the queue.  The row is written as the
  * queue's owner (an application writes orders through payidem's functions;
  * whoever else may write them need not be able to write the queue), through
  * a saved, schema-qualified plan; ON CONFLICT DO NOTHING, as a time queued
@@ -812,6 +815,11 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 		!(TRIGGER_FIRED_BY_INSERT(td->tg_event) || TRIGGER_FIRED_BY_UPDATE(td->tg_event)))
 		elog(ERROR, "payidem._queue_expiry() must be an AFTER INSERT OR UPDATE ... FOR EACH ROW trigger");
 	rel = td->tg_relation;
+	if (RelationGetRelid(rel) != payidem_relid("order"))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem._queue_expiry() is the trigger of payidem.\"order\" only"),
+				 errdetail("It was fired on %s.", RelationGetRelationName(rel))));
 	tuple = TRIGGER_FIRED_BY_UPDATE(td->tg_event) ? td->tg_newtuple : td->tg_trigtuple;
 	if (!order_pending(rel, tuple, &expire_at))
 		return PointerGetDatum(NULL);
@@ -820,8 +828,6 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 		if (order_pending(rel, td->tg_trigtuple, &old_expire_at) && old_expire_at == expire_at)
 			return PointerGetDatum(NULL);	/* queued at that time already */
 	}
-	else if (payidem_restoring(rel))
-		return PointerGetDatum(NULL);
 
 	values[0] = TimestampTzGetDatum(expire_at);
 	values[1] = heap_getattr(tuple, SPI_fnumber(RelationGetDescr(rel), "order_no"), RelationGetDescr(rel), &isnull);

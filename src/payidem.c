@@ -99,47 +99,64 @@ payidem_text_equal(Datum a, Datum b)
  *		an argument with the domain of the column it is written to, so a
  *		format's pattern is written once, in its domain, and they can still
  *		say which argument is wrong (docs/schema.md, "Formats as domains").
- *		The constraints are compiled once per backend and domain, kept up
- *		to date by the type cache (an ALTER DOMAIN is seen at the next call).
+ *		Kept per call site (fn_extra, freed with it): the type cache's
+ *		current constraints of the domain, and their checks compiled once
+ *		for that set; a change of the domain's constraints (the type cache
+ *		gives a new set) compiles them again in place of the old ones.
  */
 typedef struct DomainFit
 {
 	Oid			typid;
-	DomainConstraintRef ref;
+	DomainConstraintRef ref;	/* the type cache's constraints, not compiled */
+	void	   *compiled_for;	/* ref.constraints when checks were compiled */
+	MemoryContext checks_context;	/* what they were compiled into */
+	int			nchecks;
+	ExprState **checks;
 	ExprContext *econtext;
 } DomainFit;
 
-#define MAX_DOMAIN_FITS 16
-static DomainFit *domain_fits[MAX_DOMAIN_FITS];
-static int	n_domain_fits = 0;
-static MemoryContext domain_fit_context = NULL;
-
 static DomainFit *
-domain_fit(Oid typid)
+domain_fit(FmgrInfo *flinfo, Oid typid)
 {
-	DomainFit  *fit;
+	DomainFit  *fit = (DomainFit *) flinfo->fn_extra;
 	MemoryContext oldcxt;
-	int			i;
+	ListCell   *lc;
+	int			n;
 
-	for (i = 0; i < n_domain_fits; i++)
-		if (domain_fits[i]->typid == typid)
-			return domain_fits[i];
-	if (get_typtype(typid) != TYPTYPE_DOMAIN || getBaseType(typid) != TEXTOID)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s is not a domain over text", format_type_be(typid))));
-	if (n_domain_fits >= MAX_DOMAIN_FITS)
-		elog(ERROR, "payidem._fits: more than %d domains", MAX_DOMAIN_FITS);
-	if (domain_fit_context == NULL)
-		domain_fit_context = AllocSetContextCreate(CacheMemoryContext, "payidem domain checks",
-												   ALLOCSET_SMALL_SIZES);
-	oldcxt = MemoryContextSwitchTo(domain_fit_context);
-	fit = palloc0(sizeof(DomainFit));
-	fit->typid = typid;
-	InitDomainConstraintRef(typid, &fit->ref, domain_fit_context, true);
-	fit->econtext = CreateStandaloneExprContext();
+	if (fit == NULL || fit->typid != typid)
+	{
+		if (get_typtype(typid) != TYPTYPE_DOMAIN || getBaseType(typid) != TEXTOID)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s is not a domain over text", format_type_be(typid))));
+		oldcxt = MemoryContextSwitchTo(flinfo->fn_mcxt);
+		fit = palloc0(sizeof(DomainFit));
+		fit->typid = typid;
+		InitDomainConstraintRef(typid, &fit->ref, flinfo->fn_mcxt, false);
+		fit->checks_context = AllocSetContextCreate(flinfo->fn_mcxt, "payidem domain checks",
+													ALLOCSET_SMALL_SIZES);
+		fit->econtext = CreateStandaloneExprContext();
+		MemoryContextSwitchTo(oldcxt);
+		flinfo->fn_extra = fit;		/* a previous one is left to fn_mcxt */
+	}
+	UpdateDomainConstraintRef(&fit->ref);
+	if (fit->checks != NULL && fit->compiled_for == (void *) fit->ref.constraints)
+		return fit;
+	MemoryContextReset(fit->checks_context);
+	oldcxt = MemoryContextSwitchTo(fit->checks_context);
+	fit->checks = palloc0(sizeof(ExprState *) * (list_length(fit->ref.constraints) + 1));
+	n = 0;
+	foreach(lc, fit->ref.constraints)
+	{
+		DomainConstraintState *con = (DomainConstraintState *) lfirst(lc);
+
+		if (con->constrainttype == DOM_CONSTRAINT_CHECK)
+			fit->checks[n++] = ExecInitExpr(con->check_expr, NULL);
+		/* NOT NULL: the value is not NULL (STRICT) */
+	}
+	fit->nchecks = n;
+	fit->compiled_for = (void *) fit->ref.constraints;
 	MemoryContextSwitchTo(oldcxt);
-	domain_fits[n_domain_fits++] = fit;
 	return fit;
 }
 
@@ -147,24 +164,18 @@ PG_FUNCTION_INFO_V1(payidem_fits);
 Datum
 payidem_fits(PG_FUNCTION_ARGS)
 {
-	Datum		value = PG_GETARG_DATUM(0);
-	DomainFit  *fit = domain_fit(PG_GETARG_OID(1));
+	DomainFit  *fit = domain_fit(fcinfo->flinfo, PG_GETARG_OID(1));
 	ExprContext *econtext = fit->econtext;
 	bool		fits = true;
-	ListCell   *lc;
+	int			i;
 
-	UpdateDomainConstraintRef(&fit->ref);
-	econtext->domainValue_datum = value;
+	econtext->domainValue_datum = PG_GETARG_DATUM(0);
 	econtext->domainValue_isNull = false;
-	foreach(lc, fit->ref.constraints)
+	for (i = 0; i < fit->nchecks; i++)
 	{
-		DomainConstraintState *con = (DomainConstraintState *) lfirst(lc);
 		bool		isnull;
-		Datum		ok;
+		Datum		ok = ExecEvalExprSwitchContext(fit->checks[i], econtext, &isnull);
 
-		if (con->constrainttype != DOM_CONSTRAINT_CHECK)
-			continue;			/* NOT NULL: the value is not NULL */
-		ok = ExecEvalExprSwitchContext(con->check_exprstate, econtext, &isnull);
 		/* as a CHECK: NULL passes */
 		if (!isnull && !DatumGetBool(ok))
 		{

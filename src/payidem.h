@@ -97,8 +97,6 @@ extern void recon_define_gucs(void);
 /* flow.c */
 extern void flow_define_gucs(void);
 extern bool payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_at);
-/* state_machine.c: an owner's COPY FROM into rel (a restore) is running */
-extern bool payidem_restoring(struct RelationData *rel);
 /* ledger.c */
 extern bool payidem_payment_has_paid(Datum status);
 

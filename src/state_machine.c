@@ -783,7 +783,7 @@ guard_null_column(Relation rel, const char *entity, const char *colname)
  * table's triggers anyway — its owner, or a superuser — so nothing is
  * opened that was closed: an application's COPY or INSERT is refused as
  * before.  *copying says whether it is such a COPY at all (for the hint of
- * a refusal).  Also the expiry queue's trigger's test (payidem_restoring).
+ * a refusal).
  */
 static bool
 guard_restoring(Relation rel, bool *copying)
@@ -805,14 +805,6 @@ guard_restoring(Relation rel, bool *copying)
 		return false;
 	*copying = true;
 	return has_privs_of_role(GetUserId(), rel->rd_rel->relowner);
-}
-
-bool
-payidem_restoring(Relation rel)
-{
-	bool		copying;
-
-	return guard_restoring(rel, &copying);
 }
 
 /*

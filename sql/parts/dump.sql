@@ -13,7 +13,6 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.channel', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.channel_config', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_channel', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem."order"', '');
-SELECT pg_catalog.pg_extension_config_dump('payidem.order_expiry', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.payment', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.refund', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.notify_event', '');

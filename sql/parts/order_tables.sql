@@ -149,8 +149,7 @@ COMMENT ON TABLE payidem."order" IS
 -- time has passed, the rows of orders no longer pending at that time
 -- (_prune_expiry_queue).  So an order is written to it once, a payment
 -- writes nothing to it, and it holds about the orders of one expiry period.
--- An owner's COPY into "order" (a restore) adds nothing: the table is dumped
--- and restored with the rest.
+-- It is derived data: not dumped; a restore's COPY of "order" makes it again.
 CREATE TABLE payidem.order_expiry (
 	expire_at		timestamptz	NOT NULL,
 	order_no		text		NOT NULL,

@@ -654,9 +654,27 @@ AS 'MODULE_PATHNAME', 'payidem_queue_expiry'
 LANGUAGE C;
 COMMENT ON FUNCTION payidem._queue_expiry() IS
 	'Trigger order_expiry_queue on payidem."order": a pending order''s expire_at into payidem.order_expiry.';
+-- (every UPDATE, not UPDATE OF status, expire_at: a BEFORE trigger may change
+-- either without the statement naming it)
 CREATE TRIGGER order_expiry_queue
-	AFTER INSERT OR UPDATE OF status, expire_at ON payidem."order"
+	AFTER INSERT OR UPDATE ON payidem."order"
 	FOR EACH ROW EXECUTE FUNCTION payidem._queue_expiry();
+
+-- The queue made again from the orders: for pending orders written with the
+-- triggers off (session_replication_role = replica, DISABLE TRIGGER), which
+-- add no row; how many rows it added.
+CREATE FUNCTION payidem.rebuild_expiry_queue()
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+	WITH added AS (
+		INSERT INTO payidem.order_expiry (expire_at, order_no)
+		SELECT x.expire_at, x.order_no FROM payidem."order" x WHERE x.status = 'pending'
+		ON CONFLICT ON CONSTRAINT order_expiry_pkey DO NOTHING
+		RETURNING 1)
+	SELECT count(*) FROM added
+$$;
+COMMENT ON FUNCTION payidem.rebuild_expiry_queue() IS
+	'Queue the expiry of every pending order not queued at its expire_at (after pending orders were written with the triggers off); how many rows were added. Reads every order.';
 
 -- Housekeeping (the background worker, src/housekeeping.c): a run first
 -- removes from the queue, in batches, the rows whose time has passed and
@@ -680,8 +698,15 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 
 	gone AS (
 		DELETE FROM payidem.order_expiry q USING done d
 		 WHERE q.expire_at = d.expire_at AND q.order_no = d.order_no
+		RETURNING 1),
+	-- rows whose order does not exist (only a writer of the queue itself
+	-- could make one)
+	orphans AS (
+		DELETE FROM payidem.order_expiry q
+		 WHERE q.expire_at <= now()
+		   AND NOT EXISTS (SELECT 1 FROM payidem."order" x WHERE x.order_no = q.order_no)
 		RETURNING 1)
-	SELECT count(*) FROM gone
+	SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM orphans)
 $$;
 COMMENT ON FUNCTION payidem._prune_expiry_queue(integer) IS
 	'Internal (housekeeping): remove up to max_rows rows of payidem.order_expiry past their time whose order is no longer pending at it; how many were removed.';

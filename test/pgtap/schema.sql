@@ -1200,12 +1200,12 @@ $$, $$ VALUES
 	('state', 'WHERE NOT builtin'), ('transition', 'WHERE NOT builtin'),
 	('status_log', ''), ('status_log_log_id_seq', ''),
 	('merchant', ''), ('merchant_secret', ''), ('channel', ''), ('channel_config', ''), ('merchant_channel', ''),
-	('order', ''), ('order_expiry', ''), ('payment', ''), ('refund', ''),
+	('order', ''), ('payment', ''), ('refund', ''),
 	('notify_event', ''), ('notify_event_seq', ''), ('query_lease', ''),
 	('idempotency', ''), ('anomaly', ''), ('anomaly_anomaly_id_seq', ''),
 	('channel_bill', ''), ('recon_batch', ''), ('reconciliation', ''), ('reconciliation_recon_id_seq', ''), ('order_no_hwm', ''),
 	('merchant_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)'), ('auditor_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)')
-$$, 'extconfig lists the 21 tables and 5 sequences, with their dump conditions');
+$$, 'extconfig lists the 20 tables and 5 sequences, with their dump conditions (not order_expiry: derived, made again by a restore)');
 SELECT set_eq($$
 	SELECT c.relname::text, cfg.cond
 	FROM pg_catalog.pg_extension e,
@@ -1221,7 +1221,8 @@ SELECT is_empty($$
 	JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 	WHERE n.nspname = 'payidem' AND c.relkind IN ('r', 'p', 'S')
 	  AND c.oid <> ALL (SELECT unnest(extconfig) FROM pg_catalog.pg_extension WHERE extname = 'payidem')
-$$, 'extconfig: no table or sequence of payidem is left out of pg_dump');
+	  AND c.relname <> 'order_expiry'
+$$, 'extconfig: no table or sequence of payidem is left out of pg_dump but order_expiry (derived: a restore makes it again)');
 
 ------------------------------------------------------------------------------
 -- 6. Privileges: nothing for PUBLIC
