@@ -815,11 +815,6 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 		!(TRIGGER_FIRED_BY_INSERT(td->tg_event) || TRIGGER_FIRED_BY_UPDATE(td->tg_event)))
 		elog(ERROR, "payidem._queue_expiry() must be an AFTER INSERT OR UPDATE ... FOR EACH ROW trigger");
 	rel = td->tg_relation;
-	if (RelationGetRelid(rel) != payidem_relid("order"))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("payidem._queue_expiry() is the trigger of payidem.\"order\" only"),
-				 errdetail("It was fired on %s.", RelationGetRelationName(rel))));
 	tuple = TRIGGER_FIRED_BY_UPDATE(td->tg_event) ? td->tg_newtuple : td->tg_trigtuple;
 	if (!order_pending(rel, tuple, &expire_at))
 		return PointerGetDatum(NULL);
@@ -828,6 +823,12 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 		if (order_pending(rel, td->tg_trigtuple, &old_expire_at) && old_expire_at == expire_at)
 			return PointerGetDatum(NULL);	/* queued at that time already */
 	}
+	/* (checked only before a write: a payment's update returns above, no look-up) */
+	if (RelationGetRelid(rel) != payidem_relid("order"))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem._queue_expiry() is the trigger of payidem.\"order\" only"),
+				 errdetail("It was fired on %s.", RelationGetRelationName(rel))));
 
 	values[0] = TimestampTzGetDatum(expire_at);
 	values[1] = heap_getattr(tuple, SPI_fnumber(RelationGetDescr(rel), "order_no"), RelationGetDescr(rel), &isnull);
