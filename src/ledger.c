@@ -23,8 +23,9 @@
  *     payment of that order in a succeeded status; a payment's refunded
  *     amount is the sum of its succeeded refunds and is mirrored on the
  *     order it paid.  It compares OLD and NEW and returns at once unless
- *     something those rules read changed; then one or two look-ups by
- *     index, through saved plans, as the tables' owner.
+ *     something those rules read changed; then look-ups by index, as the
+ *     tables' owner: an order's two by key without SQL, a payment's
+ *     through saved plans.
  *
  * A change that breaks one is refused with PI002: the message names the
  * invariant, DETAIL the values, HINT the flow function that does the
@@ -39,6 +40,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -51,6 +53,7 @@
 #include "utils/datum.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
 #include "payidem.h"
@@ -273,7 +276,6 @@ payidem_ledger_row(PG_FUNCTION_ARGS)
 static SPIPlanPtr payment_plan = NULL;	/* a payment and its succeeded refunds */
 static SPIPlanPtr own_order_plan = NULL;	/* the order it paid, if it is its own */
 static SPIPlanPtr other_orders_plan = NULL; /* orders of other numbers naming it */
-static SPIPlanPtr order_plan = NULL;	/* an order and its paying payment */
 
 static SPIPlanPtr
 saved_plan(SPIPlanPtr *plan, const char *sql, int nargs)
@@ -374,34 +376,47 @@ check_payment(Datum payment_no, bool moved)
 	}
 }
 
-/* A paid order's paying payment is a succeeded payment of it, mirrored. */
+/*
+ * A paid order's paying payment is a succeeded payment of it, mirrored.  Two
+ * look-ups by key, without SQL (the first success of every payment comes
+ * here), with the snapshot the deferred triggers fire under.
+ */
 static void
 check_order(Datum order_no)
 {
+	Relation	orel = table_open(payidem_relid("order"), AccessShareLock);
+	HeapTuple	o = payidem_fetch_unique(orel, "order_pkey", 1, &order_no, GetActiveSnapshot());
+	Relation	prel;
+	HeapTuple	q = NULL;
+	Datum		paid_payment_no;
 	bool		isnull;
-	bool		q_missing;
 
-	run(saved_plan(&order_plan,
-				   "SELECT o.status, o.paid_payment_no, o.refunded_amount, q.order_no, q.status, q.refunded_amount"
-				   " FROM payidem.\"order\" o LEFT JOIN payidem.payment q"
-				   "   ON q.payment_no OPERATOR(pg_catalog.=) o.paid_payment_no"
-				   " WHERE o.order_no OPERATOR(pg_catalog.=) $1", 1),
-		order_no, (Datum) 0);
-	if (SPI_processed == 0 || !text_in(res(1, &isnull), paid_order))
+	if (o == NULL || !text_in(col(orel, o, "status", &isnull), paid_order))
+	{
+		table_close(orel, AccessShareLock);
 		return;
-	(void) res(4, &q_missing);
-	if (q_missing || !payidem_text_equal(res(4, &isnull), order_no) || !text_in(res(5, &isnull), paid_payment))
+	}
+	prel = table_open(payidem_relid("payment"), AccessShareLock);
+	paid_payment_no = col(orel, o, "paid_payment_no", &isnull);
+	if (!isnull)
+		q = payidem_fetch_unique(prel, "payment_pkey", 1, &paid_payment_no, GetActiveSnapshot());
+	if (q == NULL || !payidem_text_equal(col(prel, q, "order_no", &isnull), order_no) ||
+		!text_in(col(prel, q, "status", &isnull), paid_payment))
 		refuse("order", TextDatumGetCString(order_no), "paid without its payment", "apply_payment_result",
-			   "Order %s is %s; its paid_payment_no %s is %s.", TextDatumGetCString(order_no), res_text(1),
-			   res_text(2),
-			   q_missing ? "no payment"
-			   : !payidem_text_equal(res(4, &isnull), order_no) ? psprintf("a payment of order %s", res_text(4))
-			   : psprintf("a payment in status %s", res_text(5)));
-	if (DatumGetInt64(res(3, &isnull)) != DatumGetInt64(res(6, &isnull)))
+			   "Order %s is %s; its paid_payment_no %s is %s.", TextDatumGetCString(order_no),
+			   col_text(orel, o, "status"), col_text(orel, o, "paid_payment_no"),
+			   q == NULL ? "no payment"
+			   : !payidem_text_equal(col(prel, q, "order_no", &isnull), order_no)
+			   ? psprintf("a payment of order %s", col_text(prel, q, "order_no"))
+			   : psprintf("a payment in status %s", col_text(prel, q, "status")));
+	if (col_int8(orel, o, "refunded_amount") != col_int8(prel, q, "refunded_amount"))
 		refuse("order", TextDatumGetCString(order_no), "a refunded amount that is not its paying payment's",
 			   "apply_refund_result",
 			   "Order %s has refunded_amount %s; payment %s, which paid it, has %s.",
-			   TextDatumGetCString(order_no), res_text(3), res_text(2), res_text(6));
+			   TextDatumGetCString(order_no), col_text(orel, o, "refunded_amount"),
+			   col_text(orel, o, "paid_payment_no"), col_text(prel, q, "refunded_amount"));
+	table_close(prel, AccessShareLock);
+	table_close(orel, AccessShareLock);
 }
 
 static bool
@@ -471,19 +486,22 @@ payidem_ledger_at_commit(PG_FUNCTION_ARGS)
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	SetUserIdAndSecContext(rel->rd_rel->relowner,
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
 	if (kind == 'o')
 		check_order(col(rel, td->tg_newtuple, "order_no", &isnull));
-	else if (kind == 'p')
-		check_payment(col(rel, td->tg_newtuple, "payment_no", &isnull), changed(rel, td, "order_no"));
 	else
 	{
-		check_payment(col(rel, td->tg_newtuple, "payment_no", &isnull), false);
-		if (changed(rel, td, "payment_no"))
-			check_payment(col(rel, td->tg_trigtuple, "payment_no", &isnull), false);
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (kind == 'p')
+			check_payment(col(rel, td->tg_newtuple, "payment_no", &isnull), changed(rel, td, "order_no"));
+		else
+		{
+			check_payment(col(rel, td->tg_newtuple, "payment_no", &isnull), false);
+			if (changed(rel, td, "payment_no"))
+				check_payment(col(rel, td->tg_trigtuple, "payment_no", &isnull), false);
+		}
+		SPI_finish();
 	}
-	SPI_finish();
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 	return PointerGetDatum(NULL);
 }

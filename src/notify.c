@@ -14,31 +14,40 @@
  *     refund.succeeded (with the order as the statement left it).  The
  *     payload is the JSON text the merchant receives, byte for byte what
  *     the signature covers: its keys in a fixed order, those that do not
- *     apply to the event (the payment's, when there is none) left out.  The trigger's WHEN clause (in SQL) says which
- *     changes are reported; this decides only what the event says.
+ *     apply to the event (the payment's, when there is none) left out.
+ *     Which changes are reported is decided here too (reported(), below),
+ *     not in a WHEN clause.
  *
  *   payidem._utc(timestamptz) — 2026-11-30T07:33:36.463208Z.
  *
- * The trigger is SECURITY DEFINER (the event is written whoever changed
- * the row), with its own search_path, and reads and writes through three
- * saved plans whose names and operators are all schema-qualified.  The plans are kept for the session (SPI_keepplan); PostgreSQL
- * re-plans them when a table they use changes.
+ * The trigger acts as the tables' owner (the event is written whoever
+ * changed the row), switching to it itself rather than being SECURITY
+ * DEFINER: no settings to save and restore on every call.  It reads the
+ * payment (and, for a refund, the order) by key without SQL
+ * (payidem_fetch_unique) and writes the event through one saved plan whose
+ * names are all schema-qualified, so no search_path can change what it
+ * does.  The plan is kept for the session (SPI_keepplan); PostgreSQL
+ * re-plans it when notify_event changes.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
 #include "common/int.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/json.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "payidem.h"
@@ -81,43 +90,10 @@ payidem_utc(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
 }
 
-/* the saved plans */
-static SPIPlanPtr payment_plan = NULL;
-static SPIPlanPtr order_plan = NULL;
+/* the saved plan of the event's insert */
 static SPIPlanPtr insert_plan = NULL;
 
-/* the columns the two look-ups return, in this order */
-enum
-{
-	P_PAYMENT_NO, P_TRANSACTION_ID, P_PAID_AT
-};
-enum
-{
-	O_ORDER_NO, O_MERCHANT_NO, O_OUT_TRADE_NO, O_AMOUNT, O_CURRENCY, O_STATUS,
-	O_NOTIFY_URL, O_REFUNDED_AMOUNT
-};
-#define O_NCOLS 8
-
-/* one row by its key through plan, or false; read-write, so it sees what this statement wrote */
-static bool
-fetch_one(SPIPlanPtr plan, Datum key)
-{
-	Datum		args[1] = {key};
-	int			rc = SPI_execute_plan(plan, args, NULL, false, 1);
-
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "payidem: event look-up failed: %s", SPI_result_code_string(rc));
-	return SPI_processed == 1;
-}
-
-/* a column of the current SPI result's row as a C string, or NULL */
-static char *
-spi_col(int col)
-{
-	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, col + 1);
-}
-
-/* a column of a trigger tuple by name, as text, or NULL */
+/* a column of a tuple by name, as text (its type's output), or NULL */
 static char *
 tuple_col(Relation rel, HeapTuple tuple, const char *name)
 {
@@ -126,6 +102,62 @@ tuple_col(Relation rel, HeapTuple tuple, const char *name)
 	if (attnum <= 0)
 		elog(ERROR, "payidem: column %s of %s is missing", name, RelationGetRelationName(rel));
 	return SPI_getvalue(tuple, RelationGetDescr(rel), attnum);
+}
+
+/* a column of a tuple by name, as a Datum */
+static Datum
+tuple_datum(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
+{
+	int			attnum = SPI_fnumber(RelationGetDescr(rel), name);
+
+	if (attnum <= 0)
+		elog(ERROR, "payidem: column %s of %s is missing", name, RelationGetRelationName(rel));
+	return heap_getattr(tuple, attnum, RelationGetDescr(rel), isnull);
+}
+
+/* whether text column name of tuple is one of the NULL-ended list */
+static bool
+tuple_text_in(Relation rel, HeapTuple tuple, const char *name, const char *const *list)
+{
+	bool		isnull;
+	Datum		d = tuple_datum(rel, tuple, name, &isnull);
+	text	   *t;
+
+	if (isnull)
+		return false;
+	t = DatumGetTextPP(d);
+	for (; *list; list++)
+		if (VARSIZE_ANY_EXHDR(t) == strlen(*list) && memcmp(VARDATA_ANY(t), *list, strlen(*list)) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Which changes are reported: an order that became paid or closed and has a
+ * notify_url, a refund that became succeeded.  Here, not in the triggers'
+ * WHEN: the flow's direct updates build their executor state per call, and
+ * a WHEN clause is read back from the catalog and planned for each.
+ */
+static bool
+reported(Relation rel, bool is_refund, HeapTuple old, HeapTuple new)
+{
+	static const char *const order_reported[] = {"paid", "closed", NULL};
+	static const char *const succeeded[] = {"succeeded", NULL};
+	bool		old_null;
+	bool		new_null;
+	Datum		os;
+	Datum		ns;
+
+	if (is_refund)
+		return tuple_text_in(rel, new, "status", succeeded) && !tuple_text_in(rel, old, "status", succeeded);
+	if (!tuple_text_in(rel, new, "status", order_reported))
+		return false;
+	(void) tuple_datum(rel, new, "notify_url", &new_null);
+	if (new_null)
+		return false;
+	os = tuple_datum(rel, old, "status", &old_null);
+	ns = tuple_datum(rel, new, "status", &new_null);
+	return old_null || !payidem_text_equal(os, ns);
 }
 
 /*
@@ -172,7 +204,12 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	bool		is_refund;
 	const char *event;
 	/* the order, as the event reports it */
-	char	   *o[O_NCOLS];
+	Relation	order_rel;
+	HeapTuple	order;
+	char	   *o_order_no,
+			   *o_merchant_no,
+			   *o_status,
+			   *o_refunded_amount = NULL;
 	/* the payment, if any */
 	char	   *p_payment_no = NULL,
 			   *p_transaction_id = NULL;
@@ -185,7 +222,8 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	bool		payment_key_null = true;
 	int64		event_id;
 	StringInfoData payload;
-	Oid			text1[1] = {TEXTOID};
+	Oid			save_userid;
+	int			save_sec_context;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
@@ -193,81 +231,81 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	rel = trigdata->tg_relation;
 	tuple = trigdata->tg_newtuple;
 	is_refund = strcmp(RelationGetRelationName(rel), "refund") == 0;
+	if (!reported(rel, is_refund, trigdata->tg_trigtuple, tuple))
+		return PointerGetDatum(NULL);
 
-	SPI_connect();
+	/*
+	 * As the tables' owner: the event is written whoever changed the row
+	 * (application roles have no right on notify_event).  Every look-up
+	 * below is by key, without SQL; the one statement, the insert, names
+	 * everything schema-qualified, so no search_path is set for it.
+	 */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(rel->rd_rel->relowner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	/* the look-ups see what this statement wrote, as a next statement would */
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
 	if (is_refund)
 	{
-		Datum		order_no;
 		bool		isnull;
-		int			i;
+		Datum		order_no = tuple_datum(rel, tuple, "order_no", &isnull);
 
 		r_refund_no = tuple_col(rel, tuple, "refund_no");
 		r_amount = tuple_col(rel, tuple, "amount");
-		order_no = SPI_getbinval(tuple, RelationGetDescr(rel),
-								 SPI_fnumber(RelationGetDescr(rel), "order_no"), &isnull);
 		/* at the end of the statement: the order with this refund counted */
-		payidem_saved_plan(&order_plan,
-				  "SELECT order_no::pg_catalog.text, merchant_no, out_trade_no::pg_catalog.text,"
-				  " amount::pg_catalog.int8, currency::pg_catalog.text, status, notify_url::pg_catalog.text,"
-				  " refunded_amount FROM payidem.\"order\""
-				  " WHERE order_no OPERATOR(pg_catalog.=) $1",
-				  1, text1);
-		if (isnull || !fetch_one(order_plan, order_no))
+		order_rel = table_open(payidem_relid("order"), AccessShareLock);
+		order = isnull ? NULL :
+			payidem_fetch_unique(order_rel, "order_pkey", 1, &order_no, GetActiveSnapshot());
+		if (order != NULL)
+			(void) tuple_datum(order_rel, order, "notify_url", &isnull);
+		if (order == NULL || isnull)
 		{
-			SPI_finish();
+			table_close(order_rel, AccessShareLock);
+			PopActiveSnapshot();
+			SetUserIdAndSecContext(save_userid, save_sec_context);
 			return PointerGetDatum(NULL);
 		}
-		for (i = 0; i < O_NCOLS; i++)
-			o[i] = spi_col(i);
-		if (o[O_NOTIFY_URL] == NULL)
-		{
-			SPI_finish();
-			return PointerGetDatum(NULL);
-		}
-		payment_key = SPI_getbinval(tuple, RelationGetDescr(rel),
-									SPI_fnumber(RelationGetDescr(rel), "payment_no"), &payment_key_null);
+		o_refunded_amount = tuple_col(order_rel, order, "refunded_amount");
+		payment_key = tuple_datum(rel, tuple, "payment_no", &payment_key_null);
 		event = "refund.succeeded";
 	}
 	else
 	{
-		o[O_ORDER_NO] = tuple_col(rel, tuple, "order_no");
-		o[O_MERCHANT_NO] = tuple_col(rel, tuple, "merchant_no");
-		o[O_OUT_TRADE_NO] = tuple_col(rel, tuple, "out_trade_no");
-		o[O_AMOUNT] = tuple_col(rel, tuple, "amount");
-		o[O_CURRENCY] = tuple_col(rel, tuple, "currency");
-		o[O_STATUS] = tuple_col(rel, tuple, "status");
-		o[O_NOTIFY_URL] = NULL;
-		o[O_REFUNDED_AMOUNT] = NULL;
-		if (o[O_STATUS] != NULL && strcmp(o[O_STATUS], "paid") == 0)
+		order_rel = rel;
+		order = tuple;
+		if (tuple_text_in(rel, tuple, "status", (const char *const[]) {"paid", NULL}))
 		{
-			payment_key = SPI_getbinval(tuple, RelationGetDescr(rel),
-										SPI_fnumber(RelationGetDescr(rel), "paid_payment_no"),
-										&payment_key_null);
+			payment_key = tuple_datum(rel, tuple, "paid_payment_no", &payment_key_null);
 			event = "order.paid";
 		}
 		else
 			event = "order.closed";
 	}
+	o_order_no = tuple_col(order_rel, order, "order_no");
+	o_merchant_no = tuple_col(order_rel, order, "merchant_no");
+	o_status = tuple_col(order_rel, order, "status");
 	if (!payment_key_null)
 	{
-		payidem_saved_plan(&payment_plan,
-				  "SELECT payment_no::pg_catalog.text, transaction_id::pg_catalog.text, paid_at"
-				  " FROM payidem.payment WHERE payment_no OPERATOR(pg_catalog.=) $1",
-				  1, text1);
-		if (fetch_one(payment_plan, payment_key))
+		Relation	payment_rel = table_open(payidem_relid("payment"), AccessShareLock);
+		HeapTuple	payment = payidem_fetch_unique(payment_rel, "payment_pkey", 1, &payment_key,
+												   GetActiveSnapshot());
+
+		if (payment != NULL)
 		{
 			bool		isnull;
-			Datum		d;
+			Datum		d = tuple_datum(payment_rel, payment, "paid_at", &isnull);
 
-			p_payment_no = spi_col(P_PAYMENT_NO);
-			p_transaction_id = spi_col(P_TRANSACTION_ID);
-			d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, P_PAID_AT + 1, &isnull);
+			p_payment_no = tuple_col(payment_rel, payment, "payment_no");
+			p_transaction_id = tuple_col(payment_rel, payment, "transaction_id");
 			if (!isnull)
 			{
 				have_paid_at = true;
 				p_paid_at = DatumGetTimestampTz(d);
 			}
 		}
+		table_close(payment_rel, AccessShareLock);
 	}
 
 	/* the shard's two digits last, as in every number payidem makes */
@@ -283,12 +321,12 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	appendStringInfo(&payload, "{\"event_id\":" INT64_FORMAT, event_id);
 	add_string(&payload, "event", event);
 	add_utc(&payload, "created_at", GetCurrentTransactionStartTimestamp());
-	add_string(&payload, "merchant_no", o[O_MERCHANT_NO]);
-	add_string(&payload, "order_no", o[O_ORDER_NO]);
-	add_string(&payload, "out_trade_no", o[O_OUT_TRADE_NO]);
-	add_number(&payload, "amount", o[O_AMOUNT]);
-	add_string(&payload, "currency", o[O_CURRENCY]);
-	add_string(&payload, "status", o[O_STATUS]);
+	add_string(&payload, "merchant_no", o_merchant_no);
+	add_string(&payload, "order_no", o_order_no);
+	add_string(&payload, "out_trade_no", tuple_col(order_rel, order, "out_trade_no"));
+	add_number(&payload, "amount", tuple_col(order_rel, order, "amount"));
+	add_string(&payload, "currency", tuple_col(order_rel, order, "currency"));
+	add_string(&payload, "status", o_status);
 	if (p_payment_no != NULL)
 		add_string(&payload, "payment_no", p_payment_no);
 	if (p_transaction_id != NULL)
@@ -299,7 +337,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	{
 		add_string(&payload, "refund_no", r_refund_no);
 		add_number(&payload, "refund_amount", r_amount);
-		add_number(&payload, "refunded_amount", o[O_REFUNDED_AMOUNT]);
+		add_number(&payload, "refunded_amount", o_refunded_amount);
 	}
 	appendStringInfoChar(&payload, '}');
 
@@ -309,6 +347,8 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		char		nulls[6] = {' ', ' ', ' ', ' ', r_refund_no ? ' ' : 'n', ' '};
 		int			rc;
 
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
 		payidem_saved_plan(&insert_plan,
 				  "INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, refund_no, payload,"
 				  " status, attempts, next_attempt_at, created_at)"
@@ -316,14 +356,18 @@ payidem_status_event(PG_FUNCTION_ARGS)
 				  6, types);
 		args[0] = Int64GetDatum(event_id);
 		args[1] = CStringGetTextDatum(event);
-		args[2] = CStringGetTextDatum(o[O_ORDER_NO]);
-		args[3] = CStringGetTextDatum(o[O_MERCHANT_NO]);
+		args[2] = CStringGetTextDatum(o_order_no);
+		args[3] = CStringGetTextDatum(o_merchant_no);
 		args[4] = r_refund_no ? CStringGetTextDatum(r_refund_no) : (Datum) 0;
 		args[5] = PointerGetDatum(cstring_to_text_with_len(payload.data, payload.len));
 		rc = SPI_execute_plan(insert_plan, args, nulls, false, 0);
 		if (rc != SPI_OK_INSERT)
 			elog(ERROR, "payidem: writing the event failed: %s", SPI_result_code_string(rc));
+		SPI_finish();
 	}
-	SPI_finish();
+	if (order_rel != rel)
+		table_close(order_rel, AccessShareLock);
+	PopActiveSnapshot();
+	SetUserIdAndSecContext(save_userid, save_sec_context);
 	return PointerGetDatum(NULL);
 }

@@ -14,7 +14,11 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/nbtree.h"
+#include "access/relscan.h"
+#include "access/tableam.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -208,6 +212,49 @@ payidem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
 		elog(ERROR, "payidem: could not keep the plan of \"%s\"", sql);
 	*cache = plan;
 	return plan;
+}
+
+/*
+ * The row of heap whose key in heap's unique btree index payidem.<index> is
+ * keys[] (one per key column), visible to snapshot: a copy, or NULL.  A
+ * look-up by key without SQL, with the index's own equality operators and
+ * collations; no plan, and no privilege or row-security check: for code that
+ * reads as the tables' owner.  heap is open and locked by the caller.
+ */
+HeapTuple
+payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys, Snapshot snapshot)
+{
+	Relation	irel = index_open(payidem_relid(index), AccessShareLock);
+	ScanKeyData skey[INDEX_MAX_KEYS];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	HeapTuple	tuple = NULL;
+	int			i;
+
+	if (irel->rd_rel->relam != BTREE_AM_OID || !irel->rd_index->indisunique ||
+		irel->rd_index->indrelid != RelationGetRelid(heap) ||
+		IndexRelationGetNumberOfKeyAttributes(irel) != nkeys)
+		elog(ERROR, "payidem: index payidem.%s is not the unique btree index of %d columns of %s expected",
+			 index, nkeys, RelationGetRelationName(heap));
+	for (i = 0; i < nkeys; i++)
+	{
+		Oid			op = get_opfamily_member(irel->rd_opfamily[i], irel->rd_opcintype[i],
+											 irel->rd_opcintype[i], BTEqualStrategyNumber);
+
+		if (!OidIsValid(op))
+			elog(ERROR, "payidem: no equality operator for column %d of index payidem.%s", i + 1, index);
+		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
+							   irel->rd_indcollation[i], get_opcode(op), keys[i]);
+	}
+	slot = table_slot_create(heap, NULL);
+	scan = index_beginscan_compat(heap, irel, snapshot, nkeys);
+	index_rescan(scan, skey, nkeys, NULL, 0);
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+		tuple = ExecCopySlotHeapTuple(slot);
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(irel, AccessShareLock);
+	return tuple;
 }
 
 /* The owner of a relation, from the syscache. */

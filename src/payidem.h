@@ -115,6 +115,8 @@ extern char *payidem_quote_value(const char *value, int len);
 extern bool payidem_text_equal(Datum a, Datum b);
 extern Oid	payidem_relation_owner(Oid relid);
 extern Oid	payidem_relid(const char *relname);
+extern HeapTuple payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys,
+									  Snapshot snapshot);
 extern struct _SPI_plan *payidem_saved_plan(struct _SPI_plan **cache, const char *sql, int nargs, Oid *argtypes);
 /* the one relcache callback and one callback per syscache, dispatching to the parts' */
 typedef void (*PayidemRelcacheCallback) (Datum arg, Oid relid);

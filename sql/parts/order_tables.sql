@@ -265,7 +265,11 @@ COMMENT ON COLUMN payidem.refund.channel_refund_id IS
 -- runs on the hot path of a first success).  What ties the columns
 -- together -- a refund event names its refund, only a pending event has a
 -- next attempt -- is kept by the only writers, the status_notify trigger,
--- notify_due() and notify_result().
+-- notify_due() and notify_result().  No foreign keys: the trigger copies the
+-- order's number and merchant (and the refund's number) from the row whose
+-- change it reports, in that row's transaction, and orders and refunds are
+-- never deleted (keep_money_records); a foreign key would check at every
+-- event, at the cost of a query, what the one writer makes true.
 CREATE DOMAIN payidem.notify_event_type AS text
 	CONSTRAINT notify_event_type_known CHECK (VALUE IN ('order.paid', 'refund.succeeded', 'order.closed'));
 COMMENT ON DOMAIN payidem.notify_event_type IS
@@ -289,11 +293,7 @@ CREATE TABLE payidem.notify_event (
 	last_response	payidem.notify_response,
 	sent_at			timestamptz,
 	created_at		timestamptz	NOT NULL,
-	CONSTRAINT notify_event_pkey PRIMARY KEY (event_id),
-	CONSTRAINT notify_event_order_fkey FOREIGN KEY (order_no, merchant_no)
-		REFERENCES payidem."order" (order_no, merchant_no),
-	CONSTRAINT notify_event_refund_fkey FOREIGN KEY (refund_no)
-		REFERENCES payidem.refund (refund_no)
+	CONSTRAINT notify_event_pkey PRIMARY KEY (event_id)
 );
 CREATE INDEX notify_event_due ON payidem.notify_event (next_attempt_at) WHERE status = 'pending';
 CREATE INDEX notify_event_failed ON payidem.notify_event (created_at) WHERE status = 'failed';
