@@ -23,11 +23,9 @@
  * The trigger acts as the tables' owner (the event is written whoever
  * changed the row), switching to it itself rather than being SECURITY
  * DEFINER: no settings to save and restore on every call.  It reads the
- * payment (and, for a refund, the order) by key without SQL
- * (payidem_fetch_unique) and writes the event through one saved plan whose
- * names are all schema-qualified, so no search_path can change what it
- * does.  The plan is kept for the session (SPI_keepplan); PostgreSQL
- * re-plans it when notify_event changes.
+ * payment (and, for a refund, the order) by key (payidem_fetch_unique) and
+ * writes the event with a direct insert (payidem_insert): no SQL at all, so
+ * no search_path can change what it does.
  *
  *-------------------------------------------------------------------------
  */
@@ -89,9 +87,6 @@ payidem_utc(PG_FUNCTION_ARGS)
 		PG_RETURN_NULL();
 	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
 }
-
-/* the saved plan of the event's insert */
-static SPIPlanPtr insert_plan = NULL;
 
 /* a column of a tuple by name, as text (its type's output), or NULL */
 static char *
@@ -342,28 +337,29 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	appendStringInfoChar(&payload, '}');
 
 	{
-		Oid			types[6] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID};
-		Datum		args[6];
-		char		nulls[6] = {' ', ' ', ' ', ' ', r_refund_no ? ' ' : 'n', ' '};
-		int			rc;
+		static const char *const columns[] = {
+			"event_id", "event", "order_no", "merchant_no", "refund_no", "payload",
+			"status", "attempts", "next_attempt_at", "created_at"
+		};
+		static PayidemInsert *event_insert = NULL;
+		Datum		values[lengthof(columns)];
+		bool		nulls[lengthof(columns)] = {false, false, false, false, r_refund_no == NULL,
+		false, false, false, false, false};
+		TimestampTz now = GetCurrentTransactionStartTimestamp();
 
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		payidem_saved_plan(&insert_plan,
-				  "INSERT INTO payidem.notify_event (event_id, event, order_no, merchant_no, refund_no, payload,"
-				  " status, attempts, next_attempt_at, created_at)"
-				  " VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, pg_catalog.now(), pg_catalog.now())",
-				  6, types);
-		args[0] = Int64GetDatum(event_id);
-		args[1] = CStringGetTextDatum(event);
-		args[2] = CStringGetTextDatum(o_order_no);
-		args[3] = CStringGetTextDatum(o_merchant_no);
-		args[4] = r_refund_no ? CStringGetTextDatum(r_refund_no) : (Datum) 0;
-		args[5] = PointerGetDatum(cstring_to_text_with_len(payload.data, payload.len));
-		rc = SPI_execute_plan(insert_plan, args, nulls, false, 0);
-		if (rc != SPI_OK_INSERT)
-			elog(ERROR, "payidem: writing the event failed: %s", SPI_result_code_string(rc));
-		SPI_finish();
+		if (event_insert == NULL)
+			event_insert = payidem_insert_define("notify_event", lengthof(columns), columns);
+		values[0] = Int64GetDatum(event_id);
+		values[1] = CStringGetTextDatum(event);
+		values[2] = CStringGetTextDatum(o_order_no);
+		values[3] = CStringGetTextDatum(o_merchant_no);
+		values[4] = r_refund_no ? CStringGetTextDatum(r_refund_no) : (Datum) 0;
+		values[5] = PointerGetDatum(cstring_to_text_with_len(payload.data, payload.len));
+		values[6] = CStringGetTextDatum("pending");
+		values[7] = Int32GetDatum(0);
+		values[8] = TimestampTzGetDatum(now);
+		values[9] = TimestampTzGetDatum(now);
+		payidem_insert(event_insert, values, nulls);
 	}
 	if (order_rel != rel)
 		table_close(order_rel, AccessShareLock);

@@ -100,6 +100,11 @@ extern bool payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_
 /* ledger.c */
 extern bool payidem_payment_has_paid(Datum status);
 
+/* write.c: direct inserts into payidem's tables (one cache per call site) */
+typedef struct PayidemInsert PayidemInsert;
+extern PayidemInsert *payidem_insert_define(const char *relname, int ncols, const char *const *columns);
+extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);
+
 /* payidem.c */
 /* The outcomes of an idempotency claim, as returned and as counted in payidem.stats(). */
 typedef enum IdemOutcome
@@ -115,6 +120,7 @@ extern char *payidem_quote_value(const char *value, int len);
 extern bool payidem_text_equal(Datum a, Datum b);
 extern Oid	payidem_relation_owner(Oid relid);
 extern Oid	payidem_relid(const char *relname);
+extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot);
 extern HeapTuple payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys,
 									  Snapshot snapshot);
 extern struct _SPI_plan *payidem_saved_plan(struct _SPI_plan **cache, const char *sql, int nargs, Oid *argtypes);

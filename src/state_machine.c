@@ -497,235 +497,40 @@ text_datum_cstring(Datum d, int *len)
 }
 
 /*
- * What append_status_log() keeps between rows, built from the relation's
- * descriptor on first use: what goes in each column of status_log, and its
- * CHECK constraints and column defaults read and planned once (compiled for
- * each row: an ExprState may keep state in its query's memory).  Left to the
- * executor, an insert would read every CHECK back from the catalog text and
- * plan it for each row.  A change of status_log (its relcache invalidation)
- * bumps whitelist_inval_count, and a changed function (which a CHECK or
- * default may have inlined) clears relid: either makes this stale; the old
- * memory is freed by the next rebuild, never while a row is being written.
- */
-typedef enum LogColumn
-{
-	LOG_NULL,					/* dropped or generated: NULL in the slot */
-	LOG_ID,
-	LOG_ENTITY,
-	LOG_ENTITY_NO,
-	LOG_FROM,
-	LOG_TO,
-	LOG_CHANGED_AT,
-	LOG_CHANGED_BY,
-	LOG_TXID,
-	LOG_DEFAULT					/* a column added later: its default */
-} LogColumn;
-
-typedef struct LogInsertCache
-{
-	MemoryContext context;
-	uint64		inval_count;	/* whitelist_inval_count when built */
-	Oid			relid;
-	int			natts;
-	LogColumn  *kinds;
-	Expr	  **defaults;		/* per column; NULL = no default (NULL) */
-	int			ncheck;
-	Expr	  **checks;			/* in the order of the relation's CHECKs */
-} LogInsertCache;
-
-static LogInsertCache log_insert = {NULL, 0, InvalidOid, 0, NULL, NULL, 0, NULL};
-static bool log_proc_callback_registered = false;
-
-static void
-log_insert_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
-{
-	log_insert.relid = InvalidOid;
-}
-
-static void
-log_insert_prepare(Relation rel)
-{
-	TupleDesc	desc = RelationGetDescr(rel);
-	MemoryContext oldcxt;
-	int			i;
-
-	/*
-	 * What was built before may still be in use by an append_status_log()
-	 * further up the stack (a trigger that changes another status): it goes
-	 * when the transaction ends, not now.
-	 */
-	if (log_insert.context != NULL)
-		MemoryContextSetParent(log_insert.context, TopTransactionContext);
-	log_insert.context = AllocSetContextCreate(CacheMemoryContext,
-											   "payidem status_log insert",
-											   ALLOCSET_SMALL_SIZES);
-	log_insert.relid = InvalidOid;
-
-	oldcxt = MemoryContextSwitchTo(log_insert.context);
-	log_insert.natts = desc->natts;
-	log_insert.kinds = palloc0(sizeof(LogColumn) * desc->natts);
-	log_insert.defaults = palloc0(sizeof(Expr *) * desc->natts);
-	for (i = 0; i < desc->natts; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(desc, i);
-		const char *name = NameStr(att->attname);
-		LogColumn	kind = LOG_DEFAULT;
-
-		if (att->attisdropped || att->attgenerated)
-			kind = LOG_NULL;	/* generated: computed by the executor */
-		else if (strcmp(name, "log_id") == 0)
-			kind = LOG_ID;
-		else if (strcmp(name, "entity") == 0)
-			kind = LOG_ENTITY;
-		else if (strcmp(name, "entity_no") == 0)
-			kind = LOG_ENTITY_NO;
-		else if (strcmp(name, "from_status") == 0)
-			kind = LOG_FROM;
-		else if (strcmp(name, "to_status") == 0)
-			kind = LOG_TO;
-		else if (strcmp(name, "changed_at") == 0)
-			kind = LOG_CHANGED_AT;
-		else if (strcmp(name, "changed_by") == 0)
-			kind = LOG_CHANGED_BY;
-		else if (strcmp(name, "txid") == 0)
-			kind = LOG_TXID;
-		else
-		{
-			Node	   *def = build_column_default(rel, i + 1);
-
-			if (def != NULL)
-				log_insert.defaults[i] = expression_planner((Expr *) def);
-		}
-		log_insert.kinds[i] = kind;
-	}
-	log_insert.ncheck = 0;
-	log_insert.checks = NULL;
-	if (desc->constr && desc->constr->num_check > 0)
-	{
-		ConstrCheck *check = desc->constr->check;
-
-		log_insert.checks = palloc(sizeof(Expr *) * desc->constr->num_check);
-		for (i = 0; i < desc->constr->num_check; i++)
-			log_insert.checks[i] = ConstrCheckIsEnforced(&check[i]) ?
-				expression_planner((Expr *) CheckConstraintExprCompat(rel, &check[i])) : NULL;
-		log_insert.ncheck = desc->constr->num_check;
-	}
-	MemoryContextSwitchTo(oldcxt);
-	log_insert.relid = RelationGetRelid(rel);
-	log_insert.inval_count = whitelist_inval_count;
-}
-
-/*
- * Append one row to payidem.status_log.  A direct executor insert, as the
- * logical replication apply worker does (ExecSimpleRelationInsert): NOT NULL
- * and CHECK constraints (compiled once, above), index entries (unique
- * log_id) and stored generated columns are handled by the executor, with no
- * SQL, plan or snapshot per row.
- * The known columns are filled here — log_id from its sequence, changed_at =
- * now(), changed_by = the acting role (GetOuterUserId: the session's role,
- * not the owner that SECURITY DEFINER code or the transit functions run
- * as), txid = txid_current() —
- * and any column added later gets its default.  Trusted code writing on the
- * log owner's behalf: no permission check, so application roles need no
- * right on status_log and cannot write it themselves.
+ * Append one row to payidem.status_log, a direct insert (src/write.c): NOT
+ * NULL and CHECK constraints, index entries (unique log_id) and stored
+ * generated columns are handled by the executor, with no SQL, plan or
+ * snapshot per row.  The known columns are filled here -- log_id from its
+ * sequence, changed_at = now(), changed_by = the acting role (GetOuterUserId:
+ * the session's role, not the owner that SECURITY DEFINER code or the
+ * transit functions run as), txid = txid_current() -- and any column added
+ * later gets its default.  Trusted code writing on the log owner's behalf:
+ * no permission check, so application roles need no right on status_log
+ * and cannot write it themselves.
  */
 static void
 append_status_log(const char *entity, Datum entity_no, Datum from_status,
 				  bool from_null, Datum to_status)
 {
-	Relation	rel = table_open(status_log_relid, RowExclusiveLock);
-	TupleDesc	desc = RelationGetDescr(rel);
-	EState	   *estate = CreateExecutorState();
-	ResultRelInfo *rri = makeNode(ResultRelInfo);
-	TupleTableSlot *slot;
-	MemoryContext oldcxt;
-	int			i;
+	static const char *const columns[] = {
+		"log_id", "entity", "entity_no", "from_status", "to_status", "changed_at", "changed_by", "txid"
+	};
+	static PayidemInsert *log_insert = NULL;
+	Datum		values[lengthof(columns)];
+	bool		nulls[lengthof(columns)] = {false, false, false, false, false, false, false, false};
 
-	if (!log_proc_callback_registered)
-	{
-		payidem_register_syscache_callback(PROCOID, log_insert_proc_callback, (Datum) 0);
-		log_proc_callback_registered = true;
-	}
-	/* the lock above has processed any pending invalidation */
-	if (log_insert.relid != status_log_relid ||
-		log_insert.inval_count != whitelist_inval_count ||
-		log_insert.natts != desc->natts)
-		log_insert_prepare(rel);
-
-	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL, NULL);
-	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
-	if (log_insert.ncheck > 0)
-	{
-		oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
-		ResultRelInfoCheckExprs(rri) = palloc(sizeof(ExprState *) * log_insert.ncheck);
-		for (i = 0; i < log_insert.ncheck; i++)
-			ResultRelInfoCheckExprs(rri)[i] = ExecInitExpr(log_insert.checks[i], NULL);
-		MemoryContextSwitchTo(oldcxt);
-	}
-	estate->es_output_cid = GetCurrentCommandId(true);
-	ExecOpenIndices(rri, false);
-	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
-	ExecClearTuple(slot);
-
-	oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
-	for (i = 0; i < desc->natts; i++)
-	{
-		Datum		value = (Datum) 0;
-		bool		isnull = false;
-
-		switch (log_insert.kinds[i])
-		{
-			case LOG_NULL:
-				isnull = true;
-				break;
-			case LOG_ID:
-				value = Int64GetDatum(nextval_internal(status_log_seq, false));
-				break;
-			case LOG_ENTITY:
-				value = CStringGetTextDatum(entity);
-				break;
-			case LOG_ENTITY_NO:
-				value = entity_no;
-				break;
-			case LOG_FROM:
-				value = from_status;
-				isnull = from_null;
-				break;
-			case LOG_TO:
-				value = to_status;
-				break;
-			case LOG_CHANGED_AT:
-				value = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-				break;
-			case LOG_CHANGED_BY:
-				value = CStringGetTextDatum(GetUserNameFromId(GetOuterUserId(), false));
-				break;
-			case LOG_TXID:
-				value = Int64GetDatum((int64) U64FromFullTransactionId(GetTopFullTransactionId()));
-				break;
-			case LOG_DEFAULT:
-				if (log_insert.defaults[i] == NULL)
-					isnull = true;
-				else
-					value = ExecEvalExpr(ExecPrepareExpr(log_insert.defaults[i], estate),
-										 GetPerTupleExprContext(estate), &isnull);
-				break;
-		}
-		slot->tts_values[i] = value;
-		slot->tts_isnull[i] = isnull;
-	}
-	MemoryContextSwitchTo(oldcxt);
-	ExecStoreVirtualTuple(slot);
-
-	AfterTriggerBeginQuery();	/* in case someone adds row triggers to the log */
-	ExecSimpleRelationInsert(rri, estate, slot);
-	AfterTriggerEndQuery(estate);
-
-	ExecCloseIndices(rri);
-	ExecResetTupleTable(estate->es_tupleTable, false);
-	FreeExecutorState(estate);
-	table_close(rel, NoLock);
+	if (log_insert == NULL)
+		log_insert = payidem_insert_define("status_log", lengthof(columns), columns);
+	values[0] = Int64GetDatum(nextval_internal(status_log_seq, false));
+	values[1] = CStringGetTextDatum(entity);
+	values[2] = entity_no;
+	values[3] = from_status;
+	nulls[3] = from_null;
+	values[4] = to_status;
+	values[5] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	values[6] = CStringGetTextDatum(GetUserNameFromId(GetOuterUserId(), false));
+	values[7] = Int64GetDatum((int64) U64FromFullTransactionId(GetTopFullTransactionId()));
+	payidem_insert(log_insert, values, nulls);
 }
 
 /* the text value of a column (by name) of a trigger tuple, as a text Datum */

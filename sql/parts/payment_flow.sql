@@ -949,8 +949,8 @@ COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
 -- made and the one place it is decided which changes have one
 -- (docs/notifications.md).  Not SECURITY DEFINER: it switches to the tables'
 -- owner itself, so that the event is written whoever changed the row,
--- without a setting saved and restored on every call; it reads by key
--- without SQL and its one statement names everything schema-qualified.
+-- without a setting saved and restored on every call; it reads by key and
+-- writes the event directly (src/write.c), without SQL.
 CREATE FUNCTION payidem._status_event()
 RETURNS trigger
 LANGUAGE c

@@ -1,0 +1,257 @@
+/*-------------------------------------------------------------------------
+ *
+ * write.c
+ *		Direct inserts: one row into one of payidem's tables without SQL,
+ *		for the rows its triggers append on every change — a status_log row
+ *		(state_machine.c) and a notification event (notify.c).
+ *
+ * An insert through SPI plans nothing per row but still builds and tears
+ * down a whole executor (the plan's nodes, its result relation and indexes,
+ * the coercions of its values) for one row.  Here, as the logical
+ * replication apply worker does (ExecSimpleRelationInsert), the executor
+ * gets only what one row needs, and the executor still does what an INSERT
+ * does: NOT NULL and CHECK constraints, every index entry (unique ones
+ * checked), stored generated columns, and the table's own row triggers.
+ *
+ * What it needs of the table is built once per backend (PayidemInsert):
+ * which column gets which of the caller's values; the defaults of the
+ * others, planned once and evaluated per row; the CHECK constraints, read
+ * and planned once (compiled per row: an ExprState may keep state in its
+ * query's memory), and the domains of the columns written, checked per row
+ * with their constraints kept up to date by the type cache.  Left to the
+ * executor, every CHECK would be read back from the catalog text and planned
+ * for each row.  A change of the table (its relcache invalidation, or a full
+ * reset) or of any function (which a default or CHECK may have inlined)
+ * makes it stale; the old memory goes when the transaction ends, never while
+ * a row may be being written with it further up the stack.
+ *
+ * Trusted code writing on the tables' owner's behalf: no privilege is
+ * checked, so application roles need no right on the table and cannot write
+ * it themselves.  The caller holds nothing but the values.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/table.h"
+#include "access/xact.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
+#include "nodes/makefuncs.h"
+#include "optimizer/optimizer.h"
+#include "rewrite/rewriteHandler.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/syscache.h"
+
+#include "payidem.h"
+
+/* what one column of the table gets */
+#define COL_NULL		(-1)	/* dropped, generated, or no default: NULL */
+#define COL_DEFAULT		(-2)	/* its default */
+
+struct PayidemInsert
+{
+	const char *relname;		/* payidem.<relname> */
+	int			ncols;
+	const char *const *columns; /* the names the caller's values are for */
+	/* built on first use; relid InvalidOid when stale */
+	Oid			relid;
+	MemoryContext context;
+	int			natts;
+	int		   *source;			/* per column: an index into values[], or COL_* */
+	Expr	  **defaults;		/* per column, for COL_DEFAULT */
+	Oid		   *domain;			/* per value: its column's domain, or InvalidOid */
+	void	  **domain_extra;	/* per value: domain_check()'s state */
+	int			ncheck;
+	Expr	  **checks;			/* in the order of the relation's CHECKs */
+	PayidemInsert *next;
+};
+
+static PayidemInsert *inserts = NULL;	/* every one made, for the callbacks */
+static bool callbacks_registered = false;
+
+static void
+write_relcache_callback(Datum arg, Oid relid)
+{
+	PayidemInsert *ins;
+
+	for (ins = inserts; ins != NULL; ins = ins->next)
+		if (relid == InvalidOid || relid == ins->relid)
+			ins->relid = InvalidOid;
+}
+
+static void
+write_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	PayidemInsert *ins;
+
+	for (ins = inserts; ins != NULL; ins = ins->next)
+		ins->relid = InvalidOid;
+}
+
+/*
+ * The cache of an insert into payidem.<relname> of values for columns[]
+ * (ncols of them; a name the table does not have is left out).  Made once,
+ * at the call site's first use, and kept for the backend.
+ */
+PayidemInsert *
+payidem_insert_define(const char *relname, int ncols, const char *const *columns)
+{
+	PayidemInsert *ins = MemoryContextAllocZero(TopMemoryContext, sizeof(PayidemInsert));
+
+	if (!callbacks_registered)
+	{
+		payidem_register_relcache_callback(write_relcache_callback, (Datum) 0);
+		payidem_register_syscache_callback(PROCOID, write_proc_callback, (Datum) 0);
+		callbacks_registered = true;
+	}
+	ins->relname = relname;
+	ins->ncols = ncols;
+	ins->columns = columns;
+	ins->relid = InvalidOid;
+	ins->next = inserts;
+	inserts = ins;
+	return ins;
+}
+
+static void
+insert_prepare(PayidemInsert *ins, Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	MemoryContext oldcxt;
+	int			i;
+	int			v;
+
+	if (ins->context != NULL)
+		MemoryContextSetParent(ins->context, TopTransactionContext);
+	ins->context = AllocSetContextCreate(CacheMemoryContext, "payidem direct insert",
+										 ALLOCSET_SMALL_SIZES);
+	ins->relid = InvalidOid;
+
+	oldcxt = MemoryContextSwitchTo(ins->context);
+	ins->natts = desc->natts;
+	ins->source = palloc(sizeof(int) * desc->natts);
+	ins->defaults = palloc0(sizeof(Expr *) * desc->natts);
+	ins->domain = palloc0(sizeof(Oid) * ins->ncols);
+	ins->domain_extra = palloc0(sizeof(void *) * ins->ncols);
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		ins->source[i] = COL_DEFAULT;
+		if (att->attisdropped || att->attgenerated)
+		{
+			ins->source[i] = COL_NULL;	/* generated: computed by the executor */
+			continue;
+		}
+		for (v = 0; v < ins->ncols; v++)
+			if (strcmp(NameStr(att->attname), ins->columns[v]) == 0)
+			{
+				ins->source[i] = v;
+				if (get_typtype(att->atttypid) == TYPTYPE_DOMAIN)
+					ins->domain[v] = att->atttypid;
+				break;
+			}
+		if (ins->source[i] == COL_DEFAULT)
+		{
+			Node	   *def = build_column_default(rel, i + 1);
+
+			if (def != NULL)
+				ins->defaults[i] = expression_planner((Expr *) def);
+			else
+				ins->source[i] = COL_NULL;
+		}
+	}
+	ins->ncheck = 0;
+	ins->checks = NULL;
+	if (desc->constr && desc->constr->num_check > 0)
+	{
+		ConstrCheck *check = desc->constr->check;
+
+		ins->checks = palloc(sizeof(Expr *) * desc->constr->num_check);
+		for (i = 0; i < desc->constr->num_check; i++)
+			ins->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
+				expression_planner((Expr *) CheckConstraintExprCompat(rel, &check[i])) : NULL;
+		ins->ncheck = desc->constr->num_check;
+	}
+	MemoryContextSwitchTo(oldcxt);
+	ins->relid = RelationGetRelid(rel);
+}
+
+/*
+ * Insert one row: values[i] (NULL if nulls[i]) into column columns[i], every
+ * other column its default.  As the executor's INSERT would, but for the
+ * privileges: constraints, domains, indexes, generated columns, triggers.
+ */
+void
+payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
+{
+	Relation	rel = table_open(payidem_relid(ins->relname), RowExclusiveLock);
+	TupleDesc	desc = RelationGetDescr(rel);
+	EState	   *estate;
+	ResultRelInfo *rri;
+	TupleTableSlot *slot;
+	MemoryContext oldcxt;
+	int			i;
+
+	/* the lock above has processed any pending invalidation */
+	if (ins->relid != RelationGetRelid(rel) || ins->natts != desc->natts)
+		insert_prepare(ins, rel);
+
+	estate = CreateExecutorState();
+	rri = makeNode(ResultRelInfo);
+	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL, NULL);
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
+	if (ins->ncheck > 0)
+	{
+		oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
+		ResultRelInfoCheckExprs(rri) = palloc(sizeof(ExprState *) * ins->ncheck);
+		for (i = 0; i < ins->ncheck; i++)
+			ResultRelInfoCheckExprs(rri)[i] = ExecInitExpr(ins->checks[i], NULL);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	estate->es_output_cid = GetCurrentCommandId(true);
+	ExecOpenIndices(rri, false);
+	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
+	ExecClearTuple(slot);
+
+	/* the domains of the values written, as a cast to the column's type checks them */
+	for (i = 0; i < ins->ncols; i++)
+		if (OidIsValid(ins->domain[i]))
+			domain_check(values[i], nulls[i], ins->domain[i], &ins->domain_extra[i], ins->context);
+
+	oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
+	for (i = 0; i < desc->natts; i++)
+	{
+		int			src = ins->source[i];
+
+		if (src >= 0)
+		{
+			slot->tts_values[i] = values[src];
+			slot->tts_isnull[i] = nulls[src];
+		}
+		else if (src == COL_DEFAULT)
+			slot->tts_values[i] = ExecEvalExpr(ExecPrepareExpr(ins->defaults[i], estate),
+											   GetPerTupleExprContext(estate), &slot->tts_isnull[i]);
+		else
+		{
+			slot->tts_values[i] = (Datum) 0;
+			slot->tts_isnull[i] = true;
+		}
+	}
+	MemoryContextSwitchTo(oldcxt);
+	ExecStoreVirtualTuple(slot);
+
+	AfterTriggerBeginQuery();	/* in case someone adds row triggers to the table */
+	ExecSimpleRelationInsert(rri, estate, slot);
+	AfterTriggerEndQuery(estate);
+
+	ExecCloseIndices(rri);
+	ExecResetTupleTable(estate->es_tupleTable, false);
+	FreeExecutorState(estate);
+	table_close(rel, NoLock);
+}
