@@ -105,17 +105,49 @@ payidem_paid_payment_statuses(PG_FUNCTION_ARGS)
 static const char *const partly[] = {"partially_refunded", NULL};
 static const char *const fully[] = {"refunded", NULL};
 
-/* a column of a trigger tuple, by name */
+/*
+ * The tuples a trigger call reads, each taken apart once (a rule reads
+ * many of their columns; heap_getattr walks the tuple from its start for
+ * every column behind a text).  Emptied when a trigger call starts
+ * (trigger_data), so a pointer from an earlier call is never matched; the
+ * arrays live in the call's memory.
+ */
+#define DEFORMED_MAX 4
+
+static struct
+{
+	HeapTuple	tup;
+	Datum	   *values;
+	bool	   *nulls;
+}			deformed[DEFORMED_MAX];
+static int	n_deformed = 0;
+
+/* a column of a tuple of rel, by name */
 static Datum
 col(Relation rel, HeapTuple tup, const char *name, bool *isnull)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	int			attnum = SPI_fnumber(desc, name);
+	int			i;
 
 	if (attnum <= 0)
 		elog(ERROR, "payidem: column \"%s\" of relation \"%s\" does not exist",
 			 name, RelationGetRelationName(rel));
-	return heap_getattr(tup, attnum, desc, isnull);
+	for (i = 0; i < n_deformed; i++)
+		if (deformed[i].tup == tup)
+			break;
+	if (i == n_deformed)
+	{
+		if (n_deformed == DEFORMED_MAX)
+			return heap_getattr(tup, attnum, desc, isnull);
+		deformed[i].tup = tup;
+		deformed[i].values = palloc(sizeof(Datum) * desc->natts);
+		deformed[i].nulls = palloc(sizeof(bool) * desc->natts);
+		heap_deform_tuple(tup, desc, deformed[i].values, deformed[i].nulls);
+		n_deformed++;
+	}
+	*isnull = deformed[i].nulls[attnum - 1];
+	return deformed[i].values[attnum - 1];
 }
 
 /* a column as text (its type's output), or "NULL" */
@@ -174,6 +206,7 @@ trigger_data(FunctionCallInfo fcinfo, const char *fn)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 
+	n_deformed = 0;
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
 		ereport(ERROR,
@@ -377,20 +410,25 @@ check_payment(Datum payment_no, bool moved)
 }
 
 /*
- * A paid order's paying payment is a succeeded payment of it, mirrored.  Two
- * look-ups by key, without SQL (the first success of every payment comes
- * here), with the snapshot the deferred triggers fire under.
+ * A paid order's paying payment is a succeeded payment of it, mirrored.  The
+ * order as it stands (the version the trigger fired for, when no later one
+ * replaced it) and its payment by key, without SQL (the first success of
+ * every payment comes here), with the snapshot the deferred triggers fire
+ * under.
  */
 static void
-check_order(Datum order_no)
+check_order(Datum order_no, ItemPointer tid)
 {
 	Relation	orel = table_open(payidem_relid("order"), AccessShareLock);
-	HeapTuple	o = payidem_fetch_unique(orel, "order_pkey", 1, &order_no, GetActiveSnapshot());
+	/* the version the trigger fired for, if it still stands; else by key */
+	HeapTuple	o = payidem_fetch_version(orel, tid, GetActiveSnapshot());
 	Relation	prel;
 	HeapTuple	q = NULL;
 	Datum		paid_payment_no;
 	bool		isnull;
 
+	if (o == NULL)
+		o = payidem_fetch_unique(orel, "order_pkey", 1, &order_no, GetActiveSnapshot());
 	if (o == NULL || !text_in(col(orel, o, "status", &isnull), paid_order))
 	{
 		table_close(orel, AccessShareLock);
@@ -487,7 +525,7 @@ payidem_ledger_at_commit(PG_FUNCTION_ARGS)
 	SetUserIdAndSecContext(rel->rd_rel->relowner,
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
 	if (kind == 'o')
-		check_order(col(rel, td->tg_newtuple, "order_no", &isnull));
+		check_order(col(rel, td->tg_newtuple, "order_no", &isnull), &td->tg_newtuple->t_self);
 	else
 	{
 		if (SPI_connect() != SPI_OK_CONNECT)

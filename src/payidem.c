@@ -257,6 +257,25 @@ payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *k
 	return tuple;
 }
 
+/*
+ * The version of a row at tid, if it is the one snapshot sees: a copy, or
+ * NULL (a later version, or none, is visible).  An MVCC snapshot sees one
+ * version of a row at most, so a version it sees is the row as it stands:
+ * a trigger's tuple checked this way costs a page read, not an index
+ * descent.
+ */
+HeapTuple
+payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot)
+{
+	TupleTableSlot *slot = table_slot_create(heap, NULL);
+	HeapTuple	tuple = NULL;
+
+	if (table_tuple_fetch_row_version(heap, tid, snapshot, slot))
+		tuple = ExecCopySlotHeapTuple(slot);
+	ExecDropSingleTupleTableSlot(slot);
+	return tuple;
+}
+
 /* The owner of a relation, from the syscache. */
 Oid
 payidem_relation_owner(Oid relid)
@@ -271,13 +290,61 @@ payidem_relation_owner(Oid relid)
 	return owner;
 }
 
-/* OID of payidem.<relname>; a clear error if the extension is missing */
+/*
+ * OID of payidem.<relname>; a clear error if the extension is missing.  The
+ * names asked for are kept with their OIDs (a few per backend: the tables
+ * and indexes the triggers read and write on every change), and forgotten
+ * when that relation changes (a rename, a drop: its relcache invalidation),
+ * at a full reset, or when a schema changes (a rename of payidem).
+ */
+#define RELID_CACHE_SIZE 16
+
+typedef struct RelidEntry
+{
+	char		name[NAMEDATALEN];
+	Oid			relid;
+} RelidEntry;
+
+static RelidEntry relid_cache[RELID_CACHE_SIZE];
+static int	n_relid_cache = 0;
+static bool relid_callbacks_registered = false;
+
+static void
+relid_relcache_callback(Datum arg, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < n_relid_cache; i++)
+		if (relid == InvalidOid || relid_cache[i].relid == relid)
+		{
+			n_relid_cache = 0;
+			return;
+		}
+}
+
+static void
+relid_namespace_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	n_relid_cache = 0;
+}
+
 Oid
 payidem_relid(const char *relname)
 {
-	Oid			nsp = get_namespace_oid("payidem", true);
+	Oid			nsp;
 	Oid			relid = InvalidOid;
+	int			i;
 
+	for (i = 0; i < n_relid_cache; i++)
+		if (strcmp(relid_cache[i].name, relname) == 0)
+			return relid_cache[i].relid;
+	if (!relid_callbacks_registered)
+	{
+		payidem_register_relcache_callback(relid_relcache_callback, (Datum) 0);
+		payidem_register_syscache_callback(NAMESPACEOID, relid_namespace_callback, (Datum) 0);
+		relid_callbacks_registered = true;
+	}
+	nsp = get_namespace_oid("payidem", true);
 	if (OidIsValid(nsp))
 		relid = get_relname_relid(relname, nsp);
 	if (!OidIsValid(relid))
@@ -285,6 +352,12 @@ payidem_relid(const char *relname)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("relation payidem.%s does not exist", relname),
 				 errhint("Run CREATE EXTENSION payidem in this database.")));
+	if (n_relid_cache < RELID_CACHE_SIZE && strlen(relname) < NAMEDATALEN)
+	{
+		strlcpy(relid_cache[n_relid_cache].name, relname, NAMEDATALEN);
+		relid_cache[n_relid_cache].relid = relid;
+		n_relid_cache++;
+	}
 	return relid;
 }
 
@@ -296,8 +369,8 @@ payidem_relid(const char *relname)
  * The parts register on first use; registering the same function twice is
  * a no-op.
  */
-#define PAYIDEM_MAX_CALLBACKS 8
-#define PAYIDEM_MAX_SYSCACHES 4
+#define PAYIDEM_MAX_CALLBACKS 12
+#define PAYIDEM_MAX_SYSCACHES 6
 
 typedef struct RelcacheEntry
 {
