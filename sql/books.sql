@@ -113,6 +113,23 @@ SELECT * FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_
                                        :'p1', :'o2'));
 SELECT * FROM pg_temp.try(format('UPDATE payidem."order" SET refunded_amount = 2000 WHERE order_no = %L', :'o2'));
 SELECT * FROM pg_temp.try(format('UPDATE payidem.payment SET fee_amount = NULL WHERE payment_no = %L', :'p2'));
+-- also when the checks across rows are set to run at the end of the
+-- statement before it runs: they see what the statement wrote
+CREATE FUNCTION pg_temp.immediate(stmt text) RETURNS TABLE (err_code text, err_message text, err_detail text, err_hint text)
+LANGUAGE plpgsql AS $$
+BEGIN
+	SET CONSTRAINTS ALL IMMEDIATE;
+	RETURN QUERY SELECT * FROM pg_temp.try(stmt);
+END
+$$;
+SELECT * FROM pg_temp.immediate(format('UPDATE payidem.refund SET status = %L WHERE refund_no = %L', 'succeeded', :'r2'));
+SELECT status FROM payidem.refund WHERE refund_no = :'r2';
+-- an order stays with its merchant (its events name it)
+SELECT merchant_no AS m_other FROM payidem.create_merchant('Books Other', 'retail', 0.006) \gset
+SELECT payidem.create_order(:'m', 'B-0009', 900, 'Stays here') AS o9 \gset
+SELECT err_code, err_message, regexp_replace(err_detail, 'M[0-9A-Z]{15}', 'M***', 'g') AS err_detail, err_hint
+  FROM pg_temp.try(format('UPDATE payidem."order" SET merchant_no = %L WHERE order_no = %L', :'m_other', :'o9'));
+SELECT merchant_no = :'m' AS kept_its_merchant FROM payidem."order" WHERE order_no = :'o9';
 -- the flow function does it all together; each row then agrees, also when
 -- the checks across rows run at the end of each statement
 BEGIN;

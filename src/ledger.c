@@ -10,9 +10,9 @@
  *     "order" and payment (trigger status_ledger, which fires after
  *     status_guard: triggers of one event fire in name order, so a change
  *     the whitelist refuses is reported as that first).  What a row says
- *     about itself: a paid order has paid_at and paid_payment_no; a
- *     succeeded payment has its transaction id, paid_at and fees; a status
- *     agrees with the refunded amount (partially_refunded exactly when
+ *     about itself: an order keeps its merchant; a paid order has paid_at
+ *     and paid_payment_no; a succeeded payment has its transaction id,
+ *     paid_at and fees; a status agrees with the refunded amount (partially_refunded exactly when
  *     0 < refunded < amount, refunded exactly when refunded = amount).
  *     Checked on the trigger tuple, no query.
  *
@@ -41,6 +41,7 @@
 
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -127,7 +128,7 @@ static Datum
 col(Relation rel, HeapTuple tup, const char *name, bool *isnull)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
-	int			attnum = SPI_fnumber(desc, name);
+	int			attnum = payidem_attnum(desc, name);
 	int			i;
 
 	if (attnum <= 0)
@@ -155,7 +156,7 @@ static char *
 col_text(Relation rel, HeapTuple tup, const char *name)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
-	int			attnum = SPI_fnumber(desc, name);
+	int			attnum = payidem_attnum(desc, name);
 	char	   *v;
 
 	if (attnum <= 0)
@@ -287,6 +288,23 @@ payidem_ledger_row(PG_FUNCTION_ARGS)
 	}
 	else if (kind == 'o')
 	{
+		/*
+		 * An order's merchant is where its money, fees and signed events
+		 * belong: it never changes (its payments, refunds and events name
+		 * it too).
+		 */
+		if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) &&
+			!payidem_text_equal(col(rel, trigdata->tg_trigtuple, "merchant_no", &isnull),
+								col(rel, tup, "merchant_no", &isnull)))
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+					 errmsg("order %s would break its bookkeeping: a move to another merchant",
+							col_text(rel, tup, "order_no")),
+					 errdetail("Order %s belongs to merchant %s; it would move to %s.",
+							   col_text(rel, tup, "order_no"),
+							   col_text(rel, trigdata->tg_trigtuple, "merchant_no"),
+							   col_text(rel, tup, "merchant_no")),
+					 errhint("An order stays with the merchant that created it; create the other merchant's own with payidem.create_order().")));
 		if (text_in(status, paid_order) &&
 			(col_null(rel, tup, "paid_at") || col_null(rel, tup, "paid_payment_no")))
 			refuse("order", col_text(rel, tup, "order_no"),
@@ -431,7 +449,7 @@ check_order(Datum order_no, ItemPointer tid)
 		o = payidem_fetch_unique(orel, "order_pkey", 1, &order_no, GetActiveSnapshot());
 	if (o == NULL || !text_in(col(orel, o, "status", &isnull), paid_order))
 	{
-		table_close(orel, AccessShareLock);
+		table_close(orel, NoLock);
 		return;
 	}
 	prel = table_open(payidem_relid("payment"), AccessShareLock);
@@ -453,8 +471,8 @@ check_order(Datum order_no, ItemPointer tid)
 			   "Order %s has refunded_amount %s; payment %s, which paid it, has %s.",
 			   TextDatumGetCString(order_no), col_text(orel, o, "refunded_amount"),
 			   col_text(orel, o, "paid_payment_no"), col_text(prel, q, "refunded_amount"));
-	table_close(prel, AccessShareLock);
-	table_close(orel, AccessShareLock);
+	table_close(prel, NoLock);
+	table_close(orel, NoLock);
 }
 
 static bool
@@ -464,7 +482,7 @@ changed(Relation rel, TriggerData *td, const char *name)
 	bool		new_null;
 	Datum		o = col(rel, td->tg_trigtuple, name, &old_null);
 	Datum		n = col(rel, td->tg_newtuple, name, &new_null);
-	Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), SPI_fnumber(RelationGetDescr(rel), name) - 1);
+	Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), payidem_attnum(RelationGetDescr(rel), name) - 1);
 
 	if (old_null || new_null)
 		return old_null != new_null;
@@ -524,6 +542,15 @@ payidem_ledger_at_commit(PG_FUNCTION_ARGS)
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	SetUserIdAndSecContext(rel->rd_rel->relowner,
 						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+
+	/*
+	 * What the rows say when every statement so far is done: at commit, and
+	 * also when SET CONSTRAINTS ... IMMEDIATE fires this at the end of the
+	 * statement that wrote them, whose own snapshot does not see its writes.
+	 */
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
 	if (kind == 'o')
 		check_order(col(rel, td->tg_newtuple, "order_no", &isnull), &td->tg_newtuple->t_self);
 	else
@@ -540,6 +567,7 @@ payidem_ledger_at_commit(PG_FUNCTION_ARGS)
 		}
 		SPI_finish();
 	}
+	PopActiveSnapshot();
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 	return PointerGetDatum(NULL);
 }

@@ -92,7 +92,7 @@ payidem_utc(PG_FUNCTION_ARGS)
 static char *
 tuple_col(Relation rel, HeapTuple tuple, const char *name)
 {
-	int			attnum = SPI_fnumber(RelationGetDescr(rel), name);
+	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
 
 	if (attnum <= 0)
 		elog(ERROR, "payidem: column %s of %s is missing", name, RelationGetRelationName(rel));
@@ -103,7 +103,7 @@ tuple_col(Relation rel, HeapTuple tuple, const char *name)
 static Datum
 tuple_datum(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
 {
-	int			attnum = SPI_fnumber(RelationGetDescr(rel), name);
+	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
 
 	if (attnum <= 0)
 		elog(ERROR, "payidem: column %s of %s is missing", name, RelationGetRelationName(rel));
@@ -257,7 +257,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 			(void) tuple_datum(order_rel, order, "notify_url", &isnull);
 		if (order == NULL || isnull)
 		{
-			table_close(order_rel, AccessShareLock);
+			table_close(order_rel, NoLock);
 			PopActiveSnapshot();
 			SetUserIdAndSecContext(save_userid, save_sec_context);
 			return PointerGetDatum(NULL);
@@ -300,7 +300,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 				p_paid_at = DatumGetTimestampTz(d);
 			}
 		}
-		table_close(payment_rel, AccessShareLock);
+		table_close(payment_rel, NoLock);
 	}
 
 	/* the shard's two digits last, as in every number payidem makes */
@@ -362,7 +362,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		payidem_insert(event_insert, values, nulls);
 	}
 	if (order_rel != rel)
-		table_close(order_rel, AccessShareLock);
+		table_close(order_rel, NoLock);
 	PopActiveSnapshot();
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 	return PointerGetDatum(NULL);

@@ -215,6 +215,52 @@ payidem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
 }
 
 /*
+ * The number of column name of desc, or SPI_ERROR_NOATTRIBUTE; as
+ * SPI_fnumber, without its walk over every column's name on each call.  The
+ * triggers read a dozen columns of each row they see, by names that are
+ * string constants: the number found for each is kept, keyed by the
+ * constant's address, and used when the column at that number still has
+ * that name (a table altered since, or another table, just looks again).
+ */
+#define ATTNUM_CACHE_SIZE 64
+
+int
+payidem_attnum(TupleDesc desc, const char *name)
+{
+	static struct
+	{
+		const char *name;
+		int			attnum;
+	}			cache[ATTNUM_CACHE_SIZE];
+	static int	n_cache = 0;
+	int			i;
+	int			attnum;
+
+	for (i = 0; i < n_cache; i++)
+		if (cache[i].name == name)
+		{
+			attnum = cache[i].attnum;
+			if (attnum > 0 && attnum <= desc->natts &&
+				!TupleDescAttr(desc, attnum - 1)->attisdropped &&
+				strcmp(NameStr(TupleDescAttr(desc, attnum - 1)->attname), name) == 0)
+				return attnum;
+			break;
+		}
+	attnum = SPI_fnumber(desc, name);
+	if (attnum > 0)
+	{
+		if (i == n_cache && n_cache < ATTNUM_CACHE_SIZE)
+			n_cache++;
+		if (i < n_cache)
+		{
+			cache[i].name = name;
+			cache[i].attnum = attnum;
+		}
+	}
+	return attnum;
+}
+
+/*
  * The row of heap whose key in heap's unique btree index payidem.<index> is
  * keys[] (one per key column), visible to snapshot: a copy, or NULL.  A
  * look-up by key without SQL, with the index's own equality operators and
@@ -253,7 +299,7 @@ payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *k
 		tuple = ExecCopySlotHeapTuple(slot);
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
-	index_close(irel, AccessShareLock);
+	index_close(irel, NoLock);	/* locked until the transaction ends, as a query's */
 	return tuple;
 }
 

@@ -120,6 +120,7 @@ extern char *payidem_quote_value(const char *value, int len);
 extern bool payidem_text_equal(Datum a, Datum b);
 extern Oid	payidem_relation_owner(Oid relid);
 extern Oid	payidem_relid(const char *relname);
+extern int	payidem_attnum(TupleDesc desc, const char *name);
 extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot);
 extern HeapTuple payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys,
 									  Snapshot snapshot);

@@ -538,7 +538,7 @@ static Datum
 tuple_text_column(Relation rel, HeapTuple tuple, const char *colname, bool *isnull)
 {
 	TupleDesc	tupdesc = RelationGetDescr(rel);
-	int			attnum = SPI_fnumber(tupdesc, colname);
+	int			attnum = payidem_attnum(tupdesc, colname);
 	Datum		d;
 	Oid			typid;
 
