@@ -341,6 +341,9 @@ payidem_status_event(PG_FUNCTION_ARGS)
 			"event_id", "event", "order_no", "merchant_no", "refund_no", "payload",
 			"status", "attempts", "next_attempt_at", "created_at"
 		};
+		static const Oid types[] = {
+			INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID
+		};
 		static PayidemInsert *event_insert = NULL;
 		Datum		values[lengthof(columns)];
 		bool		nulls[lengthof(columns)] = {false, false, false, false, r_refund_no == NULL,
@@ -348,7 +351,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		TimestampTz now = GetCurrentTransactionStartTimestamp();
 
 		if (event_insert == NULL)
-			event_insert = payidem_insert_define("notify_event", lengthof(columns), columns);
+			event_insert = payidem_insert_define("notify_event", lengthof(columns), columns, types);
 		values[0] = Int64GetDatum(event_id);
 		values[1] = CStringGetTextDatum(event);
 		values[2] = CStringGetTextDatum(o_order_no);

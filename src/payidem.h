@@ -102,7 +102,8 @@ extern bool payidem_payment_has_paid(Datum status);
 
 /* write.c: direct inserts into payidem's tables (one cache per call site) */
 typedef struct PayidemInsert PayidemInsert;
-extern PayidemInsert *payidem_insert_define(const char *relname, int ncols, const char *const *columns);
+extern PayidemInsert *payidem_insert_define(const char *relname, int ncols, const char *const *columns,
+											 const Oid *types);
 extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);
 
 /* payidem.c */

@@ -515,12 +515,13 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 	static const char *const columns[] = {
 		"log_id", "entity", "entity_no", "from_status", "to_status", "changed_at", "changed_by", "txid"
 	};
+	static const Oid types[] = {INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID};
 	static PayidemInsert *log_insert = NULL;
 	Datum		values[lengthof(columns)];
 	bool		nulls[lengthof(columns)] = {false, false, false, false, false, false, false, false};
 
 	if (log_insert == NULL)
-		log_insert = payidem_insert_define("status_log", lengthof(columns), columns);
+		log_insert = payidem_insert_define("status_log", lengthof(columns), columns, types);
 	values[0] = Int64GetDatum(nextval_internal(status_log_seq, false));
 	values[1] = CStringGetTextDatum(entity);
 	values[2] = entity_no;

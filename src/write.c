@@ -11,7 +11,10 @@
  * replication apply worker does (ExecSimpleRelationInsert), the executor
  * gets only what one row needs, and the executor still does what an INSERT
  * does: NOT NULL and CHECK constraints, every index entry (unique ones
- * checked), stored generated columns, and the table's own row triggers.
+ * checked), stored generated columns, and the table's own triggers,
+ * statement and row.  Rules and transition tables, which only an INSERT
+ * statement has, are refused, as is a column of another type than the
+ * value written (a DBA's ALTER TABLE): a clear error, never a wrong row.
  *
  * What it needs of the table is built once per backend (PayidemInsert):
  * which column gets which of the caller's values; the defaults of the
@@ -57,6 +60,7 @@ struct PayidemInsert
 	const char *relname;		/* payidem.<relname> */
 	int			ncols;
 	const char *const *columns; /* the names the caller's values are for */
+	const Oid  *types;			/* and the (base) type of each value */
 	/* built on first use; relid InvalidOid when stale */
 	Oid			relid;
 	MemoryContext context;
@@ -94,11 +98,12 @@ write_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 
 /*
  * The cache of an insert into payidem.<relname> of values for columns[]
- * (ncols of them; a name the table does not have is left out).  Made once,
- * at the call site's first use, and kept for the backend.
+ * (ncols of them), each of types[] (the column's type, or the base type of
+ * its domain).  Made once, at the call site's first use, and kept for the
+ * backend.
  */
 PayidemInsert *
-payidem_insert_define(const char *relname, int ncols, const char *const *columns)
+payidem_insert_define(const char *relname, int ncols, const char *const *columns, const Oid *types)
 {
 	PayidemInsert *ins = MemoryContextAllocZero(TopMemoryContext, sizeof(PayidemInsert));
 
@@ -111,6 +116,7 @@ payidem_insert_define(const char *relname, int ncols, const char *const *columns
 	ins->relname = relname;
 	ins->ncols = ncols;
 	ins->columns = columns;
+	ins->types = types;
 	ins->relid = InvalidOid;
 	ins->next = inserts;
 	inserts = ins;
@@ -165,6 +171,41 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 				ins->source[i] = COL_NULL;
 		}
 	}
+	/*
+	 * The values are put in the row as they are: a column altered to
+	 * another type (or given a length), dropped or renamed is refused here,
+	 * as are what a direct insert cannot do as an INSERT does (rules,
+	 * transition tables).
+	 */
+	for (v = 0; v < ins->ncols; v++)
+	{
+		for (i = 0; i < desc->natts; i++)
+			if (ins->source[i] == v)
+				break;
+		if (i == desc->natts)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("column \"%s\" of relation payidem.%s does not exist", ins->columns[v], ins->relname),
+					 errhint("payidem writes this table itself; its columns are part of the extension.")));
+		if (getBaseType(TupleDescAttr(desc, i)->atttypid) != ins->types[v] ||
+			TupleDescAttr(desc, i)->atttypmod != -1)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("column \"%s\" of relation payidem.%s is not of the type payidem writes",
+							ins->columns[v], ins->relname),
+					 errdetail("It is %s; payidem writes %s.",
+							   format_type_with_typemod(TupleDescAttr(desc, i)->atttypid,
+														TupleDescAttr(desc, i)->atttypmod),
+							   format_type_be(ins->types[v])),
+					 errhint("payidem writes this table itself; its columns are part of the extension.")));
+	}
+	if (rel->rd_rules != NULL ||
+		(rel->trigdesc != NULL && (rel->trigdesc->trig_insert_new_table)))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("payidem.%s cannot have rules or triggers with transition tables", ins->relname),
+				 errdetail("payidem appends its rows one at a time, without an INSERT statement."),
+				 errhint("Use a FOR EACH ROW trigger without a REFERENCING clause.")));
 	ins->ncheck = 0;
 	ins->checks = NULL;
 	if (desc->constr && desc->constr->num_check > 0)
@@ -246,9 +287,13 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	MemoryContextSwitchTo(oldcxt);
 	ExecStoreVirtualTuple(slot);
 
-	AfterTriggerBeginQuery();	/* in case someone adds row triggers to the table */
+	/* the table's own triggers, statement and row, as for a one-row INSERT */
+	AfterTriggerBeginQuery();
+	ExecBSInsertTriggers(estate, rri);
 	ExecSimpleRelationInsert(rri, estate, slot);
+	ExecASInsertTriggers(estate, rri, NULL);
 	AfterTriggerEndQuery(estate);
+	ExecCloseResultRelations(estate);	/* what the AFTER triggers opened */
 
 	ExecCloseIndices(rri);
 	ExecResetTupleTable(estate->es_tupleTable, false);
