@@ -500,8 +500,7 @@ payidem_ledger_at_commit(PG_FUNCTION_ARGS)
 	Relation	rel = td->tg_relation;
 	char		kind = table_kind(rel);
 	bool		isnull;
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 
 	if (!TRIGGER_FIRED_BY_UPDATE(td->tg_event))
 		return PointerGetDatum(NULL);
@@ -538,19 +537,13 @@ payidem_ledger_at_commit(PG_FUNCTION_ARGS)
 			return PointerGetDatum(NULL);
 	}
 
-	/* as the tables' owner: the committing role may not read them */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(rel->rd_rel->relowner,
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
-
 	/*
-	 * What the rows say when every statement so far is done: at commit, and
-	 * also when SET CONSTRAINTS ... IMMEDIATE fires this at the end of the
-	 * statement that wrote them, whose own snapshot does not see its writes.
+	 * As the tables' owner (the committing role may not read them), seeing
+	 * every statement so far: at commit, and also when SET CONSTRAINTS ...
+	 * IMMEDIATE fires this at the end of the statement that wrote the rows,
+	 * whose own snapshot does not see its writes.
 	 */
-	CommandCounterIncrement();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	UpdateActiveSnapshotCommandId();
+	payidem_begin_as_owner(rel->rd_rel->relowner, &as_owner);
 	if (kind == 'o')
 		check_order(col(rel, td->tg_newtuple, "order_no", &isnull), &td->tg_newtuple->t_self);
 	else
@@ -567,7 +560,6 @@ payidem_ledger_at_commit(PG_FUNCTION_ARGS)
 		}
 		SPI_finish();
 	}
-	PopActiveSnapshot();
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_end_as_owner(&as_owner);
 	return PointerGetDatum(NULL);
 }

@@ -217,8 +217,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	bool		payment_key_null = true;
 	int64		event_id;
 	StringInfoData payload;
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
@@ -232,16 +231,10 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	/*
 	 * As the tables' owner: the event is written whoever changed the row
 	 * (application roles have no right on notify_event).  Every look-up
-	 * below is by key, without SQL; the one statement, the insert, names
-	 * everything schema-qualified, so no search_path is set for it.
+	 * below is by key and the insert is direct: no SQL, so no search_path
+	 * matters.  The look-ups see what this statement wrote.
 	 */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(rel->rd_rel->relowner,
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
-	/* the look-ups see what this statement wrote, as a next statement would */
-	CommandCounterIncrement();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	UpdateActiveSnapshotCommandId();
+	payidem_begin_as_owner(rel->rd_rel->relowner, &as_owner);
 	if (is_refund)
 	{
 		bool		isnull;
@@ -258,8 +251,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		if (order == NULL || isnull)
 		{
 			table_close(order_rel, NoLock);
-			PopActiveSnapshot();
-			SetUserIdAndSecContext(save_userid, save_sec_context);
+			payidem_end_as_owner(&as_owner);
 			return PointerGetDatum(NULL);
 		}
 		o_refunded_amount = tuple_col(order_rel, order, "refunded_amount");
@@ -366,7 +358,6 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	}
 	if (order_rel != rel)
 		table_close(order_rel, NoLock);
-	PopActiveSnapshot();
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_end_as_owner(&as_owner);
 	return PointerGetDatum(NULL);
 }

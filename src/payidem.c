@@ -19,6 +19,7 @@
 #include "access/nbtree.h"
 #include "access/relscan.h"
 #include "access/tableam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
@@ -33,6 +34,7 @@
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/typcache.h"
 
@@ -320,6 +322,29 @@ payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot)
 		tuple = ExecCopySlotHeapTuple(slot);
 	ExecDropSingleTupleTableSlot(slot);
 	return tuple;
+}
+
+/*
+ * A trigger's reads and writes on the tables' behalf: as their owner, with
+ * a snapshot that sees every write of the transaction so far (as a next
+ * statement would; also the writes of the statement firing it).  Undone by
+ * payidem_end_as_owner, or by the (sub)transaction's abort on an error.
+ */
+void
+payidem_begin_as_owner(Oid owner, PayidemAsOwner *save)
+{
+	GetUserIdAndSecContext(&save->userid, &save->sec_context);
+	SetUserIdAndSecContext(owner, save->sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
+}
+
+void
+payidem_end_as_owner(const PayidemAsOwner *save)
+{
+	PopActiveSnapshot();
+	SetUserIdAndSecContext(save->userid, save->sec_context);
 }
 
 /* The owner of a relation, from the syscache. */

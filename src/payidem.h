@@ -121,6 +121,13 @@ extern char *payidem_quote_value(const char *value, int len);
 extern bool payidem_text_equal(Datum a, Datum b);
 extern Oid	payidem_relation_owner(Oid relid);
 extern Oid	payidem_relid(const char *relname);
+typedef struct PayidemAsOwner
+{
+	Oid			userid;
+	int			sec_context;
+} PayidemAsOwner;
+extern void payidem_begin_as_owner(Oid owner, PayidemAsOwner *save);
+extern void payidem_end_as_owner(const PayidemAsOwner *save);
 extern int	payidem_attnum(TupleDesc desc, const char *name);
 extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot);
 extern HeapTuple payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys,
