@@ -287,7 +287,7 @@ UPDATE payidem.status_log SET to_status = 'paid';
 SELECT pg_temp.try('UPDATE payidem.status_log SET to_status = ''paid''');
 SELECT pg_temp.try('DELETE FROM payidem.status_log');
 SELECT pg_temp.try('TRUNCATE payidem.status_log');
-SELECT pg_temp.try('INSERT INTO payidem.status_log (entity, entity_no, to_status) VALUES (''order'', ''PO202401010000000000000164'', ''paid'') ON CONFLICT (log_id) DO UPDATE SET to_status = ''x''');
+SELECT pg_temp.try('INSERT INTO payidem.status_log (entity, entity_no, to_status) VALUES (''order'', ''PO202401010000000000000164'', ''paid'') ON CONFLICT ON CONSTRAINT status_log_pkey DO UPDATE SET to_status = ''x''');
 SET session_replication_role = replica;
 SELECT pg_temp.try('UPDATE payidem.status_log SET to_status = ''paid''');
 SELECT pg_temp.try('DELETE FROM payidem.status_log');
@@ -419,6 +419,34 @@ INSERT INTO ticket (ticket_no) VALUES ('T-1');
 SELECT pg_temp.try($$UPDATE ticket SET status = NULL$$);
 UPDATE ticket SET status = 'done';
 SELECT from_status, to_status FROM payidem.status_log WHERE entity = 'ticket' ORDER BY log_id;
+-- The log rows are written directly, without an INSERT statement: a change a
+-- DBA made to status_log that such a write cannot honour is refused with a
+-- clear error, and the change of status with it.
+BEGIN;
+ALTER TABLE payidem.status_log ALTER COLUMN to_status TYPE varchar(40);
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-2')$$);
+ROLLBACK;
+BEGIN;
+ALTER TABLE payidem.status_log RENAME COLUMN changed_by TO who;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-2')$$);
+ROLLBACK;
+BEGIN;
+ALTER TABLE payidem.status_log ALTER COLUMN txid TYPE numeric;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-2')$$);
+ROLLBACK;
+BEGIN;
+CREATE RULE status_log_echo AS ON INSERT TO payidem.status_log DO ALSO NOTIFY status_log;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-2')$$);
+ROLLBACK;
+BEGIN;
+CREATE FUNCTION pg_temp.nothing() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$;
+CREATE TRIGGER status_log_batch AFTER INSERT ON payidem.status_log
+  REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.nothing();
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-2')$$);
+ROLLBACK;
+-- and once the table is as payidem made it, the same write goes through
+INSERT INTO ticket (ticket_no) VALUES ('T-2');
+SELECT entity_no, from_status, to_status FROM payidem.status_log WHERE entity = 'ticket' AND entity_no = 'T-2';
 -- The built-in entities are guarded on payidem's own tables only: a trigger
 -- elsewhere cannot write history for a real order.
 CREATE TABLE public.fake_order (order_no text, status text);

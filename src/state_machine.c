@@ -10,7 +10,7 @@
  * Whitelist cache: payidem.state and payidem.transition are read once per
  * backend into WhitelistCache (its own memory context under
  * CacheMemoryContext) and kept until a relcache invalidation of one of those
- * tables (or of status_log, or a full reset) arrives.  DML does not send
+ * tables (or a full reset) arrives.  DML does not send
  * relcache invalidations by itself, so both tables carry a statement-level
  * trigger, payidem.whitelist_changed(), that calls
  * CacheInvalidateRelcacheByRelid(): the change is seen by the next command
@@ -134,9 +134,7 @@ static bool callback_registered = false;
 /* relations whose invalidation makes the cache stale; found at (re)load */
 static Oid	state_relid = InvalidOid;
 static Oid	transition_relid = InvalidOid;
-static Oid	status_log_relid = InvalidOid;
 static Oid	whitelist_owner = InvalidOid;	/* owner of payidem.state */
-static Oid	status_log_seq = InvalidOid;	/* its log_id sequence */
 
 /* saved plans */
 static SPIPlanPtr load_states_plan = NULL;
@@ -197,16 +195,15 @@ static TransitTarget transit_targets[] = {
 
 
 /*
- * Relcache callback: a change of payidem.state, payidem.transition or
- * payidem.status_log (or a full reset, relid = InvalidOid) makes the cache
+ * Relcache callback: a change of payidem.state or payidem.transition (or a
+ * full reset, relid = InvalidOid) makes the cache
  * stale.  Only flags it: the memory is freed by the next rebuild, because a
  * callback can run in the middle of code that is reading the cache.
  */
 static void
 whitelist_relcache_callback(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == state_relid ||
-		relid == transition_relid || relid == status_log_relid)
+	if (relid == InvalidOid || relid == state_relid || relid == transition_relid)
 	{
 		whitelist_inval_count++;
 		whitelist = NULL;
@@ -254,9 +251,7 @@ whitelist_load(void)
 
 	state_relid = payidem_relid("state");
 	transition_relid = payidem_relid("transition");
-	status_log_relid = payidem_relid("status_log");
 	whitelist_owner = payidem_relation_owner(state_relid);
-	status_log_seq = payidem_relid("status_log_log_id_seq");
 
 	buildcxt = AllocSetContextCreate(CurrentMemoryContext,
 									 "payidem whitelist",
@@ -498,7 +493,7 @@ text_datum_cstring(Datum d, int *len)
 
 /*
  * Append one row to payidem.status_log, a direct insert (src/write.c): NOT
- * NULL and CHECK constraints, index entries (unique log_id) and stored
+ * NULL and CHECK constraints, index entries (the key ends in log_id) and stored
  * generated columns are handled by the executor, with no SQL, plan or
  * snapshot per row.  The known columns are filled here -- log_id from its
  * sequence, changed_at = now(), changed_by = the acting role (GetOuterUserId:
@@ -522,7 +517,7 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 
 	if (log_insert == NULL)
 		log_insert = payidem_insert_define("status_log", lengthof(columns), columns, types);
-	values[0] = Int64GetDatum(nextval_internal(status_log_seq, false));
+	values[0] = Int64GetDatum(nextval_internal(payidem_relid("status_log_log_id_seq"), false));
 	values[1] = CStringGetTextDatum(entity);
 	values[2] = entity_no;
 	values[3] = from_status;

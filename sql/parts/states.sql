@@ -83,10 +83,12 @@ CREATE TABLE payidem.status_log (
 	changed_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	changed_by	text		NOT NULL DEFAULT CURRENT_USER,
 	txid		bigint		NOT NULL DEFAULT pg_catalog.txid_current(),
-	CONSTRAINT status_log_pkey PRIMARY KEY (log_id),
+	-- an entity's history in order (WHERE entity = ... AND entity_no = ...
+	-- ORDER BY log_id), and the one index a logged change writes: log_id
+	-- itself comes from its sequence for every row the triggers write
+	CONSTRAINT status_log_pkey PRIMARY KEY (entity, entity_no, log_id),
 	CONSTRAINT status_log_changed CHECK (from_status IS DISTINCT FROM to_status)
 );
-CREATE INDEX status_log_entity ON payidem.status_log (entity, entity_no, log_id);
 COMMENT ON TABLE payidem.status_log IS
 	'Append-only history of every status an order, payment or refund took (insert = from_status NULL).';
 COMMENT ON COLUMN payidem.status_log.entity_no IS
