@@ -444,6 +444,14 @@ CREATE TRIGGER status_log_batch AFTER INSERT ON payidem.status_log
   REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.nothing();
 SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-2')$$);
 ROLLBACK;
+-- a column added without a default gets NULL, checked against its domain as an
+-- INSERT checks it
+BEGIN;
+CREATE DOMAIN public.reviewer AS text;
+ALTER TABLE payidem.status_log ADD COLUMN reviewer public.reviewer;
+ALTER DOMAIN public.reviewer ADD CONSTRAINT reviewer_named CHECK (VALUE IS NOT NULL) NOT VALID;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-2')$$);
+ROLLBACK;
 -- and once the table is as payidem made it, the same write goes through
 INSERT INTO ticket (ticket_no) VALUES ('T-2');
 SELECT entity_no, from_status, to_status FROM payidem.status_log WHERE entity = 'ticket' AND entity_no = 'T-2';

@@ -69,6 +69,8 @@ struct PayidemInsert
 	Expr	  **defaults;		/* per column, for COL_DEFAULT */
 	Oid		   *domain;			/* per value: its column's domain, or InvalidOid */
 	void	  **domain_extra;	/* per value: domain_check()'s state */
+	Oid		   *null_domain;	/* per column left NULL: its domain, or InvalidOid */
+	void	  **null_domain_extra;	/* and domain_check()'s state */
 	int			ncheck;
 	Expr	  **checks;			/* in the order of the relation's CHECKs */
 	PayidemInsert *next;
@@ -143,6 +145,8 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 	ins->defaults = palloc0(sizeof(Expr *) * desc->natts);
 	ins->domain = palloc0(sizeof(Oid) * ins->ncols);
 	ins->domain_extra = palloc0(sizeof(void *) * ins->ncols);
+	ins->null_domain = palloc0(sizeof(Oid) * desc->natts);
+	ins->null_domain_extra = palloc0(sizeof(void *) * desc->natts);
 	for (i = 0; i < desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
@@ -168,7 +172,12 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 			if (def != NULL)
 				ins->defaults[i] = expression_planner((Expr *) def);
 			else
+			{
+				/* an INSERT checks the NULL it puts there against the domain too */
 				ins->source[i] = COL_NULL;
+				if (get_typtype(att->atttypid) == TYPTYPE_DOMAIN)
+					ins->null_domain[i] = att->atttypid;
+			}
 		}
 	}
 	/*
@@ -280,6 +289,8 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 											   GetPerTupleExprContext(estate), &slot->tts_isnull[i]);
 		else
 		{
+			if (OidIsValid(ins->null_domain[i]))
+				domain_check((Datum) 0, true, ins->null_domain[i], &ins->null_domain_extra[i], ins->context);
 			slot->tts_values[i] = (Datum) 0;
 			slot->tts_isnull[i] = true;
 		}
