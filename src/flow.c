@@ -98,10 +98,7 @@ typedef struct FlowTarget
 	AttrNumber	attnos[FLOW_MAX_COLUMNS];
 	bool		isdomain[FLOW_MAX_COLUMNS];
 	void	   *domain_extra[FLOW_MAX_COLUMNS];	/* domain_check()'s cache */
-	int			ncheck;
-	Expr	  **checks;			/* the relation's CHECKs, planned, in relcache
-								 * order; compiled per call (an ExprState keeps
-								 * state in its query's memory) */
+	PayidemExprs exprs;			/* its CHECKs and index predicates (write.c) */
 	GeneratedColumnsCompat *generated;	/* for 15's extraUpdatedCols */
 } FlowTarget;
 
@@ -207,20 +204,9 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 		t->isdomain[i] = get_typtype(typid) == TYPTYPE_DOMAIN;
 		t->domain_extra[i] = NULL;
 	}
-	t->ncheck = 0;
-	t->checks = NULL;
-	if (desc->constr && desc->constr->num_check > 0)
-	{
-		ConstrCheck *check = desc->constr->check;
-
-		t->checks = palloc(sizeof(Expr *) * desc->constr->num_check);
-		for (i = 0; i < desc->constr->num_check; i++)
-			t->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
-				expression_planner((Expr *) CheckConstraintExprCompat(rel, &check[i])) : NULL;
-		t->ncheck = desc->constr->num_check;
-	}
 	t->generated = GeneratedColumnsOfCompat(rel);
 	MemoryContextSwitchTo(oldcxt);
+	payidem_exprs_plan(&t->exprs, rel, t->context);
 	/* an invalidation that arrived meanwhile: build again next time */
 	t->valid = (before == flow_inval_count);
 }
@@ -274,6 +260,7 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	Bitmapset  *updated = NULL;
 	Datum		oldkey;
 	bool		isnull;
+	bool		attached;
 	int			i;
 
 	if (!callbacks_registered)
@@ -352,25 +339,21 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	/* the trigger machinery finds it here instead of opening its own */
 	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);
-	/*
-	 * ExecConstraints() reads the CHECKs from the catalog and plans them
-	 * only when this is NULL; we compile the planned ones kept above.
-	 */
-	if (t->ncheck > 0)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
-
-		ResultRelInfoCheckExprs(rri) = palloc(sizeof(ExprState *) * t->ncheck);
-		for (i = 0; i < t->ncheck; i++)
-			ResultRelInfoCheckExprs(rri)[i] = ExecInitExpr(t->checks[i], NULL);
-		MemoryContextSwitchTo(oldcxt);
-	}
 	ExecOpenIndices(rri, false);
 	EvalPlanQualInitCompat(&epqstate, estate);
 
-	AfterTriggerBeginQuery();
-	ExecSimpleRelationUpdate(rri, estate, &epqstate, oldslot, newslot);
-	AfterTriggerEndQuery(estate);	/* the status guard runs here */
+	attached = payidem_exprs_attach(&t->exprs, rri, estate);
+	PG_TRY();
+	{
+		AfterTriggerBeginQuery();
+		ExecSimpleRelationUpdate(rri, estate, &epqstate, oldslot, newslot);
+		AfterTriggerEndQuery(estate);	/* the status guard runs here */
+	}
+	PG_FINALLY();
+	{
+		payidem_exprs_detach(&t->exprs, attached);
+	}
+	PG_END_TRY();
 
 	EvalPlanQualEnd(&epqstate);
 	ExecCloseResultRelations(estate);	/* its indexes, and any a trigger opened */

@@ -102,6 +102,27 @@ extern bool payidem_payment_has_paid(Datum status);
 
 /* write.c: direct inserts into payidem's tables (one cache per call site) */
 typedef struct PayidemInsert PayidemInsert;
+
+/*
+ * The expressions a direct write of one table evaluates -- its CHECKs and
+ * the predicates of its partial indexes -- planned once and compiled on
+ * first use, in the memory of the cache that holds them (write.c).
+ */
+typedef struct PayidemExprs
+{
+	MemoryContext context;		/* the holder's; gone with its plans */
+	int			ncheck;
+	Expr	  **checks;			/* planned, in relcache order (NULL: not enforced) */
+	ExprState **check_states;	/* compiled, or NULL until first used */
+	int			npred;
+	Oid		   *pred_index;		/* the partial indexes seen, by OID */
+	ExprState **pred_states;	/* and their compiled predicates */
+	bool		in_use;			/* by a write under way further up the stack */
+} PayidemExprs;
+
+extern void payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context);
+extern bool payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate);
+extern void payidem_exprs_detach(PayidemExprs *x, bool attached);
 extern PayidemInsert *payidem_insert_define(const char *relname, int ncols, const char *const *columns,
 											 const Oid *types);
 extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);

@@ -18,12 +18,12 @@
  *
  * What it needs of the table is built once per backend (PayidemInsert):
  * which column gets which of the caller's values; the defaults of the
- * others, planned once and evaluated per row; the CHECK constraints, read
- * and planned once (compiled per row: an ExprState may keep state in its
- * query's memory), and the domains of the columns written, checked per row
- * with their constraints kept up to date by the type cache.  Left to the
- * executor, every CHECK would be read back from the catalog text and planned
- * for each row.  A change of the table (its relcache invalidation, or a full
+ * others, planned once, compiled at first use and evaluated per row; the
+ * CHECK constraints and the partial indexes' predicates, likewise
+ * (PayidemExprs, which flow.c's updates use too); and the domains of the
+ * columns written, checked per row with their constraints kept up to date by
+ * the type cache.  Left to the executor, every CHECK would be read back from
+ * the catalog text and planned, and every predicate planned, for each row.  A change of the table (its relcache invalidation, or a full
  * reset) or of any function (which a default or CHECK may have inlined)
  * makes it stale; the old memory goes when the transaction ends, never while
  * a row may be being written with it further up the stack.
@@ -66,13 +66,13 @@ struct PayidemInsert
 	MemoryContext context;
 	int			natts;
 	int		   *source;			/* per column: an index into values[], or COL_* */
-	Expr	  **defaults;		/* per column, for COL_DEFAULT */
+	Expr	  **defaults;		/* per column, for COL_DEFAULT: planned */
+	ExprState **default_states;	/* and compiled, on first use */
 	Oid		   *domain;			/* per value: its column's domain, or InvalidOid */
 	void	  **domain_extra;	/* per value: domain_check()'s state */
 	Oid		   *null_domain;	/* per column left NULL: its domain, or InvalidOid */
 	void	  **null_domain_extra;	/* and domain_check()'s state */
-	int			ncheck;
-	Expr	  **checks;			/* in the order of the relation's CHECKs */
+	PayidemExprs exprs;			/* its CHECKs and index predicates */
 	PayidemInsert *next;
 };
 
@@ -215,20 +215,132 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 				 errmsg("payidem.%s cannot have rules or triggers with transition tables", ins->relname),
 				 errdetail("payidem appends its rows one at a time, without an INSERT statement."),
 				 errhint("Use a FOR EACH ROW trigger without a REFERENCING clause.")));
-	ins->ncheck = 0;
-	ins->checks = NULL;
+	ins->default_states = palloc0(sizeof(ExprState *) * desc->natts);
+	MemoryContextSwitchTo(oldcxt);
+	payidem_exprs_plan(&ins->exprs, rel, ins->context);
+	ins->relid = RelationGetRelid(rel);
+}
+
+/*
+ * The expressions of a direct write (PayidemExprs, payidem.h).  Left to the
+ * executor, a write that builds its ResultRelInfo per row would read every
+ * CHECK back from the catalog and plan it, and plan and compile each partial
+ * index's predicate, for every row.  Here the CHECKs are planned when the
+ * holder's cache is built (payidem_exprs_plan, in context, the holder's
+ * memory, freed with it) and each expression is compiled at its first use
+ * and kept: an ExprState built without a parent keeps nothing of the query
+ * that evaluates it (its results go in that query's expression context), as
+ * the type cache keeps a domain's constraints.  One write uses them at a
+ * time: a write further down the stack while one is under way (a trigger or
+ * a function in a CHECK writing the same table) compiles its own, per row.
+ */
+void
+payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	MemoryContext oldcxt = MemoryContextSwitchTo(context);
+	int			i;
+
+	memset(x, 0, sizeof(PayidemExprs));
+	x->context = context;
 	if (desc->constr && desc->constr->num_check > 0)
 	{
 		ConstrCheck *check = desc->constr->check;
 
-		ins->checks = palloc(sizeof(Expr *) * desc->constr->num_check);
-		for (i = 0; i < desc->constr->num_check; i++)
-			ins->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
+		x->ncheck = desc->constr->num_check;
+		x->checks = palloc(sizeof(Expr *) * x->ncheck);
+		for (i = 0; i < x->ncheck; i++)
+			x->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
 				expression_planner((Expr *) CheckConstraintExprCompat(rel, &check[i])) : NULL;
-		ins->ncheck = desc->constr->num_check;
 	}
 	MemoryContextSwitchTo(oldcxt);
-	ins->relid = RelationGetRelid(rel);
+}
+
+/*
+ * Give rri, whose indexes are open, the compiled CHECKs and predicates;
+ * true if they are x's own, to be given back with payidem_exprs_detach once
+ * the write is done (also when it fails: the caller's PG_FINALLY).
+ */
+bool
+payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate)
+{
+	bool		own = !x->in_use;
+	MemoryContext oldcxt;
+	int			i;
+	int			p;
+
+	oldcxt = MemoryContextSwitchTo(own ? x->context : estate->es_query_cxt);
+	if (x->ncheck > 0)
+	{
+		ExprState **states = own ? x->check_states : NULL;
+
+		if (states == NULL)
+		{
+			states = palloc(sizeof(ExprState *) * x->ncheck);
+			for (i = 0; i < x->ncheck; i++)
+				states[i] = ExecInitExpr(x->checks[i], NULL);
+			if (own)
+				x->check_states = states;
+		}
+		/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
+		ResultRelInfoCheckExprs(rri) = states;
+	}
+	for (i = 0; own && i < rri->ri_NumIndices; i++)
+	{
+		IndexInfo  *ii = rri->ri_IndexRelationInfo[i];
+		Oid			index = RelationGetRelid(rri->ri_IndexRelationDescs[i]);
+
+		if (ii->ii_Predicate == NIL)
+			continue;
+		for (p = 0; p < x->npred; p++)
+			if (x->pred_index[p] == index)
+				break;
+		if (p == x->npred)
+		{
+			/* as ExecInsertIndexTuples() would, per row, with ExecPrepareQual() */
+			ExprState  *state = ExecInitQual((List *) expression_planner((Expr *) ii->ii_Predicate), NULL);
+
+			x->pred_index = x->npred == 0 ? palloc(sizeof(Oid)) :
+				repalloc(x->pred_index, sizeof(Oid) * (x->npred + 1));
+			x->pred_states = x->npred == 0 ? palloc(sizeof(ExprState *)) :
+				repalloc(x->pred_states, sizeof(ExprState *) * (x->npred + 1));
+			x->pred_index[p] = index;
+			x->pred_states[p] = state;
+			x->npred++;
+		}
+		ii->ii_PredicateState = x->pred_states[p];
+	}
+	MemoryContextSwitchTo(oldcxt);
+	if (own)
+		x->in_use = true;
+	return own;
+}
+
+void
+payidem_exprs_detach(PayidemExprs *x, bool attached)
+{
+	if (attached)
+		x->in_use = false;
+}
+
+/*
+ * The compiled default of column i: kept in ins's memory when the insert
+ * has its expressions to itself (own), compiled for this row otherwise.
+ */
+static ExprState *
+default_state(PayidemInsert *ins, int i, bool own, EState *estate)
+{
+	MemoryContext oldcxt;
+	ExprState  *state;
+
+	if (own && ins->default_states[i] != NULL)
+		return ins->default_states[i];
+	oldcxt = MemoryContextSwitchTo(own ? ins->context : estate->es_query_cxt);
+	state = ExecInitExpr(ins->defaults[i], NULL);
+	MemoryContextSwitchTo(oldcxt);
+	if (own)
+		ins->default_states[i] = state;
+	return state;
 }
 
 /*
@@ -245,6 +357,7 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	ResultRelInfo *rri;
 	TupleTableSlot *slot;
 	MemoryContext oldcxt;
+	bool		attached;
 	int			i;
 
 	/* the lock above has processed any pending invalidation */
@@ -255,55 +368,54 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	rri = makeNode(ResultRelInfo);
 	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL, NULL);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
-	if (ins->ncheck > 0)
-	{
-		oldcxt = MemoryContextSwitchTo(estate->es_query_cxt);
-		ResultRelInfoCheckExprs(rri) = palloc(sizeof(ExprState *) * ins->ncheck);
-		for (i = 0; i < ins->ncheck; i++)
-			ResultRelInfoCheckExprs(rri)[i] = ExecInitExpr(ins->checks[i], NULL);
-		MemoryContextSwitchTo(oldcxt);
-	}
 	estate->es_output_cid = GetCurrentCommandId(true);
 	ExecOpenIndices(rri, false);
 	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
 	ExecClearTuple(slot);
-
-	/* the domains of the values written, as a cast to the column's type checks them */
-	for (i = 0; i < ins->ncols; i++)
-		if (OidIsValid(ins->domain[i]))
-			domain_check(values[i], nulls[i], ins->domain[i], &ins->domain_extra[i], ins->context);
-
-	oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
-	for (i = 0; i < desc->natts; i++)
+	attached = payidem_exprs_attach(&ins->exprs, rri, estate);
+	PG_TRY();
 	{
-		int			src = ins->source[i];
+		/* the domains of the values written, as a cast to the column's type checks them */
+		for (i = 0; i < ins->ncols; i++)
+			if (OidIsValid(ins->domain[i]))
+				domain_check(values[i], nulls[i], ins->domain[i], &ins->domain_extra[i], ins->context);
 
-		if (src >= 0)
+		oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
+		for (i = 0; i < desc->natts; i++)
 		{
-			slot->tts_values[i] = values[src];
-			slot->tts_isnull[i] = nulls[src];
+			int			src = ins->source[i];
+
+			if (src >= 0)
+			{
+				slot->tts_values[i] = values[src];
+				slot->tts_isnull[i] = nulls[src];
+			}
+			else if (src == COL_DEFAULT)
+				slot->tts_values[i] = ExecEvalExpr(default_state(ins, i, attached, estate),
+												   GetPerTupleExprContext(estate), &slot->tts_isnull[i]);
+			else
+			{
+				if (OidIsValid(ins->null_domain[i]))
+					domain_check((Datum) 0, true, ins->null_domain[i], &ins->null_domain_extra[i], ins->context);
+				slot->tts_values[i] = (Datum) 0;
+				slot->tts_isnull[i] = true;
+			}
 		}
-		else if (src == COL_DEFAULT)
-			slot->tts_values[i] = ExecEvalExpr(ExecPrepareExpr(ins->defaults[i], estate),
-											   GetPerTupleExprContext(estate), &slot->tts_isnull[i]);
-		else
-		{
-			if (OidIsValid(ins->null_domain[i]))
-				domain_check((Datum) 0, true, ins->null_domain[i], &ins->null_domain_extra[i], ins->context);
-			slot->tts_values[i] = (Datum) 0;
-			slot->tts_isnull[i] = true;
-		}
+		MemoryContextSwitchTo(oldcxt);
+		ExecStoreVirtualTuple(slot);
+
+		/* the table's own triggers, statement and row, as for a one-row INSERT */
+		AfterTriggerBeginQuery();
+		ExecBSInsertTriggers(estate, rri);
+		ExecSimpleRelationInsert(rri, estate, slot);
+		ExecASInsertTriggers(estate, rri, NULL);
+		AfterTriggerEndQuery(estate);
 	}
-	MemoryContextSwitchTo(oldcxt);
-	ExecStoreVirtualTuple(slot);
-
-	/* the table's own triggers, statement and row, as for a one-row INSERT */
-	AfterTriggerBeginQuery();
-	ExecBSInsertTriggers(estate, rri);
-	ExecSimpleRelationInsert(rri, estate, slot);
-	ExecASInsertTriggers(estate, rri, NULL);
-	AfterTriggerEndQuery(estate);
+	PG_FINALLY();
+	{
+		payidem_exprs_detach(&ins->exprs, attached);
+	}
+	PG_END_TRY();
 	ExecCloseResultRelations(estate);	/* what the AFTER triggers opened */
 
 	ExecCloseIndices(rri);
