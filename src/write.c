@@ -297,8 +297,13 @@ payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate)
 				break;
 		if (p == x->npred)
 		{
-			/* as ExecInsertIndexTuples() would, per row, with ExecPrepareQual() */
-			ExprState  *state = ExecInitQual((List *) expression_planner((Expr *) ii->ii_Predicate), NULL);
+			/*
+			 * as ExecInsertIndexTuples() would, per row, with
+			 * ExecPrepareQual(); from a copy, as the planner's copy of a
+			 * constant points into the original, the executor's memory
+			 */
+			ExprState  *state = ExecInitQual((List *) expression_planner((Expr *) copyObject(ii->ii_Predicate)),
+											 NULL);
 
 			x->pred_index = x->npred == 0 ? palloc(sizeof(Oid)) :
 				repalloc(x->pred_index, sizeof(Oid) * (x->npred + 1));
