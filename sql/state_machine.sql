@@ -452,6 +452,42 @@ ALTER TABLE payidem.status_log ADD COLUMN reviewer public.reviewer;
 ALTER DOMAIN public.reviewer ADD CONSTRAINT reviewer_named CHECK (VALUE IS NOT NULL) NOT VALID;
 SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-2')$$);
 ROLLBACK;
+-- What compiling a default or a CHECK decides is not kept past what changes
+-- it: a domain's constraints (ALTER DOMAIN does not touch the table) ...
+BEGIN;
+CREATE DOMAIN public.log_note AS text;
+ALTER TABLE payidem.status_log ADD COLUMN note2 public.log_note DEFAULT 'x';
+INSERT INTO ticket (ticket_no) VALUES ('T-3');
+ALTER DOMAIN public.log_note ADD CONSTRAINT log_note_not_x CHECK (VALUE <> 'x') NOT VALID;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
+ALTER DOMAIN public.log_note DROP CONSTRAINT log_note_not_x;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
+ROLLBACK;
+-- ... and the right to run a function in them, which is the writing role's
+BEGIN;
+CREATE FUNCTION public.log_allowed(text) RETURNS boolean LANGUAGE plpgsql AS $$BEGIN RETURN true; END$$;
+REVOKE EXECUTE ON FUNCTION public.log_allowed(text) FROM PUBLIC;
+ALTER TABLE payidem.status_log ADD CONSTRAINT log_allowed CHECK (public.log_allowed(entity_no)) NOT VALID;
+CREATE ROLE payidem_log_writer;
+GRANT INSERT ON ticket TO payidem_log_writer;
+INSERT INTO ticket (ticket_no) VALUES ('T-3');
+SET ROLE payidem_log_writer;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
+RESET ROLE;
+-- a compilation that fails leaves nothing behind in the backend's memory
+SET ROLE payidem_log_writer;
+DO $$BEGIN
+	FOR i IN 1..200 LOOP
+		BEGIN
+			INSERT INTO ticket (ticket_no) VALUES ('T-5');
+		EXCEPTION WHEN insufficient_privilege THEN NULL;
+		END;
+	END LOOP;
+END$$;
+RESET ROLE;
+SELECT sum(total_bytes) < 65536 AS direct_insert_memory_bounded
+  FROM pg_backend_memory_contexts WHERE name = 'payidem direct insert';
+ROLLBACK;
 -- and once the table is as payidem made it, the same write goes through
 INSERT INTO ticket (ticket_no) VALUES ('T-2');
 SELECT entity_no, from_status, to_status FROM payidem.status_log WHERE entity = 'ticket' AND entity_no = 'T-2';

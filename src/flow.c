@@ -206,7 +206,7 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 	}
 	t->generated = GeneratedColumnsOfCompat(rel);
 	MemoryContextSwitchTo(oldcxt);
-	payidem_exprs_plan(&t->exprs, rel, t->context);
+	payidem_exprs_plan(&t->exprs, rel, t->context, 0, NULL);
 	/* an invalidation that arrived meanwhile: build again next time */
 	t->valid = (before == flow_inval_count);
 }
@@ -342,7 +342,7 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	ExecOpenIndices(rri, false);
 	EvalPlanQualInitCompat(&epqstate, estate);
 
-	attached = payidem_exprs_attach(&t->exprs, rri, estate);
+	(void) payidem_exprs_attach(&t->exprs, rri, estate, &attached);
 	PG_TRY();
 	{
 		AfterTriggerBeginQuery();

@@ -104,24 +104,35 @@ extern bool payidem_payment_has_paid(Datum status);
 typedef struct PayidemInsert PayidemInsert;
 
 /*
- * The expressions a direct write of one table evaluates -- its CHECKs and
- * the predicates of its partial indexes -- planned once and compiled on
- * first use, in the memory of the cache that holds them (write.c).
+ * The expressions a direct write of one table evaluates -- its CHECKs, the
+ * defaults of a direct insert and the predicates of its partial indexes --
+ * planned once and compiled on first use, in the memory of the cache that
+ * holds them (write.c).
  */
 typedef struct PayidemExprs
 {
 	MemoryContext context;		/* the holder's; gone with its plans */
 	int			ncheck;
 	Expr	  **checks;			/* planned, in relcache order (NULL: not enforced) */
-	ExprState **check_states;	/* compiled, or NULL until first used */
+	bool	   *check_replan;	/* or raw, to plan at each use (a domain cast) */
+	int			ndefault;
+	Expr	  **defaults;		/* per column, of the holder: planned here, or NULL */
+	bool	   *default_replan;	/* or raw, as for the CHECKs */
+	bool		keepable;		/* none to plan at each use */
+	/* the compiled ones, for compiled_for, in compiled (under context) */
+	MemoryContext compiled;
+	Oid			compiled_for;
+	ExprState **check_states;
+	ExprState **default_states;
 	int			npred;
-	Oid		   *pred_index;		/* the partial indexes seen, by OID */
-	ExprState **pred_states;	/* and their compiled predicates */
+	Oid		   *pred_index;		/* the partial indexes, by OID */
+	ExprState **pred_states;	/* and their predicates */
 	bool		in_use;			/* by a write under way further up the stack */
 } PayidemExprs;
 
-extern void payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context);
-extern bool payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate);
+extern void payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int ndefault,
+							   Expr **defaults);
+extern ExprState **payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached);
 extern void payidem_exprs_detach(PayidemExprs *x, bool attached);
 extern PayidemInsert *payidem_insert_define(const char *relname, int ncols, const char *const *columns,
 											 const Oid *types);

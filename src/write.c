@@ -40,7 +40,9 @@
 #include "access/xact.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
+#include "miscadmin.h"
 #include "nodes/makefuncs.h"
+#include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/builtins.h"
@@ -66,13 +68,12 @@ struct PayidemInsert
 	MemoryContext context;
 	int			natts;
 	int		   *source;			/* per column: an index into values[], or COL_* */
-	Expr	  **defaults;		/* per column, for COL_DEFAULT: planned */
-	ExprState **default_states;	/* and compiled, on first use */
+	Expr	  **defaults;		/* per column, for COL_DEFAULT (PayidemExprs plans them) */
 	Oid		   *domain;			/* per value: its column's domain, or InvalidOid */
 	void	  **domain_extra;	/* per value: domain_check()'s state */
 	Oid		   *null_domain;	/* per column left NULL: its domain, or InvalidOid */
 	void	  **null_domain_extra;	/* and domain_check()'s state */
-	PayidemExprs exprs;			/* its CHECKs and index predicates */
+	PayidemExprs exprs;			/* its CHECKs, defaults and index predicates */
 	PayidemInsert *next;
 };
 
@@ -170,7 +171,7 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 			Node	   *def = build_column_default(rel, i + 1);
 
 			if (def != NULL)
-				ins->defaults[i] = expression_planner((Expr *) def);
+				ins->defaults[i] = (Expr *) def;	/* planned by payidem_exprs_plan */
 			else
 			{
 				/* an INSERT checks the NULL it puts there against the domain too */
@@ -215,9 +216,8 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 				 errmsg("payidem.%s cannot have rules or triggers with transition tables", ins->relname),
 				 errdetail("payidem appends its rows one at a time, without an INSERT statement."),
 				 errhint("Use a FOR EACH ROW trigger without a REFERENCING clause.")));
-	ins->default_states = palloc0(sizeof(ExprState *) * desc->natts);
 	MemoryContextSwitchTo(oldcxt);
-	payidem_exprs_plan(&ins->exprs, rel, ins->context);
+	payidem_exprs_plan(&ins->exprs, rel, ins->context, desc->natts, ins->defaults);
 	ins->relid = RelationGetRelid(rel);
 }
 
@@ -225,17 +225,58 @@ insert_prepare(PayidemInsert *ins, Relation rel)
  * The expressions of a direct write (PayidemExprs, payidem.h).  Left to the
  * executor, a write that builds its ResultRelInfo per row would read every
  * CHECK back from the catalog and plan it, and plan and compile each partial
- * index's predicate, for every row.  Here the CHECKs are planned when the
- * holder's cache is built (payidem_exprs_plan, in context, the holder's
- * memory, freed with it) and each expression is compiled at its first use
- * and kept: an ExprState built without a parent keeps nothing of the query
- * that evaluates it (its results go in that query's expression context), as
- * the type cache keeps a domain's constraints.  One write uses them at a
- * time: a write further down the stack while one is under way (a trigger or
- * a function in a CHECK writing the same table) compiles its own, per row.
+ * index's predicate, for every row.  Here the CHECKs (and the defaults the
+ * caller planned) are planned when the holder's cache is built
+ * (payidem_exprs_plan, in context, the holder's memory, freed with it), and
+ * they and the predicates are compiled at their first use and kept: an
+ * ExprState built without a parent keeps nothing of the query that
+ * evaluates it (its results go in that query's expression context).
+ *
+ * What planning and compiling decide is kept only while it still holds: the
+ * EXECUTE right on each function, checked for the current user, so the
+ * compiled ones are for that user only (another compiles again); and a
+ * domain's constraints, which ALTER DOMAIN changes without touching the
+ * table: a cast to a domain is folded away by the planner when the domain
+ * has none and takes in those it has when compiled, so a CHECK or default
+ * with such a cast is planned and compiled at every use, as an INSERT does
+ * (a partial index's predicate comes planned by the relcache, and one with
+ * a cast left in it is compiled at every use).  A compilation is made in the writing
+ * query's memory and kept only once complete, so one that fails leaves
+ * nothing behind.  One write uses them at a time: a write further down the
+ * stack while one is under way (a trigger or a function in a CHECK writing
+ * the same table) compiles its own.
  */
+static bool
+has_domain_cast(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, CoerceToDomain))
+		return true;
+	return expression_tree_walker(node, has_domain_cast, context);
+}
+
+/*
+ * expr planned, unless it casts to a domain: then as it is (raw), to be
+ * planned at each use, as the planner folds away the cast to a domain that
+ * has no constraints now.
+ */
+static Expr *
+plan_unless_domain_cast(Expr *expr, bool *replan)
+{
+	*replan = has_domain_cast((Node *) expr, NULL);
+	return *replan ? expr : expression_planner(expr);
+}
+
+/* x's expression e (of replan[]) ready to compile, in the current memory */
+static Expr *
+planned(Expr *e, bool replan)
+{
+	return replan ? expression_planner((Expr *) copyObject(e)) : e;
+}
+
 void
-payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context)
+payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int ndefault, Expr **defaults)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	MemoryContext oldcxt = MemoryContextSwitchTo(context);
@@ -243,82 +284,159 @@ payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context)
 
 	memset(x, 0, sizeof(PayidemExprs));
 	x->context = context;
+	x->keepable = true;
 	if (desc->constr && desc->constr->num_check > 0)
 	{
 		ConstrCheck *check = desc->constr->check;
 
 		x->ncheck = desc->constr->num_check;
 		x->checks = palloc(sizeof(Expr *) * x->ncheck);
+		x->check_replan = palloc0(sizeof(bool) * x->ncheck);
 		for (i = 0; i < x->ncheck; i++)
 			x->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
-				expression_planner((Expr *) CheckConstraintExprCompat(rel, &check[i])) : NULL;
+				plan_unless_domain_cast((Expr *) CheckConstraintExprCompat(rel, &check[i]),
+										&x->check_replan[i]) : NULL;
 	}
+	x->ndefault = ndefault;
+	x->defaults = defaults;
+	x->default_replan = palloc0(sizeof(bool) * Max(ndefault, 1));
+	for (i = 0; i < ndefault; i++)
+		if (defaults[i] != NULL)
+			defaults[i] = plan_unless_domain_cast(defaults[i], &x->default_replan[i]);
+	for (i = 0; i < x->ncheck; i++)
+		if (x->check_replan[i])
+			x->keepable = false;
+	for (i = 0; i < ndefault; i++)
+		if (x->default_replan[i])
+			x->keepable = false;
 	MemoryContextSwitchTo(oldcxt);
 }
 
-/*
- * Give rri, whose indexes are open, the compiled CHECKs and predicates;
- * true if they are x's own, to be given back with payidem_exprs_detach once
- * the write is done (also when it fails: the caller's PG_FINALLY).
- */
-bool
-payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate)
+/* Are the compiled predicates those of rri's partial indexes? */
+static bool
+exprs_cover_indexes(PayidemExprs *x, ResultRelInfo *rri)
 {
-	bool		own = !x->in_use;
-	MemoryContext oldcxt;
+	int			i;
+	int			p;
+	int			npartial = 0;
+
+	for (i = 0; i < rri->ri_NumIndices; i++)
+	{
+		Oid			index = RelationGetRelid(rri->ri_IndexRelationDescs[i]);
+
+		if (rri->ri_IndexRelationInfo[i]->ii_Predicate == NIL)
+			continue;
+		npartial++;
+		for (p = 0; p < x->npred; p++)
+			if (x->pred_index[p] == index)
+				break;
+		if (p == x->npred)
+			return false;
+	}
+	return npartial == x->npred;
+}
+
+/*
+ * Give rri, whose indexes are open, the compiled CHECKs and predicates, and
+ * return the compiled defaults (one per column, NULL where none).  *attached
+ * is true if they are x's own, to be given back with payidem_exprs_detach
+ * once the write is done (also when it fails: the caller's PG_FINALLY).
+ */
+ExprState **
+payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached)
+{
+	bool		own = x->keepable && !x->in_use;
+	ExprState **check_states;
+	ExprState **default_states;
+	Oid		   *pred_index;
+	ExprState **pred_states;
+	int			npred = 0;
 	int			i;
 	int			p;
 
-	oldcxt = MemoryContextSwitchTo(own ? x->context : estate->es_query_cxt);
-	if (x->ncheck > 0)
+	if (own && x->compiled != NULL &&
+		(x->compiled_for != GetUserId() || !exprs_cover_indexes(x, rri)))
 	{
-		ExprState **states = own ? x->check_states : NULL;
-
-		if (states == NULL)
-		{
-			states = palloc(sizeof(ExprState *) * x->ncheck);
-			for (i = 0; i < x->ncheck; i++)
-				states[i] = ExecInitExpr(x->checks[i], NULL);
-			if (own)
-				x->check_states = states;
-		}
-		/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
-		ResultRelInfoCheckExprs(rri) = states;
+		/* no write uses them (own): compiled for another user, or stale */
+		MemoryContextDelete(x->compiled);
+		x->compiled = NULL;
 	}
-	for (i = 0; own && i < rri->ri_NumIndices; i++)
+	if (own && x->compiled != NULL)
+	{
+		check_states = x->check_states;
+		default_states = x->default_states;
+		npred = x->npred;
+		pred_index = x->pred_index;
+		pred_states = x->pred_states;
+	}
+	else
+	{
+		MemoryContext cxt = AllocSetContextCreate(estate->es_query_cxt, "payidem compiled expressions",
+												  ALLOCSET_SMALL_SIZES);
+		MemoryContext oldcxt = MemoryContextSwitchTo(cxt);
+		bool		keep = own;
+
+		check_states = palloc0(sizeof(ExprState *) * Max(x->ncheck, 1));
+		for (i = 0; i < x->ncheck; i++)
+			check_states[i] = ExecInitExpr(planned(x->checks[i], x->check_replan[i]), NULL);
+		default_states = palloc0(sizeof(ExprState *) * Max(x->ndefault, 1));
+		for (i = 0; i < x->ndefault; i++)
+			if (x->defaults[i] != NULL)
+				default_states[i] = ExecInitExpr(planned(x->defaults[i], x->default_replan[i]), NULL);
+		pred_index = palloc(sizeof(Oid) * Max(rri->ri_NumIndices, 1));
+		pred_states = palloc(sizeof(ExprState *) * Max(rri->ri_NumIndices, 1));
+		for (i = 0; i < rri->ri_NumIndices; i++)
+		{
+			IndexInfo  *ii = rri->ri_IndexRelationInfo[i];
+			Expr	   *pred;
+
+			if (ii->ii_Predicate == NIL)
+				continue;
+			/*
+			 * as ExecInsertIndexTuples() would, per row, with
+			 * ExecPrepareQual(); from a copy, as the planner's copy of a
+			 * constant points into the original, the executor's memory
+			 */
+			pred = expression_planner((Expr *) copyObject(ii->ii_Predicate));
+			if (has_domain_cast((Node *) pred, NULL))
+				keep = false;
+			pred_index[npred] = RelationGetRelid(rri->ri_IndexRelationDescs[i]);
+			pred_states[npred] = ExecInitQual((List *) pred, NULL);
+			npred++;
+		}
+		MemoryContextSwitchTo(oldcxt);
+		if (keep)
+		{
+			MemoryContextSetParent(cxt, x->context);
+			x->compiled = cxt;
+			x->compiled_for = GetUserId();
+			x->check_states = check_states;
+			x->default_states = default_states;
+			x->npred = npred;
+			x->pred_index = pred_index;
+			x->pred_states = pred_states;
+		}
+		own = keep;
+	}
+
+	/* ExecConstraints() reads and plans the CHECKs only when this is NULL */
+	if (x->ncheck > 0)
+		ResultRelInfoCheckExprs(rri) = check_states;
+	for (i = 0; i < rri->ri_NumIndices; i++)
 	{
 		IndexInfo  *ii = rri->ri_IndexRelationInfo[i];
 		Oid			index = RelationGetRelid(rri->ri_IndexRelationDescs[i]);
 
 		if (ii->ii_Predicate == NIL)
 			continue;
-		for (p = 0; p < x->npred; p++)
-			if (x->pred_index[p] == index)
-				break;
-		if (p == x->npred)
-		{
-			/*
-			 * as ExecInsertIndexTuples() would, per row, with
-			 * ExecPrepareQual(); from a copy, as the planner's copy of a
-			 * constant points into the original, the executor's memory
-			 */
-			ExprState  *state = ExecInitQual((List *) expression_planner((Expr *) copyObject(ii->ii_Predicate)),
-											 NULL);
-
-			x->pred_index = x->npred == 0 ? palloc(sizeof(Oid)) :
-				repalloc(x->pred_index, sizeof(Oid) * (x->npred + 1));
-			x->pred_states = x->npred == 0 ? palloc(sizeof(ExprState *)) :
-				repalloc(x->pred_states, sizeof(ExprState *) * (x->npred + 1));
-			x->pred_index[p] = index;
-			x->pred_states[p] = state;
-			x->npred++;
-		}
-		ii->ii_PredicateState = x->pred_states[p];
+		for (p = 0; p < npred; p++)
+			if (pred_index[p] == index)
+				ii->ii_PredicateState = pred_states[p];
 	}
-	MemoryContextSwitchTo(oldcxt);
 	if (own)
 		x->in_use = true;
-	return own;
+	*attached = own;
+	return default_states;
 }
 
 void
@@ -326,26 +444,6 @@ payidem_exprs_detach(PayidemExprs *x, bool attached)
 {
 	if (attached)
 		x->in_use = false;
-}
-
-/*
- * The compiled default of column i: kept in ins's memory when the insert
- * has its expressions to itself (own), compiled for this row otherwise.
- */
-static ExprState *
-default_state(PayidemInsert *ins, int i, bool own, EState *estate)
-{
-	MemoryContext oldcxt;
-	ExprState  *state;
-
-	if (own && ins->default_states[i] != NULL)
-		return ins->default_states[i];
-	oldcxt = MemoryContextSwitchTo(own ? ins->context : estate->es_query_cxt);
-	state = ExecInitExpr(ins->defaults[i], NULL);
-	MemoryContextSwitchTo(oldcxt);
-	if (own)
-		ins->default_states[i] = state;
-	return state;
 }
 
 /*
@@ -362,6 +460,7 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	ResultRelInfo *rri;
 	TupleTableSlot *slot;
 	MemoryContext oldcxt;
+	ExprState **default_states;
 	bool		attached;
 	int			i;
 
@@ -377,7 +476,7 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	ExecOpenIndices(rri, false);
 	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
 	ExecClearTuple(slot);
-	attached = payidem_exprs_attach(&ins->exprs, rri, estate);
+	default_states = payidem_exprs_attach(&ins->exprs, rri, estate, &attached);
 	PG_TRY();
 	{
 		/* the domains of the values written, as a cast to the column's type checks them */
@@ -396,7 +495,7 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 				slot->tts_isnull[i] = nulls[src];
 			}
 			else if (src == COL_DEFAULT)
-				slot->tts_values[i] = ExecEvalExpr(default_state(ins, i, attached, estate),
+				slot->tts_values[i] = ExecEvalExpr(default_states[i],
 												   GetPerTupleExprContext(estate), &slot->tts_isnull[i]);
 			else
 			{
