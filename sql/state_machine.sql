@@ -474,6 +474,28 @@ INSERT INTO ticket (ticket_no) VALUES ('T-3');
 SET ROLE payidem_log_writer;
 SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
 RESET ROLE;
+-- also when the function is SQL the planner would inline, and when the role
+-- had the right through a role it is no longer a member of
+CREATE FUNCTION public.log_allowed_sql(text) RETURNS boolean LANGUAGE sql AS $$SELECT $1 IS NOT NULL$$;
+REVOKE EXECUTE ON FUNCTION public.log_allowed_sql(text) FROM PUBLIC;
+ALTER TABLE payidem.status_log DROP CONSTRAINT log_allowed,
+  ADD CONSTRAINT log_allowed_sql CHECK (public.log_allowed_sql(entity_no)) NOT VALID;
+INSERT INTO ticket (ticket_no) VALUES ('T-3b');
+SET ROLE payidem_log_writer;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
+RESET ROLE;
+CREATE ROLE payidem_log_checkers;
+GRANT EXECUTE ON FUNCTION public.log_allowed_sql(text) TO payidem_log_checkers;
+GRANT payidem_log_checkers TO payidem_log_writer;
+SET ROLE payidem_log_writer;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
+RESET ROLE;
+REVOKE payidem_log_checkers FROM payidem_log_writer;
+SET ROLE payidem_log_writer;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4b')$$);
+RESET ROLE;
+ALTER TABLE payidem.status_log DROP CONSTRAINT log_allowed_sql,
+  ADD CONSTRAINT log_allowed CHECK (public.log_allowed(entity_no)) NOT VALID;
 -- a compilation that fails leaves nothing behind in the backend's memory
 SET ROLE payidem_log_writer;
 DO $$BEGIN
@@ -486,7 +508,17 @@ DO $$BEGIN
 END$$;
 RESET ROLE;
 SELECT sum(total_bytes) < 65536 AS direct_insert_memory_bounded
-  FROM pg_backend_memory_contexts WHERE name = 'payidem direct insert';
+  FROM pg_backend_memory_contexts
+ WHERE name IN ('payidem direct insert', 'payidem compiled expressions');
+ROLLBACK;
+-- a cast to a domain in the body of a SQL function the planner inlines
+BEGIN;
+CREATE DOMAIN public.log_entity_no AS text;
+CREATE FUNCTION public.log_entity_no_ok(text) RETURNS boolean LANGUAGE sql AS $$SELECT $1::public.log_entity_no IS NOT NULL$$;
+ALTER TABLE payidem.status_log ADD CONSTRAINT log_entity_no_ok CHECK (public.log_entity_no_ok(entity_no)) NOT VALID;
+INSERT INTO ticket (ticket_no) VALUES ('T-3');
+ALTER DOMAIN public.log_entity_no ADD CONSTRAINT log_entity_no_not_t4 CHECK (VALUE <> 'T-4') NOT VALID;
+SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
 ROLLBACK;
 -- and once the table is as payidem made it, the same write goes through
 INSERT INTO ticket (ticket_no) VALUES ('T-2');

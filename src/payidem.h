@@ -114,14 +114,13 @@ typedef struct PayidemExprs
 	MemoryContext context;		/* the holder's; gone with its plans */
 	int			ncheck;
 	Expr	  **checks;			/* planned, in relcache order (NULL: not enforced) */
-	bool	   *check_replan;	/* or raw, to plan at each use (a domain cast) */
+	bool	   *check_replan;	/* or raw, to plan at each use (not keepable) */
 	int			ndefault;
 	Expr	  **defaults;		/* per column, of the holder: planned here, or NULL */
 	bool	   *default_replan;	/* or raw, as for the CHECKs */
 	bool		keepable;		/* none to plan at each use */
-	/* the compiled ones, for compiled_for, in compiled (under context) */
+	/* the compiled ones, in compiled (under context) */
 	MemoryContext compiled;
-	Oid			compiled_for;
 	ExprState **check_states;
 	ExprState **default_states;
 	int			npred;

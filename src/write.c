@@ -37,14 +37,16 @@
 #include "postgres.h"
 
 #include "access/table.h"
+#include "access/transam.h"
 #include "access/xact.h"
+#include "catalog/pg_proc.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
-#include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -226,46 +228,97 @@ insert_prepare(PayidemInsert *ins, Relation rel)
  * executor, a write that builds its ResultRelInfo per row would read every
  * CHECK back from the catalog and plan it, and plan and compile each partial
  * index's predicate, for every row.  Here the CHECKs (and the defaults the
- * caller planned) are planned when the holder's cache is built
+ * caller gives) are planned when the holder's cache is built
  * (payidem_exprs_plan, in context, the holder's memory, freed with it), and
  * they and the predicates are compiled at their first use and kept: an
  * ExprState built without a parent keeps nothing of the query that
  * evaluates it (its results go in that query's expression context).
  *
- * What planning and compiling decide is kept only while it still holds: the
- * EXECUTE right on each function, checked for the current user, so the
- * compiled ones are for that user only (another compiles again); and a
- * domain's constraints, which ALTER DOMAIN changes without touching the
- * table: a cast to a domain is folded away by the planner when the domain
- * has none and takes in those it has when compiled, so a CHECK or default
- * with such a cast is planned and compiled at every use, as an INSERT does
- * (a partial index's predicate comes planned by the relcache, and one with
- * a cast left in it is compiled at every use).  A compilation is made in the writing
- * query's memory and kept only once complete, so one that fails leaves
- * nothing behind.  One write uses them at a time: a write further down the
- * stack while one is under way (a trigger or a function in a CHECK writing
- * the same table) compiles its own.
+ * What planning and compiling decide is kept only where it holds for every
+ * later write, whoever writes, until the table or a function changes
+ * (not_keepable): a CHECK or default with a cast to a domain, or a call of
+ * a function that is not a built-in one PUBLIC may run, is planned and
+ * compiled at every use, as an INSERT does per statement, and so are all of
+ * its table's.  A compilation is made in the writing query's memory and
+ * kept only once complete, so one that fails leaves nothing behind.  One
+ * write uses them at a time: a write further down the stack while one is
+ * under way (a trigger or a function in a CHECK writing the same table)
+ * compiles its own.
+ */
+
+/*
+ * A function any role may run and whose call hides nothing of the catalog
+ * that can change without touching the table: a built-in one that PUBLIC
+ * may execute.  A change of its rights changes its pg_proc row, which drops
+ * the holder's cache (its function callback).
  */
 static bool
-has_domain_cast(Node *node, void *context)
+func_not_keepable(Oid funcid, void *context)
+{
+	HeapTuple	tp;
+	Datum		acl_datum;
+	bool		isnull;
+	bool		public_may = false;
+
+	if (funcid >= FirstNormalObjectId)
+		return true;
+	tp = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
+	if (!HeapTupleIsValid(tp))
+		return true;
+	acl_datum = SysCacheGetAttr(PROCOID, tp, Anum_pg_proc_proacl, &isnull);
+	if (isnull)
+		public_may = true;		/* the default of a function: PUBLIC may run it */
+	else
+	{
+		Acl		   *acl = DatumGetAclP(acl_datum);
+		AclItem    *items = ACL_DAT(acl);
+		int			i;
+
+		for (i = 0; i < ACL_NUM(acl); i++)
+			if (items[i].ai_grantee == ACL_ID_PUBLIC && (ACLITEM_GET_PRIVS(items[i]) & ACL_EXECUTE))
+				public_may = true;
+	}
+	ReleaseSysCache(tp);
+	return !public_may;
+}
+
+/*
+ * May node, compiled once, be kept for every later write, whoever writes?
+ * Not if it casts to a domain (ALTER DOMAIN changes the constraints the
+ * cast takes in when compiled, without touching the table), nor if it calls
+ * a function other than a built-in one PUBLIC may run: compiling checks the
+ * EXECUTE right for the current role, planning inlines a SQL function (and
+ * folds an immutable call) with only the planning role's right checked, and
+ * an inlined body may hide a cast to a domain.
+ */
+static bool
+not_keepable(Node *node, void *context)
 {
 	if (node == NULL)
 		return false;
 	if (IsA(node, CoerceToDomain))
 		return true;
-	return expression_tree_walker(node, has_domain_cast, context);
+	if (check_functions_in_node(node, func_not_keepable, context))
+		return true;
+	return expression_tree_walker(node, not_keepable, context);
 }
 
 /*
- * expr planned, unless it casts to a domain: then as it is (raw), to be
- * planned at each use, as the planner folds away the cast to a domain that
- * has no constraints now.
+ * expr planned, unless it cannot be kept (not_keepable, before or after
+ * planning): then as it is (raw), to be planned at each use, as an INSERT
+ * plans it per statement.
  */
 static Expr *
-plan_unless_domain_cast(Expr *expr, bool *replan)
+plan_if_keepable(Expr *expr, bool *replan)
 {
-	*replan = has_domain_cast((Node *) expr, NULL);
-	return *replan ? expr : expression_planner(expr);
+	Expr	   *plan;
+
+	*replan = not_keepable((Node *) expr, NULL);
+	if (*replan)
+		return expr;
+	plan = expression_planner(expr);
+	*replan = not_keepable((Node *) plan, NULL);
+	return *replan ? expr : plan;
 }
 
 /* x's expression e (of replan[]) ready to compile, in the current memory */
@@ -294,7 +347,7 @@ payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int nde
 		x->check_replan = palloc0(sizeof(bool) * x->ncheck);
 		for (i = 0; i < x->ncheck; i++)
 			x->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
-				plan_unless_domain_cast((Expr *) CheckConstraintExprCompat(rel, &check[i]),
+				plan_if_keepable((Expr *) CheckConstraintExprCompat(rel, &check[i]),
 										&x->check_replan[i]) : NULL;
 	}
 	x->ndefault = ndefault;
@@ -302,7 +355,7 @@ payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int nde
 	x->default_replan = palloc0(sizeof(bool) * Max(ndefault, 1));
 	for (i = 0; i < ndefault; i++)
 		if (defaults[i] != NULL)
-			defaults[i] = plan_unless_domain_cast(defaults[i], &x->default_replan[i]);
+			defaults[i] = plan_if_keepable(defaults[i], &x->default_replan[i]);
 	for (i = 0; i < x->ncheck; i++)
 		if (x->check_replan[i])
 			x->keepable = false;
@@ -354,10 +407,9 @@ payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *
 	int			i;
 	int			p;
 
-	if (own && x->compiled != NULL &&
-		(x->compiled_for != GetUserId() || !exprs_cover_indexes(x, rri)))
+	if (own && x->compiled != NULL && !exprs_cover_indexes(x, rri))
 	{
-		/* no write uses them (own): compiled for another user, or stale */
+		/* no write uses them (own), and they are stale */
 		MemoryContextDelete(x->compiled);
 		x->compiled = NULL;
 	}
@@ -398,7 +450,7 @@ payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *
 			 * constant points into the original, the executor's memory
 			 */
 			pred = expression_planner((Expr *) copyObject(ii->ii_Predicate));
-			if (has_domain_cast((Node *) pred, NULL))
+			if (not_keepable((Node *) pred, NULL))
 				keep = false;
 			pred_index[npred] = RelationGetRelid(rri->ri_IndexRelationDescs[i]);
 			pred_states[npred] = ExecInitQual((List *) pred, NULL);
@@ -409,7 +461,6 @@ payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *
 		{
 			MemoryContextSetParent(cxt, x->context);
 			x->compiled = cxt;
-			x->compiled_for = GetUserId();
 			x->check_states = check_states;
 			x->default_states = default_states;
 			x->npred = npred;
