@@ -348,7 +348,7 @@ payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int nde
 		for (i = 0; i < x->ncheck; i++)
 			x->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
 				plan_if_keepable((Expr *) CheckConstraintExprCompat(rel, &check[i]),
-										&x->check_replan[i]) : NULL;
+								 &x->check_replan[i]) : NULL;
 	}
 	x->ndefault = ndefault;
 	x->defaults = defaults;
