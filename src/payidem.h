@@ -102,6 +102,9 @@ extern bool payidem_payment_has_paid(Datum status);
 
 /* write.c: direct inserts into payidem's tables (one cache per call site) */
 typedef struct PayidemInsert PayidemInsert;
+extern PayidemInsert *payidem_insert_define(const char *relname, int ncols, const char *const *columns,
+											 const Oid *types);
+extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);
 
 /*
  * The expressions a direct write of one table evaluates -- its CHECKs, the
@@ -133,9 +136,6 @@ extern void payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext cont
 							   Expr **defaults);
 extern ExprState **payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached);
 extern void payidem_exprs_detach(PayidemExprs *x, bool attached);
-extern PayidemInsert *payidem_insert_define(const char *relname, int ncols, const char *const *columns,
-											 const Oid *types);
-extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);
 
 /* payidem.c */
 /* The outcomes of an idempotency claim, as returned and as counted in payidem.stats(). */

@@ -23,10 +23,11 @@
  * (PayidemExprs, which flow.c's updates use too); and the domains of the
  * columns written, checked per row with their constraints kept up to date by
  * the type cache.  Left to the executor, every CHECK would be read back from
- * the catalog text and planned, and every predicate planned, for each row.  A change of the table (its relcache invalidation, or a full
- * reset) or of any function (which a default or CHECK may have inlined)
- * makes it stale; the old memory goes when the transaction ends, never while
- * a row may be being written with it further up the stack.
+ * the catalog text and planned, and every predicate planned, for each row.
+ * A change of the table (its relcache invalidation, or a full reset) or of
+ * any function (which a default or CHECK may have inlined) makes it stale;
+ * the old memory goes when the transaction ends, never while a row may be
+ * being written with it further up the stack.
  *
  * Trusted code writing on the tables' owner's behalf: no privilege is
  * checked, so application roles need no right on the table and cannot write
