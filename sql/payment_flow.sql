@@ -550,6 +550,34 @@ SELECT tg, old_status, new_status, fee, note FROM pg_temp.seen ORDER BY tg DESC;
 SELECT updated_at = '2026-01-01 00:00:00+00' AS before_trigger_applied, status, transaction_id, fee_amount, cost_amount
   FROM payidem.payment WHERE payment_no = :'p20';
 ROLLBACK;
+-- an application's trigger that writes the payment again after the success:
+-- the order.paid event, and the bookkeeping at commit, read the payment as it
+-- stands, not the version the direct update wrote
+BEGIN;
+CREATE FUNCTION pg_temp.retag_payment() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	UPDATE payidem.payment SET transaction_id = 'WX-T-0020-RETAGGED' WHERE payment_no = NEW.payment_no;
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER app_retag AFTER UPDATE OF status ON payidem.payment FOR EACH ROW
+	WHEN (NEW.status = 'succeeded' AND NEW.transaction_id = 'WX-T-0020') EXECUTE FUNCTION pg_temp.retag_payment();
+SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_then_retagged;
+SELECT e.event, e.payload::jsonb ->> 'transaction_id' AS event_transaction_id
+  FROM payidem.notify_event e WHERE e.order_no = :'o20';
+SET CONSTRAINTS ALL IMMEDIATE;
+SELECT transaction_id FROM payidem.payment WHERE payment_no = :'p20';
+ROLLBACK;
+-- an index on a column the success sets: the order's update is then not HOT,
+-- and every index of the order has an entry for the new version (amcheck
+-- finds each row of the table in each index)
+BEGIN;
+CREATE EXTENSION IF NOT EXISTS amcheck;
+CREATE INDEX order_paid_at_check ON payidem."order" (paid_at);
+SELECT payidem.apply_payment_result(:'p20', 'callback', 'succeeded', 'WX-T-0020', 700) AS applied_not_hot;
+SELECT i.indexrelid::regclass AS index, public.bt_index_check(i.indexrelid, true) IS NOT NULL AS checked
+  FROM pg_index i WHERE i.indrelid = 'payidem."order"'::regclass ORDER BY 1::text;
+ROLLBACK;
 -- a statement-level trigger (and a transition table): the same writes are
 -- made by a SQL UPDATE, which fires them
 BEGIN;

@@ -174,6 +174,18 @@ ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockm
 	ExecInsertIndexTuples((rri), (slot), (estate), false, true, (spec_conflict), (arbiters))
 #endif
 
+/* The index entries of an updated row that was not a HOT update (every index). */
+#if PAYIDEM_PG_MAJOR >= 19
+#define ExecInsertIndexTuplesUpdateCompat(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (estate), EIIT_IS_UPDATE, (slot), NIL, NULL)
+#elif PAYIDEM_PG_MAJOR >= 16
+#define ExecInsertIndexTuplesUpdateCompat(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (slot), (estate), true, false, NULL, NIL, false)
+#else
+#define ExecInsertIndexTuplesUpdateCompat(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (slot), (estate), true, false, NULL, NIL)
+#endif
+
 /*
  * Whether a row to insert conflicts in one of the arbiter indexes (false:
  * the conflicting row's tid in *conflict_tid).  18 added the tid of a row

@@ -100,6 +100,7 @@ typedef struct FlowTarget
 	void	   *domain_extra[FLOW_MAX_COLUMNS];	/* domain_check()'s cache */
 	PayidemExprs exprs;			/* its CHECKs and index predicates (write.c) */
 	GeneratedColumnsCompat *generated;	/* for 15's extraUpdatedCols */
+	bool		indexes_lazy;	/* indexes opened only if the update is not HOT */
 } FlowTarget;
 
 enum
@@ -206,6 +207,7 @@ flow_target_prepare(FlowTarget *t, Relation rel)
 	}
 	t->generated = GeneratedColumnsOfCompat(rel);
 	MemoryContextSwitchTo(oldcxt);
+	t->indexes_lazy = payidem_indexes_lazy_ok(rel);
 	payidem_exprs_plan(&t->exprs, rel, t->context, 0, NULL);
 	/* an invalidation that arrived meanwhile: build again next time */
 	t->valid = (before == flow_inval_count);
@@ -328,6 +330,7 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 		newslot->tts_isnull[attno - 1] = nulls[i];
 	}
 	ExecStoreVirtualTuple(newslot);
+	ItemPointerSetInvalid(&newslot->tts_tid);	/* until the update makes it */
 
 	/*
 	 * what a one-row UPDATE of those columns would set up; the updated
@@ -339,7 +342,8 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	/* the trigger machinery finds it here instead of opening its own */
 	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);
-	ExecOpenIndices(rri, false);
+	if (!t->indexes_lazy)
+		ExecOpenIndices(rri, false);
 	EvalPlanQualInitCompat(&epqstate, estate);
 
 	(void) payidem_exprs_attach(&t->exprs, rri, estate, &attached);
@@ -347,6 +351,10 @@ flow_update(FlowTarget *t, ItemPointer tid, text *key,
 	{
 		AfterTriggerBeginQuery();
 		ExecSimpleRelationUpdate(rri, estate, &epqstate, oldslot, newslot);
+		if (t->indexes_lazy)
+			payidem_update_index_entries(rri, newslot, estate);
+		/* for the look-ups by key of this transaction's triggers */
+		payidem_remember_version(rel, &newslot->tts_tid);
 		AfterTriggerEndQuery(estate);	/* the status guard runs here */
 	}
 	PG_FINALLY();

@@ -50,6 +50,17 @@
 
 #include "payidem.h"
 
+/* n as `width` decimal digits (n >= 0, < 10^width) at out */
+static void
+put_digits(char *out, int n, int width)
+{
+	while (width-- > 0)
+	{
+		out[width] = '0' + n % 10;
+		n /= 10;
+	}
+}
+
 /*
  * t as UTC ISO 8601 text into buf: what to_char(t AT TIME ZONE 'UTC',
  * 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') gives.  false (and nothing written) for
@@ -60,6 +71,7 @@ append_utc(StringInfo buf, TimestampTz t)
 {
 	struct pg_tm tm;
 	fsec_t		fsec;
+	char		out[sizeof("2026-11-30T07:33:36.463208Z")];
 
 	if (TIMESTAMP_NOT_FINITE(t))
 		return false;
@@ -67,11 +79,31 @@ append_utc(StringInfo buf, TimestampTz t)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("timestamp out of range")));
-	/* to_char's YYYY: the year without its era, at least four digits */
-	appendStringInfo(buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
-					 tm.tm_year <= 0 ? -(tm.tm_year - 1) : tm.tm_year,
-					 tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-					 (int) fsec);
+	if (tm.tm_year < 1 || tm.tm_year > 9999)
+	{
+		/* to_char's YYYY: the year without its era, at least four digits */
+		appendStringInfo(buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
+						 tm.tm_year <= 0 ? -(tm.tm_year - 1) : tm.tm_year,
+						 tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+						 (int) fsec);
+		return true;
+	}
+	/* the same, without a format to parse: events write two per payment */
+	put_digits(out, tm.tm_year, 4);
+	out[4] = '-';
+	put_digits(out + 5, tm.tm_mon, 2);
+	out[7] = '-';
+	put_digits(out + 8, tm.tm_mday, 2);
+	out[10] = 'T';
+	put_digits(out + 11, tm.tm_hour, 2);
+	out[13] = ':';
+	put_digits(out + 14, tm.tm_min, 2);
+	out[16] = ':';
+	put_digits(out + 17, tm.tm_sec, 2);
+	out[19] = '.';
+	put_digits(out + 20, (int) fsec, 6);
+	out[26] = 'Z';
+	appendBinaryStringInfo(buf, out, 27);
 	return true;
 }
 
@@ -175,17 +207,22 @@ add_number(StringInfo buf, const char *name, const char *value)
 	appendStringInfo(buf, ",\"%s\":%s", name, value ? value : "null");
 }
 
-/* ,"name":"<UTC text>"; nothing for an infinite time */
+/* ,"name":"<UTC text>"; nothing for an infinite time (the text needs no escaping) */
 static void
 add_utc(StringInfo buf, const char *name, TimestampTz t)
 {
-	StringInfoData v;
+	int			len = buf->len;
 
-	initStringInfo(&v);
-	if (!append_utc(&v, t))
+	if (TIMESTAMP_NOT_FINITE(t))
 		return;
-	add_string(buf, name, v.data);
-	pfree(v.data);
+	appendStringInfo(buf, ",\"%s\":\"", name);
+	if (!append_utc(buf, t))
+	{
+		buf->len = len;
+		buf->data[len] = '\0';
+		return;
+	}
+	appendStringInfoChar(buf, '"');
 }
 
 PG_FUNCTION_INFO_V1(payidem_status_event);

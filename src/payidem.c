@@ -23,6 +23,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -221,10 +222,12 @@ payidem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
  * SPI_fnumber, without its walk over every column's name on each call.  The
  * triggers read a dozen columns of each row they see, by names that are
  * string constants: the number found for each is kept, keyed by the
- * constant's address, and used when the column at that number still has
- * that name (a table altered since, or another table, just looks again).
+ * constant's address and the row type (one constant may name a column of
+ * two tables), and used when the column at that number still has that name
+ * (a table altered since just looks again).  A slot another key needs is
+ * simply taken over.
  */
-#define ATTNUM_CACHE_SIZE 64
+#define ATTNUM_CACHE_SIZE 1024	/* a power of two */
 
 int
 payidem_attnum(TupleDesc desc, const char *name)
@@ -232,34 +235,109 @@ payidem_attnum(TupleDesc desc, const char *name)
 	static struct
 	{
 		const char *name;
+		Oid			rowtype;
 		int			attnum;
 	}			cache[ATTNUM_CACHE_SIZE];
-	static int	n_cache = 0;
-	int			i;
+	uint32		h = hash_combine((uint32) ((uintptr_t) name >> 3), desc->tdtypeid) &
+		(ATTNUM_CACHE_SIZE - 1);
 	int			attnum;
 
-	for (i = 0; i < n_cache; i++)
-		if (cache[i].name == name)
-		{
-			attnum = cache[i].attnum;
-			if (attnum > 0 && attnum <= desc->natts &&
-				!TupleDescAttr(desc, attnum - 1)->attisdropped &&
-				strcmp(NameStr(TupleDescAttr(desc, attnum - 1)->attname), name) == 0)
-				return attnum;
-			break;
-		}
+	if (cache[h].name == name && cache[h].rowtype == desc->tdtypeid)
+	{
+		attnum = cache[h].attnum;
+		if (attnum > 0 && attnum <= desc->natts &&
+			!TupleDescAttr(desc, attnum - 1)->attisdropped &&
+			strcmp(NameStr(TupleDescAttr(desc, attnum - 1)->attname), name) == 0)
+			return attnum;
+	}
 	attnum = SPI_fnumber(desc, name);
 	if (attnum > 0)
 	{
-		if (i == n_cache && n_cache < ATTNUM_CACHE_SIZE)
-			n_cache++;
-		if (i < n_cache)
-		{
-			cache[i].name = name;
-			cache[i].attnum = attnum;
-		}
+		cache[h].name = name;
+		cache[h].rowtype = desc->tdtypeid;
+		cache[h].attnum = attnum;
 	}
 	return attnum;
+}
+
+/*
+ * Versions of rows this backend wrote directly in its current transaction
+ * (flow.c's updates): where a later look-up by key in the same transaction
+ * (the event, the bookkeeping at commit) may find the row without an index
+ * descent.  Only a hint: a look-up takes it only if the version at that tid
+ * is the one its snapshot sees and has the key asked for -- an MVCC snapshot
+ * sees at most one row with a key of a unique index -- and otherwise
+ * descends the index.  Kept for the transaction and relfilenode it was
+ * written in, so that the block exists (a TRUNCATE makes a new file; VACUUM
+ * cannot shorten a table this transaction holds a RowExclusiveLock on).
+ */
+#define RECENT_VERSIONS 4
+typedef struct RecentVersion
+{
+	Oid			relid;
+	Oid			relfilenode;
+	TransactionId xid;
+	ItemPointerData tid;
+} RecentVersion;
+static RecentVersion recent_versions[RECENT_VERSIONS];
+static int	recent_next;
+
+void
+payidem_remember_version(Relation heap, ItemPointer tid)
+{
+	TransactionId xid = GetTopTransactionIdIfAny();
+	RecentVersion *r = NULL;
+	int			i;
+
+	if (!TransactionIdIsValid(xid) || !ItemPointerIsValid(tid))
+		return;
+	for (i = 0; i < RECENT_VERSIONS && r == NULL; i++)
+		if (recent_versions[i].relid == RelationGetRelid(heap))
+			r = &recent_versions[i];
+	if (r == NULL)
+	{
+		r = &recent_versions[recent_next];
+		recent_next = (recent_next + 1) % RECENT_VERSIONS;
+	}
+	r->relid = RelationGetRelid(heap);
+	r->relfilenode = heap->rd_rel->relfilenode;
+	r->xid = xid;
+	r->tid = *tid;
+}
+
+/* the remembered version of heap with key keys[] in irel, visible to snapshot */
+static HeapTuple
+fetch_remembered(Relation heap, Relation irel, const ScanKeyData *skey, int nkeys,
+				 Snapshot snapshot, TupleTableSlot *slot)
+{
+	TransactionId xid = GetTopTransactionIdIfAny();
+	int			i;
+	int			k;
+
+	if (!TransactionIdIsValid(xid) || !IsMVCCSnapshot(snapshot))
+		return NULL;
+	for (i = 0; i < RECENT_VERSIONS; i++)
+	{
+		RecentVersion *r = &recent_versions[i];
+		bool		same = true;
+
+		if (r->relid != RelationGetRelid(heap) || r->relfilenode != heap->rd_rel->relfilenode ||
+			!TransactionIdEquals(r->xid, xid))
+			continue;
+		if (!table_tuple_fetch_row_version(heap, &r->tid, snapshot, slot))
+			return NULL;
+		for (k = 0; k < nkeys && same; k++)
+		{
+			bool		isnull;
+			Datum		v = slot_getattr(slot, irel->rd_index->indkey.values[k], &isnull);
+
+			same = !isnull &&
+				DatumGetBool(FunctionCall2Coll(unconstify(FmgrInfo *, &skey[k].sk_func),
+											   skey[k].sk_collation, v, skey[k].sk_argument));
+		}
+		return same ? ExecCopySlotHeapTuple(slot) : NULL;
+	}
+	return NULL;
 }
 
 /*
@@ -267,7 +345,9 @@ payidem_attnum(TupleDesc desc, const char *name)
  * keys[] (one per key column), visible to snapshot: a copy, or NULL.  A
  * look-up by key without SQL, with the index's own equality operators and
  * collations; no plan, and no privilege or row-security check: for code that
- * reads as the tables' owner.  heap is open and locked by the caller.
+ * reads as the tables' owner.  heap is open and locked by the caller.  A
+ * version this transaction wrote and remembered (payidem_remember_version)
+ * is tried first.
  */
 HeapTuple
 payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys, Snapshot snapshot)
@@ -289,17 +369,21 @@ payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *k
 		Oid			op = get_opfamily_member(irel->rd_opfamily[i], irel->rd_opcintype[i],
 											 irel->rd_opcintype[i], BTEqualStrategyNumber);
 
-		if (!OidIsValid(op))
+		if (!OidIsValid(op) || irel->rd_index->indkey.values[i] == 0)
 			elog(ERROR, "payidem: no equality operator for column %d of index payidem.%s", i + 1, index);
 		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
 							   irel->rd_indcollation[i], get_opcode(op), keys[i]);
 	}
 	slot = table_slot_create(heap, NULL);
-	scan = index_beginscan_compat(heap, irel, snapshot, nkeys);
-	index_rescan(scan, skey, nkeys, NULL, 0);
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
-		tuple = ExecCopySlotHeapTuple(slot);
-	index_endscan(scan);
+	tuple = fetch_remembered(heap, irel, skey, nkeys, snapshot, slot);
+	if (tuple == NULL)
+	{
+		scan = index_beginscan_compat(heap, irel, snapshot, nkeys);
+		index_rescan(scan, skey, nkeys, NULL, 0);
+		if (index_getnext_slot(scan, ForwardScanDirection, slot))
+			tuple = ExecCopySlotHeapTuple(slot);
+		index_endscan(scan);
+	}
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(irel, NoLock);	/* locked until the transaction ends, as a query's */
 	return tuple;

@@ -136,6 +136,8 @@ extern void payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext cont
 							   Expr **defaults);
 extern ExprState **payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached);
 extern void payidem_exprs_detach(PayidemExprs *x, bool attached);
+extern bool payidem_indexes_lazy_ok(Relation rel);
+extern void payidem_update_index_entries(ResultRelInfo *rri, TupleTableSlot *slot, EState *estate);
 
 /* payidem.c */
 /* The outcomes of an idempotency claim, as returned and as counted in payidem.stats(). */
@@ -161,6 +163,7 @@ extern void payidem_begin_as_owner(Oid owner, PayidemAsOwner *save);
 extern void payidem_end_as_owner(const PayidemAsOwner *save);
 extern int	payidem_attnum(TupleDesc desc, const char *name);
 extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot);
+extern void payidem_remember_version(Relation heap, ItemPointer tid);
 extern HeapTuple payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys,
 									  Snapshot snapshot);
 extern struct _SPI_plan *payidem_saved_plan(struct _SPI_plan **cache, const char *sql, int nargs, Oid *argtypes);

@@ -550,6 +550,9 @@ tuple_text_column(Relation rel, HeapTuple tuple, const char *colname, bool *isnu
 	typid = TupleDescAttr(tupdesc, attnum - 1)->atttypid;
 	if (typid == TEXTOID || typid == VARCHAROID)
 		return d;
+	/* a domain over text (the numbers are) is text as it is stored */
+	if (getBaseType(typid) == TEXTOID)
+		return d;
 	return CStringGetTextDatum(SPI_getvalue(tuple, tupdesc, attnum));
 }
 

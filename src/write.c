@@ -37,13 +37,17 @@
  */
 #include "postgres.h"
 
+#include "access/heapam.h"
+#include "access/htup_details.h"
 #include "access/table.h"
 #include "access/transam.h"
 #include "access/xact.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_proc.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
+#include "storage/bufmgr.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
@@ -579,4 +583,70 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	ExecResetTupleTable(estate->es_tupleTable, false);
 	FreeExecutorState(estate);
 	table_close(rel, NoLock);
+}
+
+/*
+ * An update's index entries, made only when it needs them.  A HOT update
+ * (no indexed column changed, and the new version fits on the old one's
+ * page) writes no index entry, so opening the table's indexes for it is
+ * wasted; whether it is HOT is known only after the heap update.  For a
+ * table whose indexes are all immediate btrees on plain columns (no deferred
+ * uniqueness to recheck, no exclusion constraint, nothing summarizing, no
+ * predicate or expression to compile), the caller updates
+ * with no index open and then calls this: if the new version at tid is not
+ * heap-only, the indexes are opened and its entries made, as the executor
+ * would have (with the "unchanged key" hints of an update).
+ */
+bool
+payidem_indexes_lazy_ok(Relation rel)
+{
+	List	   *indexes;
+	ListCell   *lc;
+	bool		ok = rel->rd_rel->relam == HEAP_TABLE_AM_OID;
+
+	if (!ok || !rel->rd_rel->relhasindex)
+		return ok;
+	indexes = RelationGetIndexList(rel);
+	foreach(lc, indexes)
+	{
+		Relation	irel = index_open(lfirst_oid(lc), AccessShareLock);
+
+		if (irel->rd_rel->relam != BTREE_AM_OID || !irel->rd_index->indimmediate ||
+			irel->rd_index->indisexclusion || RelationGetIndexPredicate(irel) != NIL ||
+			RelationGetIndexExpressions(irel) != NIL)
+			ok = false;
+		index_close(irel, NoLock);
+	}
+	list_free(indexes);
+	return ok;
+}
+
+void
+payidem_update_index_entries(ResultRelInfo *rri, TupleTableSlot *slot, EState *estate)
+{
+	Relation	rel = rri->ri_RelationDesc;
+	ItemPointer tid = &slot->tts_tid;
+	Buffer		buf;
+	Page		page;
+	bool		heap_only = false;
+
+	if (!rel->rd_rel->relhasindex || !ItemPointerIsValid(tid))
+		return;					/* no index, or no new version (a BEFORE trigger said no) */
+	buf = ReadBuffer(rel, ItemPointerGetBlockNumber(tid));
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	page = BufferGetPage(buf);
+	if (ItemPointerGetOffsetNumber(tid) <= PageGetMaxOffsetNumber(page))
+	{
+		ItemId		lp = PageGetItemId(page, ItemPointerGetOffsetNumber(tid));
+
+		heap_only = ItemIdIsNormal(lp) &&
+			HeapTupleHeaderIsHeapOnly((HeapTupleHeader) PageGetItem(page, lp));
+	}
+	UnlockReleaseBuffer(buf);
+	if (heap_only)
+		return;
+	if (rri->ri_IndexRelationDescs == NULL)
+		ExecOpenIndices(rri, false);
+	/* immediate btrees only: nothing to recheck at the end of the statement */
+	list_free(ExecInsertIndexTuplesUpdateCompat(rri, slot, estate));
 }
