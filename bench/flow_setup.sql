@@ -129,7 +129,9 @@ CREATE SEQUENCE bench.next_ref START 1001;
 -- The same handler on payidem's own tables: bench.same_order, same_payment,
 -- same_idem, same_log and same_event are copies of "order", payment,
 -- idempotency, status_log and notify_event with every column type, default,
--- CHECK and index (LIKE ... INCLUDING ALL), plus the foreign keys; none of
+-- CHECK and index (LIKE ... INCLUDING ALL), plus the foreign keys, and the
+-- rules payidem keeps in the payment's keys (payment_pending, payment_paid)
+-- as the indexes a hand-written schema would give the payment itself; none of
 -- payidem's triggers.  It writes what apply_payment_result() writes for a
 -- first delivery (and an idempotency row, as seed 002 does), checking the
 -- state in code as seed 002 does.
@@ -137,6 +139,9 @@ CREATE TABLE bench.same_order (LIKE payidem."order" INCLUDING ALL);
 ALTER TABLE bench.same_order
 	ADD FOREIGN KEY (merchant_no) REFERENCES payidem.merchant;
 CREATE TABLE bench.same_payment (LIKE payidem.payment INCLUDING ALL);
+CREATE UNIQUE INDEX ON bench.same_payment (order_no) WHERE status = 'pending';
+CREATE UNIQUE INDEX ON bench.same_payment (channel_no, transaction_id);
+CREATE INDEX ON bench.same_payment (channel_no, paid_at);
 ALTER TABLE bench.same_payment
 	ADD FOREIGN KEY (order_no, merchant_no) REFERENCES bench.same_order (order_no, merchant_no),
 	ADD FOREIGN KEY (channel_no) REFERENCES payidem.channel;

@@ -660,11 +660,13 @@ SELECT count(*) AS listed_once_paid FROM payidem.query_due(100) WHERE order_no =
 SELECT count(*) AS lease_dropped FROM payidem.query_lease WHERE payment_no = :'p30';
 
 ------------------------------------------------------------ what a success writes
--- The update that pays an order is HOT: no index of "order" names a column
--- it changes (status, paid_at, paid_payment_no), so no index entry is
--- written; and the expiry queue gets one row per order, at its creation,
--- none at its payment.  (The backend's counts of earlier transactions are
--- flushed first, so the transaction's own are read.)
+-- The updates that pay an order and record the payment's success are HOT: no
+-- index of "order" or payment names a column they change (status, paid_at,
+-- paid_payment_no; transaction_id, the fees), so no index entry is written;
+-- the expiry queue gets one row per order, at its creation, none at its
+-- payment; the payment's keys trade its pending row for its paid one.  (The
+-- backend's counts of earlier transactions are flushed first, so the
+-- transaction's own are read.)
 SELECT pg_stat_force_next_flush();
 BEGIN;
 SELECT payidem.create_order(:'m1', 'HOT-0001', 700, 'Tea leaves') AS o_hot \gset
@@ -672,8 +674,12 @@ SELECT payidem.begin_payment(:'o_hot', 'FLOW_WX') AS p_hot \gset
 SELECT count(*) AS queued_at_creation FROM payidem.order_expiry WHERE order_no = :'o_hot';
 SELECT payidem.apply_payment_result(:'p_hot', 'callback', 'succeeded', 'WX-HOT-0001', 700) AS paid;
 SELECT pg_stat_get_xact_tuples_updated('payidem."order"'::regclass) AS order_updates,
-       pg_stat_get_xact_tuples_hot_updated('payidem."order"'::regclass) AS order_hot_updates;
+       pg_stat_get_xact_tuples_hot_updated('payidem."order"'::regclass) AS order_hot_updates,
+       pg_stat_get_xact_tuples_updated('payidem.payment'::regclass) AS payment_updates,
+       pg_stat_get_xact_tuples_hot_updated('payidem.payment'::regclass) AS payment_hot_updates;
 SELECT count(*) AS queued_after_payment FROM payidem.order_expiry WHERE order_no = :'o_hot';
+SELECT (SELECT count(*) FROM payidem.payment_pending WHERE order_no = :'o_hot') AS pending_keys,
+       (SELECT transaction_id FROM payidem.payment_paid WHERE payment_no = :'p_hot') AS paid_key;
 COMMIT;
 -- an order written with the triggers off is not queued until the queue is
 -- made again from the orders
@@ -686,6 +692,36 @@ SELECT count(*) AS queued_with_triggers_off FROM payidem.order_expiry WHERE orde
 SELECT payidem.rebuild_expiry_queue() >= 1 AS rebuilt;
 SELECT count(*) AS queued_after_rebuild FROM payidem.order_expiry WHERE order_no = :'o_off';
 SELECT payidem.rebuild_expiry_queue() AS rebuilt_again;
+
+-- The payment's keys follow every write of a payment, the flow's and a
+-- DBA's own, and are what rebuild_payment_keys() makes from the payments
+BEGIN;
+SELECT payidem.create_order(:'m1', 'KEYS-0001', 700, 'Tea leaves') AS o_keys \gset
+SELECT payidem.begin_payment(:'o_keys', 'FLOW_WX') AS p_keys \gset
+SELECT count(*) AS pending_key FROM payidem.payment_pending WHERE order_no = :'o_keys' AND payment_no = :'p_keys';
+SELECT * FROM pg_temp.try(format($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+                                   VALUES (payidem.gen_order_no('PY'), %L, %L, 'FLOW_WX', 700)$$, :'o_keys', :'m1'));
+UPDATE payidem.payment SET status = 'closed', closed_at = now() WHERE payment_no = :'p_keys';
+SELECT count(*) AS pending_keys_after_close FROM payidem.payment_pending WHERE order_no = :'o_keys';
+SELECT payidem.apply_payment_result(:'p_keys', 'callback', 'succeeded', 'WX-KEYS-0001', 700) AS late_success;
+SELECT transaction_id, paid_at IS NOT NULL AS has_paid_at FROM payidem.payment_paid WHERE payment_no = :'p_keys';
+UPDATE payidem.payment SET transaction_id = 'WX-KEYS-0001-B' WHERE payment_no = :'p_keys';
+SELECT transaction_id FROM payidem.payment_paid WHERE payment_no = :'p_keys';
+SELECT * FROM pg_temp.try(format('UPDATE payidem.payment SET transaction_id = %L WHERE payment_no = %L',
+                                 'WX-KEYS-0001-B', :'p_hot'));
+CREATE TEMP TABLE keys_before AS
+	SELECT 'paid' AS k, channel_no, transaction_id, paid_at, payment_no FROM payidem.payment_paid
+	UNION ALL SELECT 'pending', order_no, NULL, NULL, payment_no FROM payidem.payment_pending;
+SELECT payidem.rebuild_payment_keys() = (SELECT count(*) FROM keys_before) AS rebuilt_all;
+SELECT count(*) AS differences FROM (
+	(SELECT * FROM keys_before
+	 EXCEPT SELECT 'paid', channel_no, transaction_id, paid_at, payment_no FROM payidem.payment_paid
+	 EXCEPT SELECT 'pending', order_no, NULL, NULL, payment_no FROM payidem.payment_pending)
+	UNION ALL
+	(SELECT 'paid', channel_no, transaction_id, paid_at, payment_no FROM payidem.payment_paid
+	 UNION ALL SELECT 'pending', order_no, NULL, NULL, payment_no FROM payidem.payment_pending
+	 EXCEPT SELECT * FROM keys_before)) d;
+ROLLBACK;
 
 ------------------------------------------------------------------- privileges
 -- an application role reaches the flow only through the functions

@@ -548,12 +548,13 @@ static struct
 {
 	bool		valid;
 	bool		usable;			/* everything found as installed */
-	Oid			payment, order, merchant, channel, binding;
+	Oid			payment, order, merchant, channel, binding, paid;
 	ApplyIndex	payment_pkey, payment_txn, order_pkey, merchant_pkey, channel_pkey, binding_pkey;
 	AttrNumber	p_payment_no, p_order_no, p_channel_no, p_amount, p_status, p_txn, p_created_at;
 	Oid			p_payment_no_type;
 	AttrNumber	o_order_no, o_merchant_no, o_status;
 	AttrNumber	m_fee_rate, c_fee_rate, b_fee_rate;
+	AttrNumber	pp_channel_no, pp_txn, pp_payment_no;	/* payment_paid's */
 	/* the SQL implementation, for every other case */
 	FmgrInfo   *fallback;
 	Oid			fallback_oid;
@@ -572,7 +573,7 @@ apply_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == apply.payment || relid == apply.order ||
 		relid == apply.merchant || relid == apply.channel || relid == apply.binding ||
-		relid == apply.payment_pkey.relid || relid == apply.payment_txn.relid ||
+		relid == apply.paid || relid == apply.payment_pkey.relid || relid == apply.payment_txn.relid ||
 		relid == apply.order_pkey.relid || relid == apply.merchant_pkey.relid ||
 		relid == apply.channel_pkey.relid || relid == apply.binding_pkey.relid)
 	{
@@ -695,8 +696,9 @@ apply_prepare(void)
 	apply.merchant = get_relname_relid("merchant", nsp);
 	apply.channel = get_relname_relid("channel", nsp);
 	apply.binding = get_relname_relid("merchant_channel", nsp);
+	apply.paid = get_relname_relid("payment_paid", nsp);
 	if (!OidIsValid(apply.payment) || !OidIsValid(apply.order) || !OidIsValid(apply.merchant) ||
-		!OidIsValid(apply.channel) || !OidIsValid(apply.binding))
+		!OidIsValid(apply.channel) || !OidIsValid(apply.binding) || !OidIsValid(apply.paid))
 	{
 		apply.usable = false;
 		return;
@@ -716,8 +718,11 @@ apply_prepare(void)
 	apply.c_fee_rate = apply_attno(apply.channel, "fee_rate", NUMERICOID, &ok);
 	apply.b_fee_rate = apply_attno(apply.binding, "fee_rate", NUMERICOID, &ok);
 	apply_index(&apply.payment_pkey, "payment_pkey", nsp, apply.payment, apply.p_payment_no, 0, &ok);
-	apply_index(&apply.payment_txn, "payment_transaction_key", nsp, apply.payment,
-				apply.p_channel_no, apply.p_txn, &ok);
+	apply.pp_channel_no = apply_attno(apply.paid, "channel_no", TEXTOID, &ok);
+	apply.pp_txn = apply_attno(apply.paid, "transaction_id", TEXTOID, &ok);
+	apply.pp_payment_no = apply_attno(apply.paid, "payment_no", TEXTOID, &ok);
+	apply_index(&apply.payment_txn, "payment_transaction_key", nsp, apply.paid,
+				apply.pp_channel_no, apply.pp_txn, &ok);
 	apply_index(&apply.order_pkey, "order_pkey", nsp, apply.order, apply.o_order_no, 0, &ok);
 	apply_index(&apply.merchant_pkey, "merchant_pkey", nsp, apply.merchant,
 				apply_attno(apply.merchant, "merchant_no", TEXTOID, &ok), 0, &ok);
@@ -739,14 +744,14 @@ static bool
 apply_allowed(void)
 {
 	Oid			user = GetUserId();
-	Oid			reads[3] = {apply.merchant, apply.channel, apply.binding};
+	Oid			reads[4] = {apply.merchant, apply.channel, apply.binding, apply.paid};
 	bool		ok = true;
 	int			i;
 
 	if (apply.checked_user == user && apply.checked_row_security == row_security)
 		return apply.checked_ok;
 
-	for (i = 0; i < 3 && ok; i++)
+	for (i = 0; i < 4 && ok; i++)
 		ok = check_enable_rls(reads[i], InvalidOid, false) != RLS_ENABLED &&
 			pg_class_aclcheck(reads[i], user, ACL_SELECT) == ACLCHECK_OK;
 	if (ok)
@@ -1086,25 +1091,30 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 	 */
 	if (p_txn_null || !payidem_text_equal(p_txn, PointerGetDatum(txn)))
 	{
+		Relation	paid;
 		TupleTableSlot *xslot;
 		Snapshot	latest;
 		int			taken;
 
 		if (!lock_transaction_id(p_channel_no, txn, false))
 			goto done_order;
-		xslot = table_slot_create(payment, NULL);
+		paid = apply_open(apply.paid, AccessShareLock);
+		if (paid == NULL)
+			goto done_order;
+		xslot = table_slot_create(paid, NULL);
 		keys[0] = p_channel_no;
 		keys[1] = PointerGetDatum(txn);
 		latest = RegisterSnapshot(GetLatestSnapshot());
-		taken = apply_fetch(payment, &apply.payment_txn, latest, keys, xslot);
+		taken = apply_fetch(paid, &apply.payment_txn, latest, keys, xslot);
 		UnregisterSnapshot(latest);
 		if (taken == FETCH_FOUND)
 		{
-			d = slot_getattr(xslot, apply.p_payment_no, &isnull);
+			d = slot_getattr(xslot, apply.pp_payment_no, &isnull);
 			if (payidem_text_equal(d, PointerGetDatum(payment_no)))
 				taken = FETCH_NONE;
 		}
 		ExecDropSingleTupleTableSlot(xslot);
+		table_close(paid, NoLock);
 		if (taken != FETCH_NONE)
 			goto done_order;	/* transaction_conflict */
 	}
@@ -1339,4 +1349,207 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 	else if (text_is(result, "rejected"))
 		payidem_count(PAYIDEM_PAYMENT_REJECTED);
 	PG_RETURN_DATUM(result);
+}
+
+/*
+ * payidem._payment_keys() -- trigger status_keys, AFTER INSERT OR UPDATE OR
+ * DELETE ... FOR EACH ROW on payment: the payment's keys that change when it
+ * is paid or ends, kept beside it so that no index of payment names status,
+ * transaction_id or paid_at (the update that records a success is HOT).
+ *
+ *   payidem.payment_pending (order_no, payment_no): a row while the attempt
+ *     is pending; its primary key is the one-pending-attempt-per-order rule.
+ *   payidem.payment_paid (channel_no, transaction_id, paid_at, payment_no): a
+ *     row while the payment has a transaction id or a paid_at; its unique
+ *     keys are the transaction id's uniqueness per channel and
+ *     reconciliation's look-up by the time paid.
+ *
+ * A row is removed when the version it was made for is replaced by one that
+ * needs another (or none), and added for the new one: a first success removes
+ * the pending row and adds the paid one.  Written as the keys' owner, with
+ * direct inserts and deletes (no SQL), seeing what the statement wrote; a key
+ * taken by another payment is the unique violation its constraint names.
+ */
+typedef struct PaymentKeys
+{
+	bool		pending;		/* a payment_pending row is needed */
+	bool		paid;			/* a payment_paid row is needed */
+	Datum		payment_no;
+	Datum		order_no;
+	Datum		channel_no;
+	Datum		txn;
+	bool		txn_null;
+	Datum		paid_at;
+	bool		paid_at_null;
+} PaymentKeys;
+
+static Datum
+payment_col(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
+{
+	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
+
+	if (attnum <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" of relation payidem.%s does not exist",
+						name, RelationGetRelationName(rel))));
+	return heap_getattr(tuple, attnum, RelationGetDescr(rel), isnull);
+}
+
+static void
+payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
+{
+	bool		isnull;
+	Datum		status;
+
+	memset(k, 0, sizeof(*k));
+	if (tuple == NULL)
+		return;
+	k->payment_no = payment_col(rel, tuple, "payment_no", &isnull);
+	if (isnull)
+		return;					/* refused by its NOT NULL */
+	k->order_no = payment_col(rel, tuple, "order_no", &isnull);
+	k->pending = !isnull;
+	k->channel_no = payment_col(rel, tuple, "channel_no", &isnull);
+	k->paid = !isnull;
+	status = payment_col(rel, tuple, "status", &isnull);
+	k->pending = k->pending && !isnull && text_is(status, "pending");
+	k->txn = payment_col(rel, tuple, "transaction_id", &k->txn_null);
+	k->paid_at = payment_col(rel, tuple, "paid_at", &k->paid_at_null);
+	k->paid = k->paid && !(k->txn_null && k->paid_at_null);
+}
+
+static bool
+datum_same(Datum a, bool a_null, Datum b, bool b_null, bool is_text)
+{
+	if (a_null || b_null)
+		return a_null && b_null;
+	return is_text ? payidem_text_equal(a, b) : DatumGetTimestampTz(a) == DatumGetTimestampTz(b);
+}
+
+/*
+ * The row of table relname with key keys[] in its unique index, deleted if
+ * it is there and is payment payment_no's (a key of another payment is left).
+ */
+static void
+payment_key_delete(const char *relname, const char *index, int nkeys, const Datum *keys,
+				   Datum payment_no)
+{
+	Relation	rel = table_open(payidem_relid(relname), RowExclusiveLock);
+	HeapTuple	tuple = payidem_fetch_unique(rel, index, nkeys, keys, GetActiveSnapshot());
+	bool		isnull;
+
+	if (tuple != NULL &&
+		payidem_text_equal(payment_col(rel, tuple, "payment_no", &isnull), payment_no) && !isnull)
+		simple_table_tuple_delete(rel, &tuple->t_self, GetActiveSnapshot());
+	table_close(rel, NoLock);
+}
+
+PG_FUNCTION_INFO_V1(payidem_payment_keys);
+
+Datum
+payidem_payment_keys(PG_FUNCTION_ARGS)
+{
+	TriggerData *td = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	HeapTuple	old_tuple = NULL;
+	HeapTuple	new_tuple = NULL;
+	PaymentKeys old;
+	PaymentKeys new;
+	bool		same_pending;
+	bool		same_paid;
+	bool		del_pending;
+	bool		add_pending;
+	bool		del_paid;
+	bool		add_paid;
+	PayidemAsOwner as_owner;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(td->tg_event))
+		elog(ERROR, "payidem._payment_keys() must be an AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger");
+	rel = td->tg_relation;
+	if (TRIGGER_FIRED_BY_INSERT(td->tg_event))
+		new_tuple = td->tg_trigtuple;
+	else if (TRIGGER_FIRED_BY_UPDATE(td->tg_event))
+	{
+		old_tuple = td->tg_trigtuple;
+		new_tuple = td->tg_newtuple;
+	}
+	else if (TRIGGER_FIRED_BY_DELETE(td->tg_event))
+		old_tuple = td->tg_trigtuple;
+	payment_keys_of(rel, old_tuple, &old);
+	payment_keys_of(rel, new_tuple, &new);
+	same_pending = old.pending && new.pending &&
+		payidem_text_equal(old.order_no, new.order_no) &&
+		payidem_text_equal(old.payment_no, new.payment_no);
+	same_paid = old.paid && new.paid &&
+		payidem_text_equal(old.payment_no, new.payment_no) &&
+		payidem_text_equal(old.channel_no, new.channel_no) &&
+		datum_same(old.txn, old.txn_null, new.txn, new.txn_null, true) &&
+		datum_same(old.paid_at, old.paid_at_null, new.paid_at, new.paid_at_null, false);
+	del_pending = old.pending && !same_pending;
+	add_pending = new.pending && !same_pending;
+	del_paid = old.paid && !same_paid;
+	add_paid = new.paid && !same_paid;
+	if (!(del_pending || add_pending || del_paid || add_paid))
+		return PointerGetDatum(NULL);	/* nothing the keys hold changed */
+	if (RelationGetRelid(rel) != payidem_relid("payment"))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem._payment_keys() is the trigger of payidem.payment only"),
+				 errdetail("It was fired on %s.", RelationGetRelationName(rel))));
+
+	payidem_begin_as_owner(payidem_relation_owner(payidem_relid("payment_paid")), &as_owner);
+	if (del_pending)
+		payment_key_delete("payment_pending", "payment_one_pending_per_order", 1, &old.order_no,
+						   old.payment_no);
+	if (del_paid)
+	{
+		if (!old.txn_null)
+		{
+			Datum		keys[2] = {old.channel_no, old.txn};
+
+			payment_key_delete("payment_paid", "payment_transaction_key", 2, keys, old.payment_no);
+		}
+		else
+		{
+			Datum		keys[3] = {old.channel_no, old.paid_at, old.payment_no};
+
+			payment_key_delete("payment_paid", "payment_channel_paid", 3, keys, old.payment_no);
+		}
+	}
+	/*
+	 * The keys of the version the event reports, unless a later write (a
+	 * trigger that updated the payment again, whose own event came first)
+	 * has replaced it: that write's event has made the keys of its version.
+	 */
+	if ((add_pending || add_paid) &&
+		payidem_fetch_version(rel, &new_tuple->t_self, GetActiveSnapshot()) == NULL)
+		add_pending = add_paid = false;
+	if (add_pending)
+	{
+		static const char *const columns[] = {"order_no", "payment_no"};
+		static const Oid types[] = {TEXTOID, TEXTOID};
+		static PayidemInsert *pending_insert = NULL;
+		Datum		values[2] = {new.order_no, new.payment_no};
+		bool		nulls[2] = {false, false};
+
+		if (pending_insert == NULL)
+			pending_insert = payidem_insert_define("payment_pending", 2, columns, types);
+		payidem_insert(pending_insert, values, nulls);
+	}
+	if (add_paid)
+	{
+		static const char *const columns[] = {"channel_no", "transaction_id", "paid_at", "payment_no"};
+		static const Oid types[] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID};
+		static PayidemInsert *paid_insert = NULL;
+		Datum		values[4] = {new.channel_no, new.txn, new.paid_at, new.payment_no};
+		bool		nulls[4] = {false, new.txn_null, new.paid_at_null, false};
+
+		if (paid_insert == NULL)
+			paid_insert = payidem_insert_define("payment_paid", 4, columns, types);
+		payidem_insert(paid_insert, values, nulls);
+	}
+	payidem_end_as_owner(&as_owner);
+	return PointerGetDatum(NULL);
 }

@@ -268,8 +268,10 @@ payidem_attnum(TupleDesc desc, const char *name)
  * is the one its snapshot sees and has the key asked for -- an MVCC snapshot
  * sees at most one row with a key of a unique index -- and otherwise
  * descends the index.  Kept for the transaction and relfilenode it was
- * written in, so that the block exists (a TRUNCATE makes a new file; VACUUM
- * cannot shorten a table this transaction holds a RowExclusiveLock on).
+ * written in, and forgotten when the subtransaction that wrote it aborts: so
+ * the block exists (a TRUNCATE makes a new file; VACUUM cannot shorten a
+ * table while the write's RowExclusiveLock is held, which an aborted
+ * subtransaction releases).
  */
 #define RECENT_VERSIONS 4
 typedef struct RecentVersion
@@ -277,10 +279,29 @@ typedef struct RecentVersion
 	Oid			relid;
 	Oid			relfilenode;
 	TransactionId xid;
+	SubTransactionId subid;		/* of the write, or of the parent it passed to */
 	ItemPointerData tid;
 } RecentVersion;
 static RecentVersion recent_versions[RECENT_VERSIONS];
 static int	recent_next;
+static bool recent_callback_registered = false;
+
+static void
+recent_versions_subxact(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	int			i;
+
+	for (i = 0; i < RECENT_VERSIONS; i++)
+	{
+		if (recent_versions[i].subid != mySubid || !OidIsValid(recent_versions[i].relid))
+			continue;
+		if (event == SUBXACT_EVENT_ABORT_SUB)
+			recent_versions[i].relid = InvalidOid;
+		else if (event == SUBXACT_EVENT_COMMIT_SUB)
+			recent_versions[i].subid = parentSubid;
+	}
+}
 
 void
 payidem_remember_version(Relation heap, ItemPointer tid)
@@ -291,6 +312,11 @@ payidem_remember_version(Relation heap, ItemPointer tid)
 
 	if (!TransactionIdIsValid(xid) || !ItemPointerIsValid(tid))
 		return;
+	if (!recent_callback_registered)
+	{
+		RegisterSubXactCallback(recent_versions_subxact, NULL);
+		recent_callback_registered = true;
+	}
 	for (i = 0; i < RECENT_VERSIONS && r == NULL; i++)
 		if (recent_versions[i].relid == RelationGetRelid(heap))
 			r = &recent_versions[i];
@@ -302,6 +328,7 @@ payidem_remember_version(Relation heap, ItemPointer tid)
 	r->relid = RelationGetRelid(heap);
 	r->relfilenode = heap->rd_rel->relfilenode;
 	r->xid = xid;
+	r->subid = GetCurrentSubTransactionId();
 	r->tid = *tid;
 }
 

@@ -190,7 +190,6 @@ CREATE TABLE payidem.payment (
 	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT payment_pkey PRIMARY KEY (payment_no),
-	CONSTRAINT payment_transaction_key UNIQUE (channel_no, transaction_id),
 	-- the target of the (payment_no, order_no) foreign keys; order_no first,
 	-- so that it also finds an order's attempts
 	CONSTRAINT payment_order_key UNIQUE (order_no, payment_no),
@@ -201,12 +200,43 @@ CREATE TABLE payidem.payment (
 	CONSTRAINT payment_fee_range CHECK (fee_amount >= 0 AND fee_amount <= amount),
 	CONSTRAINT payment_cost_range CHECK (cost_amount >= 0 AND cost_amount <= amount),
 	CONSTRAINT payment_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount)
-);
--- At most one pending attempt per order: two concurrent begin_payment calls
--- can never both leave one behind.
-CREATE UNIQUE INDEX payment_one_pending_per_order ON payidem.payment (order_no) WHERE status = 'pending';
-CREATE INDEX payment_channel_paid ON payidem.payment (channel_no, paid_at);
+) WITH (fillfactor = 85);
 CREATE INDEX payment_merchant_channel_created ON payidem.payment (merchant_no, channel_no, created_at);
+-- No index of payment names status, transaction_id or paid_at, in its key or
+-- its predicate: the update that records a success is HOT (no index entry
+-- written; the 15 % left free on each page is where its new version goes).
+-- The rules and look-ups that need those columns use the payment's keys,
+-- below.
+
+-- A payment's keys that change when it is paid or ends, each a table of its
+-- own with the payment's unique constraint of old, kept by the trigger
+-- status_keys (src/flow.c) for every writer of payment:
+--   payment_pending: at most one pending attempt per order (its primary key,
+--     payment_one_pending_per_order): a row while an attempt is pending, so
+--     two concurrent begin_payment calls can never both leave one behind;
+--   payment_paid: a channel's transaction id is one payment
+--     (payment_transaction_key), and a channel's payments by the time they
+--     were paid, for reconciliation (payment_channel_paid): a row for each
+--     payment with a transaction id or a paid_at.
+-- Derived data: not dumped; a restore's COPY of payment makes them again, and
+-- payidem.rebuild_payment_keys() does after writes with the triggers off.
+CREATE TABLE payidem.payment_pending (
+	order_no		text		NOT NULL,
+	payment_no		text		NOT NULL,
+	CONSTRAINT payment_one_pending_per_order PRIMARY KEY (order_no)
+);
+COMMENT ON TABLE payidem.payment_pending IS
+	'The pending payment attempt of each order (at most one), kept from payidem.payment by its trigger status_keys.';
+CREATE TABLE payidem.payment_paid (
+	channel_no		text		NOT NULL,
+	transaction_id	text,
+	paid_at			timestamptz,
+	payment_no		text		NOT NULL,
+	CONSTRAINT payment_transaction_key UNIQUE (channel_no, transaction_id),
+	CONSTRAINT payment_channel_paid UNIQUE (channel_no, paid_at, payment_no)
+);
+COMMENT ON TABLE payidem.payment_paid IS
+	'Each payment with a transaction id or a paid_at, by channel: one payment per transaction id; reconciliation''s payments of a day. Kept from payidem.payment by its trigger status_keys.';
 COMMENT ON TABLE payidem.payment IS
 	'Payment attempts: one order may have several (e.g. WeChat failed, then Alipay succeeded); at most one pending.';
 COMMENT ON COLUMN payidem.payment.payment_no IS

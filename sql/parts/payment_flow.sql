@@ -482,7 +482,7 @@ BEGIN
 						HINT = 'Retry the transaction, or apply results in READ COMMITTED.';
 				END IF;
 			END IF;
-			SELECT x.payment_no INTO v_other FROM payidem.payment x
+			SELECT x.payment_no INTO v_other FROM payidem.payment_paid x
 			 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
 			IF FOUND THEN
 				v_kind := 'transaction_conflict';
@@ -643,6 +643,68 @@ END
 $$;
 COMMENT ON FUNCTION payidem.close_order(text) IS
 	'Close a pending order and its pending payment attempt (query and close it at the channel first): true = closed now, false = already closed; PI002 if paid or refunded, PI009 if unknown. A success arriving later is recorded as anomaly paid_after_close.';
+
+-- The payment's keys (payidem.payment_pending, payidem.payment_paid): its
+-- trigger, on every write of a payment (src/flow.c: in C, it returns at once
+-- unless the payment became or stopped being pending, or its channel,
+-- transaction id or paid_at changed; the keys are written as their owner,
+-- whoever writes the payment).  status_keys fires after status_guard, so a
+-- change the whitelist refuses is reported as that first.  ENABLE ALWAYS:
+-- also in session_replication_role = replica (a restore or a replication
+-- apply loading payments), where the other triggers stand aside; only a
+-- DISABLE TRIGGER leaves the keys behind (rebuild_payment_keys(), below).
+CREATE FUNCTION payidem._payment_keys()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_payment_keys'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem._payment_keys() IS
+	'Trigger status_keys on payidem.payment: its pending attempt per order and its transaction id and paid_at per channel into payidem.payment_pending and payidem.payment_paid.';
+CREATE TRIGGER status_keys
+	AFTER INSERT OR UPDATE OR DELETE ON payidem.payment
+	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys();
+ALTER TABLE payidem.payment ENABLE ALWAYS TRIGGER status_keys;
+CREATE FUNCTION payidem._payment_keys_truncate()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	TRUNCATE payidem.payment_pending, payidem.payment_paid;
+	RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION payidem._payment_keys_truncate() IS
+	'Trigger status_keys_truncate on payidem.payment: a TRUNCATE of the payments empties their keys too.';
+CREATE TRIGGER status_keys_truncate
+	AFTER TRUNCATE ON payidem.payment
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._payment_keys_truncate();
+ALTER TABLE payidem.payment ENABLE ALWAYS TRIGGER status_keys_truncate;
+
+-- The keys made again from the payments: after payments were written with
+-- the triggers off (session_replication_role = replica, DISABLE TRIGGER);
+-- how many rows they hold.  Refused (23505, naming the constraint) if the
+-- payments break a rule the keys carry: two pending attempts of one order,
+-- one transaction id on two payments of a channel.
+CREATE FUNCTION payidem.rebuild_payment_keys()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_pending bigint;
+	v_paid bigint;
+BEGIN
+	LOCK TABLE payidem.payment IN SHARE MODE;
+	DELETE FROM payidem.payment_pending;
+	DELETE FROM payidem.payment_paid;
+	INSERT INTO payidem.payment_pending (order_no, payment_no)
+	SELECT p.order_no, p.payment_no FROM payidem.payment p WHERE p.status = 'pending';
+	GET DIAGNOSTICS v_pending = ROW_COUNT;
+	INSERT INTO payidem.payment_paid (channel_no, transaction_id, paid_at, payment_no)
+	SELECT p.channel_no, p.transaction_id, p.paid_at, p.payment_no FROM payidem.payment p
+	 WHERE p.transaction_id IS NOT NULL OR p.paid_at IS NOT NULL;
+	GET DIAGNOSTICS v_paid = ROW_COUNT;
+	RETURN v_pending + v_paid;
+END
+$$;
+COMMENT ON FUNCTION payidem.rebuild_payment_keys() IS
+	'Make payidem.payment_pending and payidem.payment_paid again from the payments (after payments were written with the triggers off); how many rows they hold. Reads every payment under a SHARE lock.';
 
 -- The expiry queue (payidem.order_expiry): its trigger, on every insert of an
 -- order and every change of an order's status or expire_at (src/housekeeping.c:

@@ -343,9 +343,10 @@ BEGIN
 						OR (b.status = 'refunded') = (p.status = 'succeeded'))
 	  INTO v_rows, v_bill_lines, v_bill_amount, v_payments, v_pay_amount, l_rows
 	  FROM (SELECT pay.payment_no, pay.transaction_id, pay.amount, pay.status
-			  FROM payidem.payment pay
-			 WHERE pay.channel_no = v_channel
-			   AND pay.paid_at >= v_from AND pay.paid_at < v_to
+			  FROM payidem.payment_paid pp
+			  JOIN payidem.payment pay ON pay.payment_no = pp.payment_no
+			 WHERE pp.channel_no = v_channel
+			   AND pp.paid_at >= v_from AND pp.paid_at < v_to
 			   AND pay.status = ANY (payidem._paid_payment_statuses())) p
 	  FULL JOIN
 		   -- only what the join needs: the hash of the bill is its biggest
@@ -401,8 +402,9 @@ BEGIN
 		  LEFT JOIN LATERAL (
 				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn, false AS by_no,
 					   pay.paid_at
-				  FROM payidem.payment pay
-				 WHERE pay.channel_no = v_channel AND pay.transaction_id = r.b_txn
+				  FROM payidem.payment_paid pp
+				  JOIN payidem.payment pay ON pay.payment_no = pp.payment_no
+				 WHERE pp.channel_no = v_channel AND pp.transaction_id = r.b_txn
 				UNION ALL
 				-- else the payment number the channel echoes: the same payment
 				-- if ours has no transaction id (a success reported without
