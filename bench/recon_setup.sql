@@ -29,7 +29,7 @@ SELECT payidem.order_no_make('PY', timestamptz '2024-05-01 00:00:00+00' + (i / 1
 	   timestamptz '2024-05-01 00:00:00+00', timestamptz '2024-05-01 00:00:00+00'
   FROM generate_series(1, :n) i;
 RESET session_replication_role;
-VACUUM ANALYZE payidem.payment;
+VACUUM ANALYZE payidem.payment, payidem.payment_paid;
 
 COPY (
 	SELECT 'BENCH_WX', '2024-05-01', 'T' || i,

@@ -709,6 +709,29 @@ UPDATE payidem.payment SET transaction_id = 'WX-KEYS-0001-B' WHERE payment_no = 
 SELECT transaction_id FROM payidem.payment_paid WHERE payment_no = :'p_keys';
 SELECT * FROM pg_temp.try(format('UPDATE payidem.payment SET transaction_id = %L WHERE payment_no = %L',
                                  'WX-KEYS-0001-B', :'p_hot'));
+-- an application's trigger that writes the payment again, firing before
+-- status_keys (by name): the keys are those of the payment as it stands
+CREATE FUNCTION pg_temp.touch_payment() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF TG_OP = 'INSERT' OR NEW.status IS DISTINCT FROM OLD.status THEN
+		UPDATE payidem.payment SET updated_at = clock_timestamp() WHERE payment_no = NEW.payment_no;
+	END IF;
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER app_touch AFTER INSERT OR UPDATE ON payidem.payment FOR EACH ROW EXECUTE FUNCTION pg_temp.touch_payment();
+SELECT payidem.create_order(:'m1', 'KEYS-0002', 700, 'Tea leaves') AS o_touch \gset
+SELECT payidem.begin_payment(:'o_touch', 'FLOW_WX') AS p_touch \gset
+SELECT count(*) AS pending_key_touched FROM payidem.payment_pending WHERE order_no = :'o_touch' AND payment_no = :'p_touch';
+SELECT * FROM pg_temp.try(format($$INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+                                   VALUES (payidem.gen_order_no('PY'), %L, %L, 'FLOW_WX', 700)$$, :'o_touch', :'m1'));
+SELECT payidem.apply_payment_result(:'p_touch', 'callback', 'succeeded', 'WX-KEYS-0002', 700) AS touched_success;
+SELECT (SELECT count(*) FROM payidem.payment_pending WHERE order_no = :'o_touch') AS pending_keys_touched,
+       (SELECT transaction_id FROM payidem.payment_paid WHERE payment_no = :'p_touch') AS paid_key_touched;
+SELECT payidem.create_order(:'m1', 'KEYS-0003', 700, 'Tea leaves') AS o_touch2 \gset
+SELECT payidem.begin_payment(:'o_touch2', 'FLOW_WX') AS p_touch2 \gset
+SELECT payidem.apply_payment_result(:'p_touch2', 'callback', 'succeeded', 'WX-KEYS-0002', 700) AS same_txn_elsewhere;
+DROP TRIGGER app_touch ON payidem.payment;
 CREATE TEMP TABLE keys_before AS
 	SELECT 'paid' AS k, channel_no, transaction_id, paid_at, payment_no FROM payidem.payment_paid
 	UNION ALL SELECT 'pending', order_no, NULL, NULL, payment_no FROM payidem.payment_pending;

@@ -1359,19 +1359,30 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
  *
  *   payidem.payment_pending (order_no, payment_no): a row while the attempt
  *     is pending; its primary key is the one-pending-attempt-per-order rule.
- *   payidem.payment_paid (channel_no, transaction_id, paid_at, payment_no): a
- *     row while the payment has a transaction id or a paid_at; its unique
- *     keys are the transaction id's uniqueness per channel and
- *     reconciliation's look-up by the time paid.
+ *   payidem.payment_paid (payment_no, channel_no, transaction_id, paid_at):
+ *     a row while the payment has a transaction id or a paid_at; its unique
+ *     key is the transaction id's uniqueness per channel, its other index
+ *     reconciliation's look-up by the time paid (and the trigger's, for a
+ *     payment without a transaction id).
  *
- * A row is removed when the version it was made for is replaced by one that
- * needs another (or none), and added for the new one: a first success removes
- * the pending row and adds the paid one.  Written as the keys' owner, with
- * direct inserts and deletes (no SQL), seeing what the statement wrote; a key
- * taken by another payment is the unique violation its constraint names.
+ * An event whose old and new versions have the same keys changes nothing.
+ * Any other makes the keys those of the payment as it stands now -- not of
+ * the event's new version, which a later write may have replaced already (a
+ * trigger of the application that updated the payment again, whose own
+ * event came first): the payment's rows under the keys of the event's old
+ * and new versions and of the current one are removed unless they are the
+ * current version's, which are then added where missing.  A row left under
+ * a key of another version is removed by that version's own event (every
+ * version but the last is the old one of an event), so in whatever order
+ * the events come, once all have come the keys are those of the last
+ * version; and a key of the current version is looked for before it is
+ * added, so a row of the payment itself is never taken for another's.  Written as the keys' owner, with direct
+ * inserts and deletes (no SQL), seeing what the statement wrote; a key
+ * another payment holds is the unique violation its constraint names.
  */
 typedef struct PaymentKeys
 {
+	bool		exists;
 	bool		pending;		/* a payment_pending row is needed */
 	bool		paid;			/* a payment_paid row is needed */
 	Datum		payment_no;
@@ -1408,6 +1419,7 @@ payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
 	k->payment_no = payment_col(rel, tuple, "payment_no", &isnull);
 	if (isnull)
 		return;					/* refused by its NOT NULL */
+	k->exists = true;
 	k->order_no = payment_col(rel, tuple, "order_no", &isnull);
 	k->pending = !isnull;
 	k->channel_no = payment_col(rel, tuple, "channel_no", &isnull);
@@ -1427,22 +1439,96 @@ datum_same(Datum a, bool a_null, Datum b, bool b_null, bool is_text)
 	return is_text ? payidem_text_equal(a, b) : DatumGetTimestampTz(a) == DatumGetTimestampTz(b);
 }
 
-/*
- * The row of table relname with key keys[] in its unique index, deleted if
- * it is there and is payment payment_no's (a key of another payment is left).
- */
-static void
-payment_key_delete(const char *relname, const char *index, int nkeys, const Datum *keys,
-				   Datum payment_no)
+static bool
+same_pending_key(const PaymentKeys *a, const PaymentKeys *b)
 {
-	Relation	rel = table_open(payidem_relid(relname), RowExclusiveLock);
-	HeapTuple	tuple = payidem_fetch_unique(rel, index, nkeys, keys, GetActiveSnapshot());
-	bool		isnull;
+	if (!a->pending || !b->pending)
+		return a->pending == b->pending;
+	return payidem_text_equal(a->order_no, b->order_no) && payidem_text_equal(a->payment_no, b->payment_no);
+}
 
-	if (tuple != NULL &&
-		payidem_text_equal(payment_col(rel, tuple, "payment_no", &isnull), payment_no) && !isnull)
-		simple_table_tuple_delete(rel, &tuple->t_self, GetActiveSnapshot());
+static bool
+same_paid_key(const PaymentKeys *a, const PaymentKeys *b)
+{
+	if (!a->paid || !b->paid)
+		return a->paid == b->paid;
+	return payidem_text_equal(a->payment_no, b->payment_no) &&
+		payidem_text_equal(a->channel_no, b->channel_no) &&
+		datum_same(a->txn, a->txn_null, b->txn, b->txn_null, true) &&
+		datum_same(a->paid_at, a->paid_at_null, b->paid_at, b->paid_at_null, false);
+}
+
+/*
+ * Payment payment_no's pending row under order order_no: removed unless cur
+ * (the payment as it stands) is pending under that order; true if it is
+ * there and stays.
+ */
+static bool
+sync_pending_row(Datum order_no, Datum payment_no, const PaymentKeys *cur)
+{
+	Relation	rel = table_open(payidem_relid("payment_pending"), RowExclusiveLock);
+	HeapTuple	tuple = payidem_fetch_unique(rel, "payment_one_pending_per_order", 1, &order_no,
+											 GetActiveSnapshot());
+	bool		isnull;
+	bool		kept = false;
+
+	if (tuple != NULL && payidem_text_equal(payment_col(rel, tuple, "payment_no", &isnull), payment_no))
+	{
+		if (cur->pending && payidem_text_equal(cur->order_no, order_no) &&
+			payidem_text_equal(cur->payment_no, payment_no))
+			kept = true;
+		else
+			simple_table_tuple_delete(rel, &tuple->t_self, GetActiveSnapshot());
+	}
 	table_close(rel, NoLock);
+	return kept;
+}
+
+/*
+ * The paid row of the payment whose keys v holds, found by those keys (its
+ * transaction id, else its paid_at): removed unless it is cur's (the payment
+ * as it stands); true if it is there and stays.
+ */
+static bool
+sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur)
+{
+	Relation	rel = table_open(payidem_relid("payment_paid"), RowExclusiveLock);
+	HeapTuple	tuple;
+	bool		kept = false;
+
+	if (!v->txn_null)
+	{
+		Datum		keys[2] = {v->channel_no, v->txn};
+
+		tuple = payidem_fetch_unique(rel, "payment_transaction_key", 2, keys, GetActiveSnapshot());
+	}
+	else
+	{
+		Datum		keys[2] = {v->channel_no, v->paid_at};
+
+		tuple = payidem_fetch_key_where(rel, "payment_channel_paid", 2, keys, GetActiveSnapshot(),
+										"payment_no", v->payment_no);
+	}
+	if (tuple != NULL)
+	{
+		PaymentKeys there;
+		bool		isnull;
+
+		memset(&there, 0, sizeof(there));
+		there.paid = true;
+		there.payment_no = payment_col(rel, tuple, "payment_no", &isnull);
+		there.channel_no = payment_col(rel, tuple, "channel_no", &isnull);
+		there.txn = payment_col(rel, tuple, "transaction_id", &there.txn_null);
+		there.paid_at = payment_col(rel, tuple, "paid_at", &there.paid_at_null);
+		if (!payidem_text_equal(there.payment_no, v->payment_no))
+			;					/* another payment's: its key, not ours to change */
+		else if (same_paid_key(&there, cur))
+			kept = true;
+		else
+			simple_table_tuple_delete(rel, &tuple->t_self, GetActiveSnapshot());
+	}
+	table_close(rel, NoLock);
+	return kept;
 }
 
 PG_FUNCTION_INFO_V1(payidem_payment_keys);
@@ -1454,14 +1540,14 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 	Relation	rel;
 	HeapTuple	old_tuple = NULL;
 	HeapTuple	new_tuple = NULL;
+	HeapTuple	cur_tuple;
 	PaymentKeys old;
 	PaymentKeys new;
-	bool		same_pending;
-	bool		same_paid;
-	bool		del_pending;
-	bool		add_pending;
-	bool		del_paid;
-	bool		add_paid;
+	PaymentKeys cur;
+	Datum		payment_no;
+	bool		pending_there = false;
+	bool		paid_there = false;
+	bool		new_is_current;
 	PayidemAsOwner as_owner;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
@@ -1479,19 +1565,7 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 		old_tuple = td->tg_trigtuple;
 	payment_keys_of(rel, old_tuple, &old);
 	payment_keys_of(rel, new_tuple, &new);
-	same_pending = old.pending && new.pending &&
-		payidem_text_equal(old.order_no, new.order_no) &&
-		payidem_text_equal(old.payment_no, new.payment_no);
-	same_paid = old.paid && new.paid &&
-		payidem_text_equal(old.payment_no, new.payment_no) &&
-		payidem_text_equal(old.channel_no, new.channel_no) &&
-		datum_same(old.txn, old.txn_null, new.txn, new.txn_null, true) &&
-		datum_same(old.paid_at, old.paid_at_null, new.paid_at, new.paid_at_null, false);
-	del_pending = old.pending && !same_pending;
-	add_pending = new.pending && !same_pending;
-	del_paid = old.paid && !same_paid;
-	add_paid = new.paid && !same_paid;
-	if (!(del_pending || add_pending || del_paid || add_paid))
+	if (same_pending_key(&old, &new) && same_paid_key(&old, &new))
 		return PointerGetDatum(NULL);	/* nothing the keys hold changed */
 	if (RelationGetRelid(rel) != payidem_relid("payment"))
 		ereport(ERROR,
@@ -1500,51 +1574,66 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 				 errdetail("It was fired on %s.", RelationGetRelationName(rel))));
 
 	payidem_begin_as_owner(payidem_relation_owner(payidem_relid("payment_paid")), &as_owner);
-	if (del_pending)
-		payment_key_delete("payment_pending", "payment_one_pending_per_order", 1, &old.order_no,
-						   old.payment_no);
-	if (del_paid)
+
+	/* the payment as it stands: the event's new version, unless replaced */
+	cur_tuple = new_tuple == NULL ? NULL :
+		payidem_fetch_version(rel, &new_tuple->t_self, GetActiveSnapshot());
+	new_is_current = cur_tuple != NULL;
+	if (cur_tuple == NULL)
 	{
-		if (!old.txn_null)
-		{
-			Datum		keys[2] = {old.channel_no, old.txn};
-
-			payment_key_delete("payment_paid", "payment_transaction_key", 2, keys, old.payment_no);
-		}
-		else
-		{
-			Datum		keys[3] = {old.channel_no, old.paid_at, old.payment_no};
-
-			payment_key_delete("payment_paid", "payment_channel_paid", 3, keys, old.payment_no);
-		}
+		payment_no = new.exists ? new.payment_no : old.payment_no;
+		cur_tuple = payidem_fetch_unique(rel, "payment_pkey", 1, &payment_no, GetActiveSnapshot());
 	}
+	payment_keys_of(rel, cur_tuple, &cur);
+
+	/* its pending rows under the order numbers the event names */
+	if (old.exists)
+		pending_there = sync_pending_row(old.order_no, old.payment_no, &cur);
+	if (new.exists && !(old.exists && payidem_text_equal(old.order_no, new.order_no)))
+		pending_there = sync_pending_row(new.order_no, new.payment_no, &cur) || pending_there;
+	if (cur.pending && !pending_there &&
+		!(old.exists && payidem_text_equal(old.order_no, cur.order_no)) &&
+		!(new.exists && payidem_text_equal(new.order_no, cur.order_no)))
+		pending_there = sync_pending_row(cur.order_no, cur.payment_no, &cur);
+
 	/*
-	 * The keys of the version the event reports, unless a later write (a
-	 * trigger that updated the payment again, whose own event came first)
-	 * has replaced it: that write's event has made the keys of its version.
+	 * its paid rows under the keys the event's versions and the current one
+	 * have (a row another payment holds under the current keys is left: the
+	 * insert below is then the unique violation)
 	 */
-	if ((add_pending || add_paid) &&
-		payidem_fetch_version(rel, &new_tuple->t_self, GetActiveSnapshot()) == NULL)
-		add_pending = add_paid = false;
-	if (add_pending)
+	if (old.paid)
+		paid_there = sync_paid_row(&old, &cur);
+	/*
+	 * Not looked for when the event gave the payment paid keys its old
+	 * version did not have and nothing replaced the new one since (a first
+	 * success): a row of the payment under them could only be one an
+	 * earlier version with the same keys left, whose own event is still to
+	 * come -- the insert below then refuses (23505) rather than keep two.
+	 */
+	if (new.paid && !same_paid_key(&old, &new) && (old.paid || !new_is_current))
+		paid_there = sync_paid_row(&new, &cur) || paid_there;
+	if (cur.paid && !paid_there && !same_paid_key(&cur, &old) && !same_paid_key(&cur, &new))
+		paid_there = sync_paid_row(&cur, &cur);
+
+	if (cur.pending && !pending_there)
 	{
 		static const char *const columns[] = {"order_no", "payment_no"};
 		static const Oid types[] = {TEXTOID, TEXTOID};
 		static PayidemInsert *pending_insert = NULL;
-		Datum		values[2] = {new.order_no, new.payment_no};
+		Datum		values[2] = {cur.order_no, cur.payment_no};
 		bool		nulls[2] = {false, false};
 
 		if (pending_insert == NULL)
 			pending_insert = payidem_insert_define("payment_pending", 2, columns, types);
 		payidem_insert(pending_insert, values, nulls);
 	}
-	if (add_paid)
+	if (cur.paid && !paid_there)
 	{
-		static const char *const columns[] = {"channel_no", "transaction_id", "paid_at", "payment_no"};
-		static const Oid types[] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID};
+		static const char *const columns[] = {"payment_no", "channel_no", "transaction_id", "paid_at"};
+		static const Oid types[] = {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID};
 		static PayidemInsert *paid_insert = NULL;
-		Datum		values[4] = {new.channel_no, new.txn, new.paid_at, new.payment_no};
-		bool		nulls[4] = {false, new.txn_null, new.paid_at_null, false};
+		Datum		values[4] = {cur.payment_no, cur.channel_no, cur.txn, cur.paid_at};
+		bool		nulls[4] = {false, false, cur.txn_null, cur.paid_at_null};
 
 		if (paid_insert == NULL)
 			paid_insert = payidem_insert_define("payment_paid", 4, columns, types);

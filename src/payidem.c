@@ -368,29 +368,34 @@ fetch_remembered(Relation heap, Relation irel, const ScanKeyData *skey, int nkey
 }
 
 /*
- * The row of heap whose key in heap's unique btree index payidem.<index> is
- * keys[] (one per key column), visible to snapshot: a copy, or NULL.  A
+ * The row of heap whose key in heap's btree index payidem.<index> is keys[]
+ * (one per key column), visible to snapshot, and -- if filter is a column
+ * name -- whose text column filter equals filter_value: a copy, or NULL.  A
  * look-up by key without SQL, with the index's own equality operators and
  * collations; no plan, and no privilege or row-security check: for code that
- * reads as the tables' owner.  heap is open and locked by the caller.  A
- * version this transaction wrote and remembered (payidem_remember_version)
- * is tried first.
+ * reads as the tables' owner.  heap is open and locked by the caller.  For a
+ * unique index without a filter, a version this transaction wrote and
+ * remembered (payidem_remember_version) is tried first.
  */
-HeapTuple
-payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys, Snapshot snapshot)
+static HeapTuple
+fetch_by_key(Relation heap, const char *index, int nkeys, const Datum *keys, Snapshot snapshot,
+			 bool unique, const char *filter, Datum filter_value)
 {
 	Relation	irel = index_open(payidem_relid(index), AccessShareLock);
 	ScanKeyData skey[INDEX_MAX_KEYS];
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	HeapTuple	tuple = NULL;
+	int			filter_attnum = 0;
 	int			i;
 
-	if (irel->rd_rel->relam != BTREE_AM_OID || !irel->rd_index->indisunique ||
+	if (irel->rd_rel->relam != BTREE_AM_OID || (unique && !irel->rd_index->indisunique) ||
 		irel->rd_index->indrelid != RelationGetRelid(heap) ||
 		IndexRelationGetNumberOfKeyAttributes(irel) != nkeys)
-		elog(ERROR, "payidem: index payidem.%s is not the unique btree index of %d columns of %s expected",
-			 index, nkeys, RelationGetRelationName(heap));
+		elog(ERROR, "payidem: index payidem.%s is not the %sbtree index of %d columns of %s expected",
+			 index, unique ? "unique " : "", nkeys, RelationGetRelationName(heap));
+	if (filter != NULL && (filter_attnum = payidem_attnum(RelationGetDescr(heap), filter)) <= 0)
+		elog(ERROR, "payidem: column %s of %s is missing", filter, RelationGetRelationName(heap));
 	for (i = 0; i < nkeys; i++)
 	{
 		Oid			op = get_opfamily_member(irel->rd_opfamily[i], irel->rd_opcintype[i],
@@ -402,18 +407,42 @@ payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *k
 							   irel->rd_indcollation[i], get_opcode(op), keys[i]);
 	}
 	slot = table_slot_create(heap, NULL);
-	tuple = fetch_remembered(heap, irel, skey, nkeys, snapshot, slot);
+	if (unique && filter == NULL)
+		tuple = fetch_remembered(heap, irel, skey, nkeys, snapshot, slot);
 	if (tuple == NULL)
 	{
 		scan = index_beginscan_compat(heap, irel, snapshot, nkeys);
 		index_rescan(scan, skey, nkeys, NULL, 0);
-		if (index_getnext_slot(scan, ForwardScanDirection, slot))
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+
+			if (filter_attnum > 0 &&
+				!(payidem_text_equal(slot_getattr(slot, filter_attnum, &isnull), filter_value) && !isnull))
+				continue;
 			tuple = ExecCopySlotHeapTuple(slot);
+			break;
+		}
 		index_endscan(scan);
 	}
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(irel, NoLock);	/* locked until the transaction ends, as a query's */
 	return tuple;
+}
+
+/* the row of heap whose key in its unique btree index payidem.<index> is keys[] */
+HeapTuple
+payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys, Snapshot snapshot)
+{
+	return fetch_by_key(heap, index, nkeys, keys, snapshot, true, NULL, (Datum) 0);
+}
+
+/* a row of heap with key keys[] in btree index payidem.<index> and text column column = value */
+HeapTuple
+payidem_fetch_key_where(Relation heap, const char *index, int nkeys, const Datum *keys,
+						Snapshot snapshot, const char *column, Datum value)
+{
+	return fetch_by_key(heap, index, nkeys, keys, snapshot, false, column, value);
 }
 
 /*

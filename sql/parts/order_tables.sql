@@ -228,13 +228,13 @@ CREATE TABLE payidem.payment_pending (
 COMMENT ON TABLE payidem.payment_pending IS
 	'The pending payment attempt of each order (at most one), kept from payidem.payment by its trigger status_keys.';
 CREATE TABLE payidem.payment_paid (
+	payment_no		text		NOT NULL,
 	channel_no		text		NOT NULL,
 	transaction_id	text,
 	paid_at			timestamptz,
-	payment_no		text		NOT NULL,
-	CONSTRAINT payment_transaction_key UNIQUE (channel_no, transaction_id),
-	CONSTRAINT payment_channel_paid UNIQUE (channel_no, paid_at, payment_no)
+	CONSTRAINT payment_transaction_key UNIQUE (channel_no, transaction_id)
 );
+CREATE INDEX payment_channel_paid ON payidem.payment_paid (channel_no, paid_at);
 COMMENT ON TABLE payidem.payment_paid IS
 	'Each payment with a transaction id or a paid_at, by channel: one payment per transaction id; reconciliation''s payments of a day. Kept from payidem.payment by its trigger status_keys.';
 COMMENT ON TABLE payidem.payment IS

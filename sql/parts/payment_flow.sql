@@ -696,8 +696,8 @@ BEGIN
 	INSERT INTO payidem.payment_pending (order_no, payment_no)
 	SELECT p.order_no, p.payment_no FROM payidem.payment p WHERE p.status = 'pending';
 	GET DIAGNOSTICS v_pending = ROW_COUNT;
-	INSERT INTO payidem.payment_paid (channel_no, transaction_id, paid_at, payment_no)
-	SELECT p.channel_no, p.transaction_id, p.paid_at, p.payment_no FROM payidem.payment p
+	INSERT INTO payidem.payment_paid (payment_no, channel_no, transaction_id, paid_at)
+	SELECT p.payment_no, p.channel_no, p.transaction_id, p.paid_at FROM payidem.payment p
 	 WHERE p.transaction_id IS NOT NULL OR p.paid_at IS NOT NULL;
 	GET DIAGNOSTICS v_paid = ROW_COUNT;
 	RETURN v_pending + v_paid;
