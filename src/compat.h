@@ -215,6 +215,15 @@ ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockm
 	index_beginscan((heap), (index), (snapshot), (nkeys), 0)
 #endif
 
+/* A plain sequential scan of a table; 19 added flags (none). */
+#if PAYIDEM_PG_MAJOR >= 19
+#define table_beginscan_compat(rel, snapshot) \
+	table_beginscan((rel), (snapshot), 0, NULL, SO_NONE)
+#else
+#define table_beginscan_compat(rel, snapshot) \
+	table_beginscan((rel), (snapshot), 0, NULL)
+#endif
+
 /*
  * The table's primary key index, InvalidOid if it has none that is checked
  * immediately.  18 made a deferrable primary key visible here on request;

@@ -1531,6 +1531,35 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur)
 	return kept;
 }
 
+/* the rows of the keys k holds (the payment as it stands), added */
+static void
+add_pending_row(const PaymentKeys *k)
+{
+	static const char *const columns[] = {"order_no", "payment_no"};
+	static const Oid types[] = {TEXTOID, TEXTOID};
+	static PayidemInsert *pending_insert = NULL;
+	Datum		values[2] = {k->order_no, k->payment_no};
+	bool		nulls[2] = {false, false};
+
+	if (pending_insert == NULL)
+		pending_insert = payidem_insert_define("payment_pending", 2, columns, types);
+	payidem_insert(pending_insert, values, nulls);
+}
+
+static void
+add_paid_row(const PaymentKeys *k)
+{
+	static const char *const columns[] = {"payment_no", "channel_no", "transaction_id", "paid_at"};
+	static const Oid types[] = {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID};
+	static PayidemInsert *paid_insert = NULL;
+	Datum		values[4] = {k->payment_no, k->channel_no, k->txn, k->paid_at};
+	bool		nulls[4] = {false, false, k->txn_null, k->paid_at_null};
+
+	if (paid_insert == NULL)
+		paid_insert = payidem_insert_define("payment_paid", 4, columns, types);
+	payidem_insert(paid_insert, values, nulls);
+}
+
 PG_FUNCTION_INFO_V1(payidem_payment_keys);
 
 Datum
@@ -1616,29 +1645,50 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 		paid_there = sync_paid_row(&cur, &cur);
 
 	if (cur.pending && !pending_there)
-	{
-		static const char *const columns[] = {"order_no", "payment_no"};
-		static const Oid types[] = {TEXTOID, TEXTOID};
-		static PayidemInsert *pending_insert = NULL;
-		Datum		values[2] = {cur.order_no, cur.payment_no};
-		bool		nulls[2] = {false, false};
-
-		if (pending_insert == NULL)
-			pending_insert = payidem_insert_define("payment_pending", 2, columns, types);
-		payidem_insert(pending_insert, values, nulls);
-	}
+		add_pending_row(&cur);
 	if (cur.paid && !paid_there)
-	{
-		static const char *const columns[] = {"payment_no", "channel_no", "transaction_id", "paid_at"};
-		static const Oid types[] = {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID};
-		static PayidemInsert *paid_insert = NULL;
-		Datum		values[4] = {cur.payment_no, cur.channel_no, cur.txn, cur.paid_at};
-		bool		nulls[4] = {false, false, cur.txn_null, cur.paid_at_null};
-
-		if (paid_insert == NULL)
-			paid_insert = payidem_insert_define("payment_paid", 4, columns, types);
-		payidem_insert(paid_insert, values, nulls);
-	}
+		add_paid_row(&cur);
 	payidem_end_as_owner(&as_owner);
 	return PointerGetDatum(NULL);
+}
+
+/*
+ * payidem._payment_keys_fill() RETURNS bigint: the keys of every payment, as
+ * the trigger makes them, added to payment_pending and payment_paid (which
+ * rebuild_payment_keys() has emptied); how many rows were added.
+ */
+PG_FUNCTION_INFO_V1(payidem_payment_keys_fill);
+
+Datum
+payidem_payment_keys_fill(PG_FUNCTION_ARGS)
+{
+	Relation	rel = table_open(payidem_relid("payment"), AccessShareLock);
+	TableScanDesc scan;
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	PayidemAsOwner as_owner;
+	int64		added = 0;
+
+	payidem_begin_as_owner(payidem_relation_owner(payidem_relid("payment_paid")), &as_owner);
+	scan = table_beginscan_compat(rel, GetActiveSnapshot());
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		bool		should_free;
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+		PaymentKeys k;
+
+		CHECK_FOR_INTERRUPTS();
+		payment_keys_of(rel, tuple, &k);
+		if (k.pending)
+			add_pending_row(&k);
+		if (k.paid)
+			add_paid_row(&k);
+		added += (k.pending ? 1 : 0) + (k.paid ? 1 : 0);
+		if (should_free)
+			heap_freetuple(tuple);
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	payidem_end_as_owner(&as_owner);
+	table_close(rel, NoLock);
+	PG_RETURN_INT64(added);
 }

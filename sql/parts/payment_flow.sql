@@ -683,24 +683,20 @@ ALTER TABLE payidem.payment ENABLE ALWAYS TRIGGER status_keys_truncate;
 -- how many rows they hold.  Refused (23505, naming the constraint) if the
 -- payments break a rule the keys carry: two pending attempts of one order,
 -- one transaction id on two payments of a channel.
+CREATE FUNCTION payidem._payment_keys_fill()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'payidem_payment_keys_fill'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION payidem._payment_keys_fill() IS
+	'Internal (rebuild_payment_keys): the keys of every payment, as trigger status_keys makes them, into the emptied payidem.payment_pending and payidem.payment_paid; how many rows.';
 CREATE FUNCTION payidem.rebuild_payment_keys()
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_pending bigint;
-	v_paid bigint;
 BEGIN
 	LOCK TABLE payidem.payment IN SHARE MODE;
 	DELETE FROM payidem.payment_pending;
 	DELETE FROM payidem.payment_paid;
-	INSERT INTO payidem.payment_pending (order_no, payment_no)
-	SELECT p.order_no, p.payment_no FROM payidem.payment p WHERE p.status = 'pending';
-	GET DIAGNOSTICS v_pending = ROW_COUNT;
-	INSERT INTO payidem.payment_paid (payment_no, channel_no, transaction_id, paid_at)
-	SELECT p.payment_no, p.channel_no, p.transaction_id, p.paid_at FROM payidem.payment p
-	 WHERE p.transaction_id IS NOT NULL OR p.paid_at IS NOT NULL;
-	GET DIAGNOSTICS v_paid = ROW_COUNT;
-	RETURN v_pending + v_paid;
+	RETURN payidem._payment_keys_fill();
 END
 $$;
 COMMENT ON FUNCTION payidem.rebuild_payment_keys() IS
