@@ -732,6 +732,32 @@ SELECT payidem.create_order(:'m1', 'KEYS-0003', 700, 'Tea leaves') AS o_touch2 \
 SELECT payidem.begin_payment(:'o_touch2', 'FLOW_WX') AS p_touch2 \gset
 SELECT payidem.apply_payment_result(:'p_touch2', 'callback', 'succeeded', 'WX-KEYS-0002', 700) AS same_txn_elsewhere;
 DROP TRIGGER app_touch ON payidem.payment;
+-- an application's trigger that gives the payment back the keys a statement
+-- took from it (its own event comes before the statement's): one row each,
+-- and the payment's own key is not taken for another's
+CREATE FUNCTION pg_temp.restore_keys() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF OLD.paid_at IS NOT NULL AND NEW.paid_at IS NULL THEN
+		UPDATE payidem.payment SET paid_at = OLD.paid_at WHERE payment_no = NEW.payment_no;
+	END IF;
+	IF OLD.transaction_id IS NOT NULL AND NEW.transaction_id IS NULL THEN
+		UPDATE payidem.payment SET transaction_id = OLD.transaction_id WHERE payment_no = NEW.payment_no;
+	END IF;
+	RETURN NULL;
+END
+$$;
+SELECT payidem.create_order(:'m1', 'KEYS-0004', 700, 'Tea leaves') AS o_restore \gset
+SELECT payidem.begin_payment(:'o_restore', 'FLOW_WX') AS p_restore \gset
+SELECT payidem.create_order(:'m1', 'KEYS-0005', 700, 'Tea leaves') AS o_restore2 \gset
+SELECT payidem.begin_payment(:'o_restore2', 'FLOW_WX') AS p_restore2 \gset
+UPDATE payidem.payment SET paid_at = '2026-12-03 10:00:00+00' WHERE payment_no = :'p_restore';
+UPDATE payidem.payment SET transaction_id = 'WX-KEYS-0005' WHERE payment_no = :'p_restore2';
+CREATE TRIGGER a_restore AFTER UPDATE ON payidem.payment FOR EACH ROW EXECUTE FUNCTION pg_temp.restore_keys();
+UPDATE payidem.payment SET paid_at = NULL WHERE payment_no = :'p_restore';
+UPDATE payidem.payment SET transaction_id = NULL WHERE payment_no = :'p_restore2';
+DROP TRIGGER a_restore ON payidem.payment;
+SELECT payment_no = :'p_restore' AS first, transaction_id, paid_at FROM payidem.payment_paid
+ WHERE payment_no IN (:'p_restore', :'p_restore2') ORDER BY 1 DESC;
 CREATE TEMP TABLE keys_before AS
 	SELECT 'paid' AS k, channel_no, transaction_id, paid_at, payment_no FROM payidem.payment_paid
 	UNION ALL SELECT 'pending', order_no, NULL, NULL, payment_no FROM payidem.payment_pending;

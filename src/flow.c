@@ -1485,32 +1485,39 @@ sync_pending_row(Datum order_no, Datum payment_no, const PaymentKeys *cur)
 }
 
 /*
- * The paid row of the payment whose keys v holds, found by those keys (its
- * transaction id, else its paid_at): removed unless it is cur's (the payment
- * as it stands); true if it is there and stays.
+ * The paid rows of the payment whose keys v holds, found by those keys (its
+ * transaction id: one row at most; else its paid_at: every row of the
+ * payment there): removed, but for one that is cur's (the payment as it
+ * stands); true if one is there and stays.
  */
 static bool
 sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur)
 {
 	Relation	rel = table_open(payidem_relid("payment_paid"), RowExclusiveLock);
-	HeapTuple	tuple;
+	List	   *rows = NIL;
+	ListCell   *lc;
 	bool		kept = false;
 
 	if (!v->txn_null)
 	{
 		Datum		keys[2] = {v->channel_no, v->txn};
+		HeapTuple	tuple = payidem_fetch_unique(rel, "payment_transaction_key", 2, keys, GetActiveSnapshot());
+		bool		isnull;
 
-		tuple = payidem_fetch_unique(rel, "payment_transaction_key", 2, keys, GetActiveSnapshot());
+		/* another payment's row: its key, not ours to change */
+		if (tuple != NULL && payidem_text_equal(payment_col(rel, tuple, "payment_no", &isnull), v->payment_no))
+			rows = list_make1(tuple);
 	}
 	else
 	{
 		Datum		keys[2] = {v->channel_no, v->paid_at};
 
-		tuple = payidem_fetch_key_where(rel, "payment_channel_paid", 2, keys, GetActiveSnapshot(),
-										"payment_no", v->payment_no);
+		rows = payidem_fetch_all_key_where(rel, "payment_channel_paid", 2, keys, GetActiveSnapshot(),
+										   "payment_no", v->payment_no);
 	}
-	if (tuple != NULL)
+	foreach(lc, rows)
 	{
+		HeapTuple	tuple = (HeapTuple) lfirst(lc);
 		PaymentKeys there;
 		bool		isnull;
 
@@ -1520,9 +1527,7 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur)
 		there.channel_no = payment_col(rel, tuple, "channel_no", &isnull);
 		there.txn = payment_col(rel, tuple, "transaction_id", &there.txn_null);
 		there.paid_at = payment_col(rel, tuple, "paid_at", &there.paid_at_null);
-		if (!payidem_text_equal(there.payment_no, v->payment_no))
-			;					/* another payment's: its key, not ours to change */
-		else if (same_paid_key(&there, cur))
+		if (!kept && same_paid_key(&there, cur))
 			kept = true;
 		else
 			simple_table_tuple_delete(rel, &tuple->t_self, GetActiveSnapshot());
@@ -1633,13 +1638,16 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 	if (old.paid)
 		paid_there = sync_paid_row(&old, &cur);
 	/*
-	 * Not looked for when the event gave the payment paid keys its old
-	 * version did not have and nothing replaced the new one since (a first
-	 * success): a row of the payment under them could only be one an
-	 * earlier version with the same keys left, whose own event is still to
-	 * come -- the insert below then refuses (23505) rather than keep two.
+	 * Not looked for when the event gave paid keys to a payment whose old
+	 * version had none and was written by an earlier transaction, and
+	 * nothing replaced the new version since (a first success): every event
+	 * of that transaction came before it ended, so the payment has no paid
+	 * row.  An old version of this transaction may be a nested write's,
+	 * whose outer event, with the payment's earlier keys, is still to come.
 	 */
-	if (new.paid && !same_paid_key(&old, &new) && (old.paid || !new_is_current))
+	if (new.paid && !same_paid_key(&old, &new) &&
+		(old.paid || !new_is_current || !old.exists ||
+		 TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(old_tuple->t_data))))
 		paid_there = sync_paid_row(&new, &cur) || paid_there;
 	if (cur.paid && !paid_there && !same_paid_key(&cur, &old) && !same_paid_key(&cur, &new))
 		paid_there = sync_paid_row(&cur, &cur);

@@ -370,7 +370,8 @@ fetch_remembered(Relation heap, Relation irel, const ScanKeyData *skey, int nkey
 /*
  * The row of heap whose key in heap's btree index payidem.<index> is keys[]
  * (one per key column), visible to snapshot, and -- if filter is a column
- * name -- whose text column filter equals filter_value: a copy, or NULL.  A
+ * name -- whose text column filter equals filter_value: a copy, or NULL (and,
+ * if all is given, every such row appended to *all).  A
  * look-up by key without SQL, with the index's own equality operators and
  * collations; no plan, and no privilege or row-security check: for code that
  * reads as the tables' owner.  heap is open and locked by the caller.  For a
@@ -379,7 +380,7 @@ fetch_remembered(Relation heap, Relation irel, const ScanKeyData *skey, int nkey
  */
 static HeapTuple
 fetch_by_key(Relation heap, const char *index, int nkeys, const Datum *keys, Snapshot snapshot,
-			 bool unique, const char *filter, Datum filter_value)
+			 bool unique, const char *filter, Datum filter_value, List **all)
 {
 	Relation	irel = index_open(payidem_relid(index), AccessShareLock);
 	ScanKeyData skey[INDEX_MAX_KEYS];
@@ -421,7 +422,9 @@ fetch_by_key(Relation heap, const char *index, int nkeys, const Datum *keys, Sna
 				!(payidem_text_equal(slot_getattr(slot, filter_attnum, &isnull), filter_value) && !isnull))
 				continue;
 			tuple = ExecCopySlotHeapTuple(slot);
-			break;
+			if (all == NULL)
+				break;
+			*all = lappend(*all, tuple);	/* and go on */
 		}
 		index_endscan(scan);
 	}
@@ -434,15 +437,18 @@ fetch_by_key(Relation heap, const char *index, int nkeys, const Datum *keys, Sna
 HeapTuple
 payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys, Snapshot snapshot)
 {
-	return fetch_by_key(heap, index, nkeys, keys, snapshot, true, NULL, (Datum) 0);
+	return fetch_by_key(heap, index, nkeys, keys, snapshot, true, NULL, (Datum) 0, NULL);
 }
 
-/* a row of heap with key keys[] in btree index payidem.<index> and text column column = value */
-HeapTuple
-payidem_fetch_key_where(Relation heap, const char *index, int nkeys, const Datum *keys,
-						Snapshot snapshot, const char *column, Datum value)
+/* every row of heap with key keys[] in btree index payidem.<index> and text column column = value */
+List *
+payidem_fetch_all_key_where(Relation heap, const char *index, int nkeys, const Datum *keys,
+							Snapshot snapshot, const char *column, Datum value)
 {
-	return fetch_by_key(heap, index, nkeys, keys, snapshot, false, column, value);
+	List	   *all = NIL;
+
+	(void) fetch_by_key(heap, index, nkeys, keys, snapshot, false, column, value, &all);
+	return all;
 }
 
 /*

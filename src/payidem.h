@@ -166,7 +166,7 @@ extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot 
 extern void payidem_remember_version(Relation heap, ItemPointer tid);
 extern HeapTuple payidem_fetch_unique(Relation heap, const char *index, int nkeys, const Datum *keys,
 									  Snapshot snapshot);
-extern HeapTuple payidem_fetch_key_where(Relation heap, const char *index, int nkeys, const Datum *keys,
+extern List *payidem_fetch_all_key_where(Relation heap, const char *index, int nkeys, const Datum *keys,
 										 Snapshot snapshot, const char *column, Datum value);
 extern struct _SPI_plan *payidem_saved_plan(struct _SPI_plan **cache, const char *sql, int nargs, Oid *argtypes);
 /* the one relcache callback and one callback per syscache, dispatching to the parts' */
