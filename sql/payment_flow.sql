@@ -758,6 +758,11 @@ UPDATE payidem.payment SET transaction_id = NULL WHERE payment_no = :'p_restore2
 DROP TRIGGER a_restore ON payidem.payment;
 SELECT payment_no = :'p_restore' AS first, transaction_id, paid_at FROM payidem.payment_paid
  WHERE payment_no IN (:'p_restore', :'p_restore2') ORDER BY 1 DESC;
+-- a payment whose row both its old and its new keys find: replaced once
+UPDATE payidem.payment SET paid_at = '2026-12-03 11:00:00+00' WHERE payment_no = :'p_restore2';
+UPDATE payidem.payment SET paid_at = '2026-12-03 12:00:00+00' WHERE payment_no = :'p_restore2';
+UPDATE payidem.payment SET transaction_id = NULL WHERE payment_no = :'p_restore2';
+SELECT transaction_id, paid_at FROM payidem.payment_paid WHERE payment_no = :'p_restore2';
 CREATE TEMP TABLE keys_before AS
 	SELECT 'paid' AS k, channel_no, transaction_id, paid_at, payment_no FROM payidem.payment_paid
 	UNION ALL SELECT 'pending', order_no, NULL, NULL, payment_no FROM payidem.payment_pending;

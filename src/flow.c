@@ -1490,8 +1490,14 @@ sync_pending_row(Datum order_no, Datum payment_no, const PaymentKeys *cur)
  * payment there): removed, but for one that is cur's (the payment as it
  * stands); true if one is there and stays.
  */
+typedef struct SeenRows
+{
+	int			n;
+	ItemPointerData tid[8];		/* rows kept or removed by this event */
+} SeenRows;
+
 static bool
-sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur)
+sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur, SeenRows *seen)
 {
 	Relation	rel = table_open(payidem_relid("payment_paid"), RowExclusiveLock);
 	List	   *rows = NIL;
@@ -1520,7 +1526,21 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur)
 		HeapTuple	tuple = (HeapTuple) lfirst(lc);
 		PaymentKeys there;
 		bool		isnull;
+		int			i;
 
+		/*
+		 * a row an earlier look-up of this event kept or removed (one
+		 * removed by this command is still visible to its snapshot)
+		 */
+		for (i = 0; i < seen->n; i++)
+			if (ItemPointerEquals(&seen->tid[i], &tuple->t_self))
+				break;
+		if (i < seen->n)
+			continue;
+		if (seen->n == lengthof(seen->tid))
+			elog(ERROR, "payidem: payment %s has more than %d rows in payidem.payment_paid",
+				 TextDatumGetCString(v->payment_no), (int) lengthof(seen->tid));
+		seen->tid[seen->n++] = tuple->t_self;
 		memset(&there, 0, sizeof(there));
 		there.paid = true;
 		there.payment_no = payment_col(rel, tuple, "payment_no", &isnull);
@@ -1582,6 +1602,7 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 	bool		pending_there = false;
 	bool		paid_there = false;
 	bool		new_is_current;
+	SeenRows	seen = {0};
 	PayidemAsOwner as_owner;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
@@ -1636,7 +1657,7 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 	 * insert below is then the unique violation)
 	 */
 	if (old.paid)
-		paid_there = sync_paid_row(&old, &cur);
+		paid_there = sync_paid_row(&old, &cur, &seen);
 	/*
 	 * Not looked for when the event gave paid keys to a payment whose old
 	 * version had none and was written by an earlier transaction, and
@@ -1648,9 +1669,9 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 	if (new.paid && !same_paid_key(&old, &new) &&
 		(old.paid || !new_is_current || !old.exists ||
 		 TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(old_tuple->t_data))))
-		paid_there = sync_paid_row(&new, &cur) || paid_there;
+		paid_there = sync_paid_row(&new, &cur, &seen) || paid_there;
 	if (cur.paid && !paid_there && !same_paid_key(&cur, &old) && !same_paid_key(&cur, &new))
-		paid_there = sync_paid_row(&cur, &cur);
+		paid_there = sync_paid_row(&cur, &cur, &seen);
 
 	if (cur.pending && !pending_there)
 		add_pending_row(&cur);
