@@ -211,17 +211,10 @@ add_number(StringInfo buf, const char *name, const char *value)
 static void
 add_utc(StringInfo buf, const char *name, TimestampTz t)
 {
-	int			len = buf->len;
-
 	if (TIMESTAMP_NOT_FINITE(t))
 		return;
 	appendStringInfo(buf, ",\"%s\":\"", name);
-	if (!append_utc(buf, t))
-	{
-		buf->len = len;
-		buf->data[len] = '\0';
-		return;
-	}
+	(void) append_utc(buf, t);
 	appendStringInfoChar(buf, '"');
 }
 
