@@ -280,9 +280,13 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 -- just written): a nested-loop anti-join of the day's differences against
 -- the stored ones would be quadratic at 10,000+ differences.  Joins here
 -- are hash joins; the look-ups that must be nested loops (LATERAL ... LIMIT,
--- subplans, = ANY) are not affected by this setting.  It also adds a huge
--- "disabled" cost to the plans, which would trigger JIT compilation (about
--- 2 s a statement) on every run: JIT is off here.
+-- subplans, = ANY) are not affected by this setting.  Step 1 alone is
+-- planned with nested loops allowed: it reads the day's payments by key
+-- from payment_paid, and whether to fetch each payment by its key or to
+-- hash the whole table is the planner's to decide from the day's size (a
+-- hash join there reads every payment ever made, each day).  The setting
+-- also adds a huge "disabled" cost to the plans, which would trigger JIT
+-- compilation (about 2 s a statement) on every run: JIT is off here.
 SET enable_nestloop = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -329,6 +333,7 @@ BEGIN
 	INSERT INTO payidem.recon_batch (recon_batch_no, channel_no, bill_date, status, bill_timezone)
 	VALUES (v_batch, v_channel, v_day, 'running', v_tz);
 
+	PERFORM set_config('enable_nestloop', 'on', true);	-- for step 1 alone (above)
 	-- 1. The day: one hash full join of the bill and the platform's payments,
 	--    counted in the same pass.  Per row only the test that keeps the rows
 	--    that may differ (as cheap as the plain FULL JOIN's WHERE): they are
@@ -356,6 +361,7 @@ BEGIN
 			  FROM payidem.channel_bill cb
 			 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day) b
 		ON b.transaction_id = p.transaction_id;
+	PERFORM set_config('enable_nestloop', 'off', true);	-- (the function's SET restores it at exit)
 	v_matched := v_rows - coalesce(cardinality(l_rows), 0);
 
 	-- 2. The leftovers: straddles, then the day's differences replace its
@@ -403,7 +409,13 @@ BEGIN
 				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn, false AS by_no,
 					   pay.paid_at
 				  FROM payidem.payment_paid pp
-				  JOIN payidem.payment pay ON pay.payment_no = pp.payment_no
+				 -- the payment by its key (LIMIT: a look-up, never a hash
+				 -- of every payment)
+				 CROSS JOIN LATERAL (
+						SELECT p1.payment_no, p1.order_no, p1.amount, p1.status, p1.paid_at
+						  FROM payidem.payment p1
+						 WHERE p1.payment_no = pp.payment_no
+						 LIMIT 1) pay
 				 WHERE pp.channel_no = v_channel AND pp.transaction_id = r.b_txn
 				UNION ALL
 				-- else the payment number the channel echoes: the same payment
