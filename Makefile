@@ -10,6 +10,9 @@
 #                        chroot the scripts make once and reuse (root); see scripts/chroot
 #   make test-matrix     make test on every major .ci/run tests (15, 17, 18, 19)
 #   make demo            the guided tour (examples/demo.sql) on a throwaway cluster
+#   make deb             the Debian packages postgresql-<major>-payidem (debian/, pg_buildext)
+#   make test-release    each package installed on a clean chroot and tried (root)
+#   make dist            the PGXN archive of the release tag v<version>
 
 EXTENSION  = payidem payidem_router
 EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" payidem.control)
@@ -26,16 +29,21 @@ OBJS_RECON     = src/recon.o
 OBJS_FLOW      = src/flow.o src/read_api.o src/notify.o
 OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_FLOW)
 
-# The install script is assembled from its parts (sql/parts/<part>.sql), in
-# this order: tables before the functions whose SQL bodies name them, the
-# privileges last.  Upgrade scripts (sql/payidem--<a>--<b>.sql) are written
-# by hand once a version is released.
+# The install script of the version in development is assembled from its
+# parts (sql/parts/<part>.sql), in this order: tables before the functions
+# whose SQL bodies name them, the privileges last.  A released version's
+# install script is frozen in sql/released/ (as its release assembled it) and
+# never edited again: each change after it is also written, by hand, into the
+# upgrade script sql/payidem--<released>--<next>.sql.
 PARTS = header states merchant_tables order_tables idempotency_tables \
 	reconciliation_tables order_no idempotency state_machine merchant roles \
 	payment_flow reconciliation scale_out observability dump privileges
 BUILT_SQL = sql/payidem--$(EXTVERSION).sql
+ifeq ($(wildcard sql/released/payidem--$(EXTVERSION).sql),)
 DATA_built = $(BUILT_SQL)
-DATA = $(wildcard sql/payidem--*--*.sql) $(wildcard sql/payidem_router--*.sql)
+endif
+DATA = $(wildcard sql/released/payidem--*.sql) $(wildcard sql/payidem--*--*.sql) \
+	$(wildcard sql/payidem_router--*.sql)
 
 # pg_regress suites: sql/<name>.sql -> expected/<name>.out
 REGRESS_CORE     = install privileges
@@ -85,7 +93,7 @@ $(BUILT_SQL): $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) Makefile
 	cat $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) > $@.tmp
 	mv $@.tmp $@
 
-.PHONY: test test-matrix installcheck demo version bench bench-check
+.PHONY: test test-matrix installcheck demo version bench bench-check dist deb test-release
 # PG=17 (18, 19): against that major, in its chroot
 test:
 	@PG="$(PG)" bash scripts/test
@@ -110,6 +118,30 @@ demo:
 
 version:
 	@echo $(EXTVERSION)
+
+# make dist: the archive PGXN takes, of a release tag (git archive, as pgvector
+# does): payidem-<META.json's version>.zip in DIST_DIR.  DIST_REF=HEAD for a
+# snapshot of the last commit.
+DIST_REF ?= v$(EXTVERSION)
+DIST_DIR ?= .
+dist:
+	@git rev-parse -q --verify '$(DIST_REF)^{commit}' >/dev/null || \
+		{ echo "make dist: no revision $(DIST_REF) (a release is tagged v<version>; DIST_REF=HEAD for a snapshot)" >&2; exit 1; }
+	@v=$$(git show '$(DIST_REF):META.json' | sed -n 's/^   "version": "\(.*\)",$$/\1/p'); \
+	 [ -n "$$v" ] || { echo "make dist: no version in META.json of $(DIST_REF)" >&2; exit 1; }; \
+	 git archive --format=zip --prefix=payidem-$$v/ -o '$(DIST_DIR)'/payidem-$$v.zip '$(DIST_REF)' && \
+	 echo '$(DIST_DIR)'/payidem-$$v.zip
+
+# make deb: postgresql-<major>-payidem for every major of debian/pgversions
+# (this system's here, the others in their chroots) into debs/; PG=17 for one
+deb:
+	@bash scripts/package build $(PG)
+
+# make test-release: each package installed on a clean chroot of its suite,
+# preloaded, CREATE EXTENSION and the demo, and the update from 1.0 (.ci/run
+# tests this system's major; the upgrade test is test/t/070_upgrade.pl)
+test-release:
+	@bash scripts/package test $(PG)
 
 # make -s print-REGRESS  -> the value of a variable (used by scripts/test)
 print-%:
