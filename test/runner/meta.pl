@@ -1,5 +1,6 @@
 # META.json, as the PGXN Meta Spec 1.0.0 (https://pgxn.org/spec/) defines
-# it, and the archive `make dist` makes of it for PGXN.  No server.
+# it, and the archive `make dist` makes of it for PGXN.  No server (scripts/test
+# runs it with prove, from anywhere).
 #
 # The spec's rules checked here: the required keys (name, abstract,
 # maintainer, license, provides, version, meta-spec) and their types; every
@@ -13,12 +14,13 @@ use strict;
 use warnings;
 
 use Cwd ();
+use File::Basename ();
 use File::Temp ();
 use IO::Uncompress::Unzip qw($UnzipError);
 use JSON::PP;
 use Test::More;
 
-my $root = $ENV{PAYIDEM_ROOT} // Cwd::abs_path("$0/../../..");
+my $root = Cwd::abs_path(File::Basename::dirname($0) . '/../..');
 chdir $root or die "cannot chdir to $root: $!";
 
 sub slurp
