@@ -74,7 +74,8 @@ PROVE_TESTS = $(wildcard test/t/*.pl)
 # stops at the first failing suite and resets PROVE_FLAGS).
 NO_INSTALLCHECK = 1
 
-PG_CPPFLAGS = -I$(srcdir)/src
+# the library knows the version it was built as (payidem.library_version())
+PG_CPPFLAGS = -I$(srcdir)/src -DPAYIDEM_VERSION='"$(EXTVERSION)"'
 # -Wall comes with PGXS; -Wextra minus the warnings PostgreSQL's own headers trip.
 # CI adds -Werror through PG_CFLAGS on the command line (see scripts/test).
 override PG_CFLAGS += -Wextra -Wno-unused-parameter -Wno-sign-compare \

@@ -4,8 +4,12 @@
 --
 \set VERBOSITY terse
 CREATE EXTENSION payidem;
-SELECT e.extname, e.extversion, n.nspname AS schema, e.extrelocatable
+-- (at the version payidem.control names, which the loaded library was built as)
+SELECT e.extname, e.extversion = a.default_version AS default_version,
+       payidem.library_version() = e.extversion AS library_matches,
+       n.nspname AS schema, e.extrelocatable
   FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+  JOIN pg_available_extensions a ON a.name = e.extname
  WHERE e.extname = 'payidem';
 
 -- the eighteen tables, all members of the extension
@@ -63,7 +67,8 @@ CREATE DATABASE payidem_restored;
 \! pg_dump --format=custom | pg_restore --exit-on-error --dbname=payidem_restored
 \c payidem_restored
 \set VERBOSITY terse
-SELECT extversion FROM pg_extension WHERE extname = 'payidem';
+SELECT e.extversion = a.default_version AS restored_at_default_version
+  FROM pg_extension e JOIN pg_available_extensions a ON a.name = e.extname WHERE e.extname = 'payidem';
 SELECT merchant_no, merchant_name, fee_rate, api_key FROM payidem.merchant;
 SELECT merchant_no, channel_no, single_limit FROM payidem.merchant_channel;
 SELECT order_no, out_trade_no, amount, status FROM payidem."order" ORDER BY order_no;

@@ -167,6 +167,23 @@ domain_fit(FmgrInfo *flinfo, Oid typid)
 	return fit;
 }
 
+/*
+ * The version this shared library was built as (payidem.control's
+ * default_version, passed by the Makefile).  One library serves every SQL
+ * version it has an upgrade path from; after a newer build is installed, the
+ * database still runs its old SQL until ALTER EXTENSION payidem UPDATE.
+ */
+#ifndef PAYIDEM_VERSION
+#error "PAYIDEM_VERSION is defined by the Makefile (payidem.control's default_version)"
+#endif
+
+PG_FUNCTION_INFO_V1(payidem_library_version);
+Datum
+payidem_library_version(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_TEXT_P(cstring_to_text(PAYIDEM_VERSION));
+}
+
 PG_FUNCTION_INFO_V1(payidem_fits);
 Datum
 payidem_fits(PG_FUNCTION_ARGS)

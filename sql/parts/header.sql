@@ -1,7 +1,7 @@
 \echo Use "CREATE EXTENSION payidem" to load this file. \quit
 
 /*
- * payidem 1.0 -- schema.
+ * payidem -- schema (of the version payidem.control names).
  *
  * Money is bigint in the currency's minor unit; rates are numeric(7,6)
  * fractions.  Which statuses a row of "order", payment and refund may take is

@@ -71,3 +71,13 @@ SELECT e.status, e.attempts, pg_catalog.count(*) AS events,
 COMMENT ON VIEW payidem.notification_backlog IS
 	'Undelivered notification events by status (pending, failed) and attempts so far: how many, how many due now, the oldest due and how far behind it is.';
 
+
+-- Since 1.1.  Which version the loaded shared library is: after a newer
+-- build is installed, a database runs its old SQL (pg_extension.extversion)
+-- on the new library until ALTER EXTENSION payidem UPDATE.
+CREATE FUNCTION payidem.library_version()
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_library_version'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem.library_version() IS
+	'The version the loaded payidem library was built as; pg_extension.extversion is the version of the SQL objects, which ALTER EXTENSION payidem UPDATE brings up to it.';

@@ -1,0 +1,169 @@
+# The upgrade path, walked from the first release every time (as
+# pg_stat_statements' oldextversions test does):
+#
+#   1. a database installs payidem 1.0 (its frozen install script) and is
+#      filled with the story of every table (PayidemStory);
+#   2. ALTER EXTENSION payidem UPDATE TO each version on the path from 1.0 to
+#      the default one, one step at a time: after each step the rows of every
+#      table are the same (row counts and checksums), so is the expiry queue, and
+#      the old version's SQL keeps working on the new shared library (a library
+#      change that an old version's SQL would call wrongly fails here);
+#   3. every guarantee still holds on the upgraded database: the refusals of
+#      the state machines, the log and the constraints, a status that agrees with
+#      its log, the books' invariants, and the API (a new order paid, an old
+#      callback a duplicate, new numbers above the old ones);
+#   4. the upgraded schema is compared with a fresh install of the default
+#      version: pg_dump --schema-only --binary-upgrade (which, unlike a plain
+#      dump, writes every object of the extension), without its OIDs and
+#      transaction ids — identical.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use PayidemNode;
+use PayidemStory;
+
+my $node = payidem_node('upgrade', conf => "fsync = off\n");
+my $first = '1.0';
+my $default = $node->safe_psql('postgres',
+	q{SELECT default_version FROM pg_available_extensions WHERE name = 'payidem'});
+my @path = split /--/, $node->safe_psql('postgres', qq{
+	SELECT path FROM pg_extension_update_paths('payidem') WHERE source = '$first' AND target = '$default'});
+ok(@path >= 2, "an update path from $first to the default version $default: @path");
+is($path[0], $first, 'the path starts at the first release');
+is($path[-1], $default, '... and ends at the default version');
+is( $node->safe_psql('postgres', qq{
+	SELECT string_agg(version, ',' ORDER BY version) FROM pg_available_extension_versions WHERE name = 'payidem'}),
+	join(',', sort @path), 'every version there is lies on that path');
+
+# ---------------------------------------------------------------- 1. the first release, with a story
+$node->safe_psql('postgres', 'CREATE DATABASE upgraded');
+$node->safe_psql('upgraded', "CREATE EXTENSION payidem VERSION '$first';" . story_sql(300));
+is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}),
+	$first, "installed as $first");
+my $sums = $node->safe_psql('upgraded', table_sums_sql());
+my $queue = $node->safe_psql('upgraded', expiry_queue_sql());
+my %rows = map { my @f = split /\|/; ($f[0] => $f[1]) } split /\n/, $sums;
+cmp_ok(scalar(grep { $rows{$_} > 0 } keys %rows), '>=', 14,
+	'the story fills the tables (' . scalar(keys %rows) . ' tables)');
+my $max_before = $node->safe_psql('upgraded', q{SELECT max(substr(n, 3, 22)) FROM (
+	SELECT order_no FROM payidem."order" UNION ALL SELECT payment_no FROM payidem.payment
+	UNION ALL SELECT refund_no FROM payidem.refund) x(n)});
+
+# ---------------------------------------------------------------- 2. one step at a time
+for my $i (1 .. $#path)
+{
+	my ($from, $to) = @path[ $i - 1, $i ];
+	$node->safe_psql('upgraded', "ALTER EXTENSION payidem UPDATE TO '$to'");
+	is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}),
+		$to, "updated $from -> $to");
+	is($node->safe_psql('upgraded', table_sums_sql()), $sums, "$to: every table has the same rows");
+	is($node->safe_psql('upgraded', expiry_queue_sql()), $queue, "$to: the expiry queue is the same");
+	# the SQL of this version calls the library: a payment through the C fast
+	# path, a claim, a number
+	my $o = $node->safe_psql('upgraded', qq{SELECT payidem.create_order(merchant_no, 'UP-$to', 700, 'step $to') FROM bk_merchant});
+	my $p = $node->safe_psql('upgraded', qq{SELECT payidem.begin_payment('$o', 'BK_WX')});
+	is($node->safe_psql('upgraded', qq{SELECT payidem.apply_payment_result('$p', 'callback', 'succeeded', 'TXUP-$to', 700)}),
+		'applied', "$to: a payment is applied");
+	is($node->safe_psql('upgraded', qq{SELECT outcome FROM payidem.idem_claim('up:$to', 'test', '$o', 'BK_WX', 700)}),
+		'claimed', "$to: a key is claimed");
+	# keep the story's sums for the next step
+	$sums = $node->safe_psql('upgraded', table_sums_sql());
+	$queue = $node->safe_psql('upgraded', expiry_queue_sql());
+}
+is($node->safe_psql('upgraded', 'SELECT payidem.library_version()'), $default,
+	'the library is the default version, and the upgraded SQL reaches it');
+
+# ---------------------------------------------------------------- 3. every guarantee on the upgraded database
+guards_hold($node, 'upgraded', 'upgraded');
+is($node->safe_psql('upgraded', log_disagreements_sql()), '0',
+	'upgraded: the latest status_log row of every entity is its current status');
+# the books (DESIGN 5): a paid order names a paid payment of its own; a paid
+# payment has its bookkeeping; refunded amounts are the sums of the refunds
+is( $node->safe_psql('upgraded', q{
+	SELECT count(*) FROM payidem."order" o
+	 WHERE o.status IN ('paid', 'partially_refunded', 'refunded', 'shipping')
+	   AND (o.paid_at IS NULL OR NOT EXISTS (
+			SELECT 1 FROM payidem.payment p WHERE p.payment_no = o.paid_payment_no AND p.order_no = o.order_no
+			   AND p.status IN ('succeeded', 'partially_refunded', 'refunded')))}),
+	'0', 'upgraded: every paid order names a paid payment of its own');
+is( $node->safe_psql('upgraded', q{
+	SELECT count(*) FROM payidem.payment p
+	 WHERE p.status IN ('succeeded', 'partially_refunded', 'refunded')
+	   AND (p.transaction_id IS NULL OR p.paid_at IS NULL OR p.fee_amount IS NULL OR p.cost_amount IS NULL)}),
+	'0', 'upgraded: every paid payment has its transaction id, paid_at, fee and cost');
+is( $node->safe_psql('upgraded', q{
+	SELECT count(*) FROM payidem.payment p
+	 WHERE p.refunded_amount <> (SELECT coalesce(sum(r.amount), 0) FROM payidem.refund r
+	                              WHERE r.payment_no = p.payment_no AND r.status = 'succeeded')
+	    OR (p.status = 'partially_refunded') <> (p.refunded_amount > 0 AND p.refunded_amount < p.amount)
+	    OR (p.status = 'refunded') <> (p.refunded_amount = p.amount)}),
+	'0', 'upgraded: refunded amounts and statuses agree with the refunds');
+is( $node->safe_psql('upgraded', q{
+	SELECT count(*) FROM (SELECT payment_no FROM payidem.payment WHERE status = 'pending'
+	                      EXCEPT SELECT payment_no FROM payidem.payment_pending) x}),
+	'0', "upgraded: the payments' keys are there");
+
+my $old_paid = $node->safe_psql('upgraded', q{SELECT payment_no FROM bk_payment WHERE i = 2});
+is( $node->safe_psql('upgraded', qq{SELECT payidem.apply_payment_result('$old_paid', 'callback', 'succeeded',
+	'TX$old_paid', (SELECT amount FROM payidem.payment WHERE payment_no = '$old_paid'))}),
+	'duplicate', 'upgraded: a callback applied before the upgrade is a duplicate');
+is($node->safe_psql('upgraded', q{SELECT outcome FROM payidem.idem_claim('bk:open', 'test', 'BK-1', 'BK_WX', 5)}),
+	'in_progress', 'upgraded: a key claimed before the upgrade is still held');
+ok($node->safe_psql('upgraded', q{SELECT substr(payidem.gen_order_no('PO'), 3, 22)}) gt $max_before,
+	'upgraded: new numbers are above every number from before');
+
+# ---------------------------------------------------------------- 4. the same schema as a fresh install
+$node->safe_psql('upgraded', 'DROP TABLE bk_merchant, bk_order, bk_payment');
+$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('fresh', 'CREATE EXTENSION payidem');
+is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}), $default,
+	"fresh install at $default");
+
+# every object of the extension, without what differs between any two
+# databases: OIDs, relfilenodes, frozen xids (binary-upgrade lines), where the
+# sequences stand, pg_dump's own header (the story's own tables are gone)
+sub schema_of
+{
+	my ($db) = @_;
+	my ($out, $err);
+	IPC::Run::run([ 'pg_dump', '--schema-only', '--binary-upgrade', '-d', $node->connstr($db) ],
+		'>', \$out, '2>', \$err)
+	  or die "pg_dump of $db failed: $err";
+	my @keep;
+	for my $line (split /\n/, $out)
+	{
+		next if $line =~ /binary_upgrade_|relfrozenxid|^WHERE oid = '\d+';$|pg_catalog\.setval\(|^-- Dumped (from|by)|^\\(un)?restrict /;
+		push @keep, $line;
+	}
+	my $text = join("\n", @keep);
+	$text =~ s/\n{3,}/\n\n/g;
+	return $text;
+}
+my $upgraded = schema_of('upgraded');
+my $fresh = schema_of('fresh');
+like($fresh, qr/CREATE FUNCTION payidem\.apply_payment_result/, 'the dump writes the extension\'s objects');
+like($fresh, qr/ALTER EXTENSION payidem ADD/, '... as members of the extension');
+my $objects = () = $fresh =~ /ALTER EXTENSION payidem ADD/g;
+if ($upgraded eq $fresh)
+{
+	pass("the upgraded schema is the fresh $default schema ($objects objects)");
+}
+else
+{
+	fail("the upgraded schema is the fresh $default schema");
+	my $dir = PostgreSQL::Test::Utils::tempdir();
+	for ([ 'upgraded', $upgraded ], [ 'fresh', $fresh ])
+	{
+		open(my $fh, '>', "$dir/$_->[0].sql") or die;
+		print $fh $_->[1];
+		close $fh;
+	}
+	my ($diff) = IPC::Run::run([ 'diff', '-u', "$dir/fresh.sql", "$dir/upgraded.sql" ], '>', \my $d);
+	diag(substr($d // '', 0, 6000));
+}
+
+$node->stop;
+done_testing();
