@@ -6,7 +6,7 @@
 CREATE FUNCTION payidem.library_version()
 RETURNS text
 AS 'MODULE_PATHNAME', 'payidem_library_version'
-LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION payidem.library_version() IS
 	'The version the loaded payidem library was built as; pg_extension.extversion is the version of the SQL objects, which ALTER EXTENSION payidem UPDATE brings up to it.';
 REVOKE ALL ON FUNCTION payidem.library_version() FROM PUBLIC;

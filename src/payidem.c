@@ -170,8 +170,9 @@ domain_fit(FmgrInfo *flinfo, Oid typid)
 /*
  * The version this shared library was built as (payidem.control's
  * default_version, passed by the Makefile).  One library serves every SQL
- * version it has an upgrade path from; after a newer build is installed, the
- * database still runs its old SQL until ALTER EXTENSION payidem UPDATE.
+ * version it has an upgrade path from; after a newer build is installed and
+ * the server restarted, a database still runs its old SQL until ALTER
+ * EXTENSION payidem UPDATE.
  */
 #ifndef PAYIDEM_VERSION
 #error "PAYIDEM_VERSION is defined by the Makefile (payidem.control's default_version)"

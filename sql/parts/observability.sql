@@ -73,11 +73,13 @@ COMMENT ON VIEW payidem.notification_backlog IS
 
 
 -- Since 1.1.  Which version the loaded shared library is: after a newer
--- build is installed, a database runs its old SQL (pg_extension.extversion)
--- on the new library until ALTER EXTENSION payidem UPDATE.
+-- build is installed and the server restarted (the library is preloaded), a
+-- database runs its old SQL (pg_extension.extversion) on the new library
+-- until ALTER EXTENSION payidem UPDATE.  STABLE, as version() is: it changes
+-- at a restart.
 CREATE FUNCTION payidem.library_version()
 RETURNS text
 AS 'MODULE_PATHNAME', 'payidem_library_version'
-LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION payidem.library_version() IS
 	'The version the loaded payidem library was built as; pg_extension.extversion is the version of the SQL objects, which ALTER EXTENSION payidem UPDATE brings up to it.';
