@@ -90,6 +90,9 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# the version the library reports is the control file's
+src/payidem.o: payidem.control
+
 $(BUILT_SQL): $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) Makefile
 	cat $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) > $@.tmp
 	mv $@.tmp $@

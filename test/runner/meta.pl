@@ -9,7 +9,9 @@
 # extension's file (which must exist in the distribution) and version; the
 # prereqs' phases and relations; no key outside the spec but an x_ one.  And
 # that META.json says what the control files say: an extension per control
-# file, at its default_version (1.0 is 1.0.0).
+# file, at its default_version (1.0 is 1.0.0; a version in development is a
+# pre-release of it, 1.1.0-dev, not stable); and that a released version's
+# frozen install script is what its parts assemble into.
 use strict;
 use warnings;
 
@@ -96,11 +98,35 @@ for my $ext (sort keys %{ $meta->{provides} })
 	ok(defined $p->{file} && -f $p->{file}, "$ext: its file $p->{file} exists");
 	like($p->{version} // '', $semver, "$ext: version $p->{version}: a semantic version");
 	(my $want = $control{$ext} // '') =~ s/^(\d+\.\d+)$/$1.0/;
-	is($p->{version}, $want, "$ext: the version of its control file ($control{$ext})");
+	like($p->{version}, qr/^\Q$want\E(-[0-9A-Za-z.-]+)?$/,
+		"$ext: the version of its control file ($control{$ext}), or a pre-release of it");
 	ok(!defined $p->{docfile} || -f $p->{docfile}, "$ext: its docfile exists");
 }
 (my $dist_version = $control{payidem}) =~ s/^(\d+\.\d+)$/$1.0/;
-is($meta->{version}, $dist_version, "the distribution's version is payidem's ($control{payidem})");
+is($meta->{version}, $meta->{provides}{payidem}{version}, "the distribution's version is payidem's");
+like($meta->{version}, qr/^\Q$dist_version\E(-[0-9A-Za-z.-]+)?$/, "... that of payidem.control ($control{payidem})");
+# a version in development is a pre-release (1.1.0-dev): PGXN never takes a
+# version twice, so a snapshot must not use the release's
+if ($meta->{version} =~ /-/)
+{
+	isnt($meta->{release_status} // 'stable', 'stable', "a pre-release ($meta->{version}) is not stable");
+}
+else
+{
+	is($meta->{release_status} // 'stable', 'stable', "a release ($meta->{version}) is stable");
+}
+
+# a released version's install script is frozen: the parts, while the control
+# file names that version, must assemble into it (an edit of sql/parts/ made
+# after the release would otherwise be installed nowhere)
+SKIP:
+{
+	my $frozen = "sql/released/payidem--$control{payidem}.sql";
+	skip "$control{payidem} is in development (no $frozen)", 1 unless -f $frozen;
+	my @parts = split ' ', `make -s print-PARTS`;
+	my $assembled = join('', map { slurp("sql/parts/$_.sql") } @parts);
+	ok(@parts && $assembled eq slurp($frozen), "the parts assemble into the frozen $frozen");
+}
 
 # make dist: the zip PGXN takes, one directory name-version/ with META.json at its top
 SKIP:

@@ -40,7 +40,16 @@ is( $node->safe_psql('postgres', qq{
 
 # ---------------------------------------------------------------- 1. the first release, with a story
 $node->safe_psql('postgres', 'CREATE DATABASE upgraded');
-$node->safe_psql('upgraded', "CREATE EXTENSION payidem VERSION '$first';" . story_sql(300));
+# an application's role and an auditor, granted what 1.0 grants them: what a
+# later version grants them must reach them by its upgrade script too
+$node->safe_psql('postgres', 'CREATE ROLE up_app; CREATE ROLE up_auditor');
+my $grants = q{SELECT payidem.grant_app('up_app'); SELECT payidem.grant_auditor('up_auditor');};
+$node->safe_psql('upgraded', "CREATE EXTENSION payidem VERSION '$first';" . story_sql(300) . $grants);
+# and a database updated as soon as it was made, with nothing in it: every row
+# the install scripts write (the built-in whitelist) and every sequence as a
+# fresh install has them
+$node->safe_psql('postgres', 'CREATE DATABASE updated_empty');
+$node->safe_psql('updated_empty', "CREATE EXTENSION payidem VERSION '$first'");
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}),
 	$first, "installed as $first");
 my $sums = $node->safe_psql('upgraded', table_sums_sql());
@@ -56,13 +65,14 @@ my $max_before = $node->safe_psql('upgraded', q{SELECT max(substr(n, 3, 22)) FRO
 for my $i (1 .. $#path)
 {
 	my ($from, $to) = @path[ $i - 1, $i ];
-	$node->safe_psql('upgraded', "ALTER EXTENSION payidem UPDATE TO '$to'");
+	$node->safe_psql($_, "ALTER EXTENSION payidem UPDATE TO '$to'") for qw(upgraded updated_empty);
 	is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}),
 		$to, "updated $from -> $to");
 	is($node->safe_psql('upgraded', table_sums_sql()), $sums, "$to: every table has the same rows");
 	is($node->safe_psql('upgraded', expiry_queue_sql()), $queue, "$to: the expiry queue is the same");
-	# the SQL of this version calls the library: a payment through the C fast
-	# path, a claim, a number
+	# (the SQL of $from ran on this library before the step: the story, and the
+	# calls below on the step before) the SQL of this version calls the
+	# library: a payment through the C fast path, a claim
 	my $o = $node->safe_psql('upgraded', qq{SELECT payidem.create_order(merchant_no, 'UP-$to', 700, 'step $to') FROM bk_merchant});
 	my $p = $node->safe_psql('upgraded', qq{SELECT payidem.begin_payment('$o', 'BK_WX')});
 	is($node->safe_psql('upgraded', qq{SELECT payidem.apply_payment_result('$p', 'callback', 'succeeded', 'TXUP-$to', 700)}),
@@ -119,15 +129,26 @@ ok($node->safe_psql('upgraded', q{SELECT substr(payidem.gen_order_no('PO'), 3, 2
 $node->safe_psql('upgraded', 'DROP TABLE bk_merchant, bk_order, bk_payment');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION payidem');
+is($node->safe_psql('updated_empty', table_sums_sql()), $node->safe_psql('fresh', table_sums_sql()),
+	'updated with nothing in it: every table holds what a fresh install holds (the built-in whitelist)');
+# the tables whose rows pg_dump dumps (pg_extension_config_dump), and which rows
+my $config_sql = q{SELECT string_agg(c::regclass::text || ' ' || coalesce(nullif(w, ''), 'all rows'), E'\n' ORDER BY 1)
+	  FROM pg_extension e, unnest(e.extconfig, e.extcondition) u(c, w) WHERE e.extname = 'payidem'};
+my $config = $node->safe_psql('fresh', $config_sql);
+like($config, qr/payidem\.state WHERE NOT builtin/, 'the config tables of a fresh install are read');
+is($node->safe_psql('upgraded', $config_sql), $config, 'upgraded: the same tables dumped, with the same conditions');
+my $fresh_bare = schema_of('fresh', 1);
+$node->safe_psql('fresh', $grants);
 is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}), $default,
 	"fresh install at $default");
 
 # every object of the extension, without what differs between any two
 # databases: OIDs, relfilenodes, frozen xids (binary-upgrade lines), where the
-# sequences stand, pg_dump's own header (the story's own tables are gone)
+# sequences stand (unless $sequences, but for order_no_hwm), pg_dump's own header (the story's own
+# tables are gone)
 sub schema_of
 {
-	my ($db) = @_;
+	my ($db, $sequences) = @_;
 	my ($out, $err);
 	IPC::Run::run([ 'pg_dump', '--schema-only', '--binary-upgrade', '-d', $node->connstr($db) ],
 		'>', \$out, '2>', \$err)
@@ -135,35 +156,42 @@ sub schema_of
 	my @keep;
 	for my $line (split /\n/, $out)
 	{
-		next if $line =~ /binary_upgrade_|relfrozenxid|^WHERE oid = '\d+';$|pg_catalog\.setval\(|^-- Dumped (from|by)|^\\(un)?restrict /;
+		next if $line =~ /^SELECT pg_catalog\.binary_upgrade_|^-- For binary upgrade, |^SET relfrozenxid = |^WHERE oid = '\d+';$|^-- Dumped (from|by) |^\\(un)?restrict /;
+		# (order_no_hwm is a time: the second of the last number issued)
+		next if (!$sequences || $line =~ /'payidem\.order_no_hwm'/)
+		  && $line =~ /^SELECT pg_catalog\.setval\('payidem\.[a-z_]+', \d+, (true|false)\);$/;
 		push @keep, $line;
 	}
 	my $text = join("\n", @keep);
 	$text =~ s/\n{3,}/\n\n/g;
 	return $text;
 }
-my $upgraded = schema_of('upgraded');
-my $fresh = schema_of('fresh');
-like($fresh, qr/CREATE FUNCTION payidem\.apply_payment_result/, 'the dump writes the extension\'s objects');
-like($fresh, qr/ALTER EXTENSION payidem ADD/, '... as members of the extension');
-my $objects = () = $fresh =~ /ALTER EXTENSION payidem ADD/g;
-if ($upgraded eq $fresh)
+# same_schema(got, want, name): equal, or fail showing the difference
+sub same_schema
 {
-	pass("the upgraded schema is the fresh $default schema ($objects objects)");
-}
-else
-{
-	fail("the upgraded schema is the fresh $default schema");
+	my ($got, $want, $name) = @_;
+	local $Test::Builder::Level = $Test::Builder::Level + 1;
+	return pass($name) if $got eq $want;
+	fail($name);
 	my $dir = PostgreSQL::Test::Utils::tempdir();
-	for ([ 'upgraded', $upgraded ], [ 'fresh', $fresh ])
+	for ([ 'want', $want ], [ 'got', $got ])
 	{
 		open(my $fh, '>', "$dir/$_->[0].sql") or die;
 		print $fh $_->[1];
 		close $fh;
 	}
-	my ($diff) = IPC::Run::run([ 'diff', '-u', "$dir/fresh.sql", "$dir/upgraded.sql" ], '>', \my $d);
+	IPC::Run::run([ 'diff', '-u', "$dir/want.sql", "$dir/got.sql" ], '>', \my $d);
 	diag(substr($d // '', 0, 6000));
+	return 0;
 }
+same_schema(schema_of('updated_empty', 1), $fresh_bare,
+	'updated with nothing in it: the fresh schema, where every sequence stands too');
+my $upgraded = schema_of('upgraded');
+my $fresh = schema_of('fresh');
+like($fresh, qr/CREATE FUNCTION payidem\.apply_payment_result/, 'the dump writes the extension\'s objects');
+like($fresh, qr/ALTER EXTENSION payidem ADD/, '... as members of the extension');
+my $objects = () = $fresh =~ /ALTER EXTENSION payidem ADD/g;
+same_schema($upgraded, $fresh, "the upgraded schema is the fresh $default schema ($objects objects)");
 
 $node->stop;
 done_testing();
