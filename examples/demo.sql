@@ -6,7 +6,7 @@
 \echo '== 1. Install ================================================================'
 \echo 'payidem lives in its own schema and must be preloaded (shared memory for order numbers).'
 CREATE EXTENSION payidem;
-SELECT extname, extversion FROM pg_extension WHERE extname = 'payidem';
+SELECT extname, extversion, payidem.library_version() AS library_version FROM pg_extension WHERE extname = 'payidem';
 SHOW shared_preload_libraries;
 
 \echo
