@@ -128,6 +128,20 @@ SKIP:
 	ok(@parts && $assembled eq slurp($frozen), "the parts assemble into the frozen $frozen");
 }
 
+# a released version's frozen script is the one its tag holds (never edited)
+SKIP:
+{
+	skip 'not a git checkout', 1 unless -d '.git' || -f '.git';
+	my @changed;
+	for my $frozen (glob 'sql/released/payidem--*.sql')
+	{
+		my ($v) = $frozen =~ /payidem--([^-]+)\.sql$/;
+		next unless system("git rev-parse -q --verify 'refs/tags/v$v' >/dev/null 2>&1") == 0;
+		push @changed, $frozen if system("git diff --quiet 'v$v' -- '$frozen'") != 0;
+	}
+	is_deeply(\@changed, [], 'every frozen script is as its release tag holds it (where the tag is here)');
+}
+
 # make dist: the zip PGXN takes, one directory name-version/ with META.json at its top
 SKIP:
 {

@@ -32,8 +32,6 @@ my $default = $node->safe_psql('postgres',
 my @path = split /--/, $node->safe_psql('postgres', qq{
 	SELECT path FROM pg_extension_update_paths('payidem') WHERE source = '$first' AND target = '$default'});
 ok(@path >= 2, "an update path from $first to the default version $default: @path");
-is($path[0], $first, 'the path starts at the first release');
-is($path[-1], $default, '... and ends at the default version');
 is( $node->safe_psql('postgres', qq{
 	SELECT string_agg(version, ',' ORDER BY version) FROM pg_available_extension_versions WHERE name = 'payidem'}),
 	join(',', sort @path), 'every version there is lies on that path');
@@ -132,7 +130,7 @@ $node->safe_psql('fresh', 'CREATE EXTENSION payidem');
 is($node->safe_psql('updated_empty', table_sums_sql()), $node->safe_psql('fresh', table_sums_sql()),
 	'updated with nothing in it: every table holds what a fresh install holds (the built-in whitelist)');
 # the tables whose rows pg_dump dumps (pg_extension_config_dump), and which rows
-my $config_sql = q{SELECT string_agg(c::regclass::text || ' ' || coalesce(nullif(w, ''), 'all rows'), E'\n' ORDER BY 1)
+my $config_sql = q{SELECT string_agg(c::regclass::text || ' ' || coalesce(nullif(w, ''), 'all rows'), E'\n' ORDER BY c::regclass::text)
 	  FROM pg_extension e, unnest(e.extconfig, e.extcondition) u(c, w) WHERE e.extname = 'payidem'};
 my $config = $node->safe_psql('fresh', $config_sql);
 like($config, qr/payidem\.state WHERE NOT builtin/, 'the config tables of a fresh install are read');
@@ -156,10 +154,12 @@ sub schema_of
 	my @keep;
 	for my $line (split /\n/, $out)
 	{
-		next if $line =~ /^SELECT pg_catalog\.binary_upgrade_|^-- For binary upgrade, |^SET relfrozenxid = |^WHERE oid = '\d+';$|^-- Dumped (from|by) |^\\(un)?restrict /;
+		# (binary_upgrade_set_record_init_privs stays: it tells a privilege the
+		# extension's scripts recorded from one given later)
+		next if $line =~ /^SELECT pg_catalog\.binary_upgrade_(set_next_|create_empty_extension\(|set_missing_value\()|^-- For binary upgrade, |^SET relfrozenxid = |^WHERE oid = '\d+';$|^-- Dumped (from|by) |^\\(un)?restrict /;
 		# (order_no_hwm is a time: the second of the last number issued)
 		next if (!$sequences || $line =~ /'payidem\.order_no_hwm'/)
-		  && $line =~ /^SELECT pg_catalog\.setval\('payidem\.[a-z_]+', \d+, (true|false)\);$/;
+		  && $line =~ /^SELECT pg_catalog\.setval\('payidem\.[a-z0-9_"]+', -?\d+, (true|false)\);$/;
 		push @keep, $line;
 	}
 	my $text = join("\n", @keep);
