@@ -400,9 +400,11 @@ reserve(int64 wanted)
 			 * the server-wide mark shared memory started from covers it, so
 			 * does the logical second already (numbers of this lifetime are
 			 * below it too): moving it up would only put the time part ahead
-			 * of the clock, e.g. whenever a slot is reloaded after being
-			 * recycled.  A higher mark (a promoted standby: the file is not
-			 * replicated) moves it up.
+			 * of the clock.  A higher mark moves it up: one from outside
+			 * this lifetime (a promoted standby: the file is not replicated;
+			 * a restored dump), but also this database's own reservation if
+			 * its slot was recycled (ORDER_NO_MAX_DATABASES), or the
+			 * reservation of the database it was cloned from.
 			 */
 			if (s->last_second < mark && mark > s->start_mark)
 			{

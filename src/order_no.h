@@ -10,8 +10,16 @@
 
 #include "storage/spin.h"
 
-/* databases whose high-water mark is cached at once; more are recycled */
-#define ORDER_NO_MAX_DATABASES	64
+/*
+ * Databases whose reservation shared memory keeps at once (16 bytes each);
+ * beyond that the oldest reservation's slot is recycled.  A database that
+ * lost its slot reloads its mark and, not knowing it as its own, moves the
+ * logical second up to it: the time part of the server's numbers then runs
+ * up to ORDER_NO_RESERVE_SECONDS ahead of the clock.  Only slots scanned
+ * when a reservation is made (about once per 10 s per database) see this
+ * size; the fast path indexes its slot directly.
+ */
+#define ORDER_NO_MAX_DATABASES	1024
 
 /* seconds reserved ahead in the durable high-water mark */
 #define ORDER_NO_RESERVE_SECONDS	10
