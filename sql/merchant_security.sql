@@ -87,6 +87,42 @@ SELECT payidem.unmap_merchant_role('regress_payidem_report', :'m1');
 SET ROLE regress_payidem_report;
 SELECT count(*) AS rows_after_unmap FROM payidem."order" WHERE out_trade_no LIKE 'SEC-%';
 RESET ROLE;
+-- its last merchant unmapped, the role keeps nothing map_merchant_role() gave
+SELECT has_schema_privilege('regress_payidem_report', 'payidem', 'USAGE') AS schema_usage,
+       has_function_privilege('regress_payidem_report', 'payidem._row_visible(text, regrole)', 'EXECUTE') AS row_visible,
+       (SELECT count(*) FROM unnest(ARRAY['payidem."order"', 'payidem.payment', 'payidem.refund',
+                                          'payidem.anomaly', 'payidem.open_anomalies']) t
+         WHERE has_table_privilege('regress_payidem_report', t, 'SELECT')) AS tables_readable;
+-- an application role mapped to a merchant and unmapped keeps its API, and
+-- its reads: without SELECT on "order" get_order() would show it every
+-- merchant's orders, as to an application; with it, row-level security shows
+-- it none (fail closed).  A role still mapped elsewhere keeps its reads.
+CREATE ROLE regress_payidem_mapped_app;
+SELECT payidem.grant_app('regress_payidem_mapped_app');
+SELECT payidem.map_merchant_role('regress_payidem_mapped_app', :'m1');
+SELECT payidem.map_merchant_role('regress_payidem_mapped_app', :'m2');
+SELECT payidem.unmap_merchant_role('regress_payidem_mapped_app', :'m1');
+SELECT has_table_privilege('regress_payidem_mapped_app', 'payidem."order"', 'SELECT') AS still_mapped_reads;
+SELECT payidem.unmap_merchant_role('regress_payidem_mapped_app', :'m2');
+SELECT has_schema_privilege('regress_payidem_mapped_app', 'payidem', 'USAGE') AS app_schema_usage,
+       has_function_privilege('regress_payidem_mapped_app', 'payidem.create_order(text, text, bigint, text, text, text, interval, text)', 'EXECUTE') AS app_api,
+       has_table_privilege('regress_payidem_mapped_app', 'payidem."order"', 'SELECT') AS app_reads_orders;
+SET ROLE regress_payidem_mapped_app;
+\set VERBOSITY sqlstate
+SELECT payidem.get_order('PO202611290000000000061315');
+\set VERBOSITY terse
+RESET ROLE;
+-- the same for a role that has the API as a member of the application's role
+CREATE ROLE regress_payidem_app_member IN ROLE regress_payidem_app;
+SELECT payidem.map_merchant_role('regress_payidem_app_member', :'m2');
+SELECT payidem.unmap_merchant_role('regress_payidem_app_member', :'m2');
+SET ROLE regress_payidem_app_member;
+\set VERBOSITY sqlstate
+SELECT payidem.get_order('PO202611290000000000061315');
+\set VERBOSITY terse
+RESET ROLE;
+DROP OWNED BY regress_payidem_mapped_app, regress_payidem_app_member;
+DROP ROLE regress_payidem_mapped_app, regress_payidem_app_member;
 
 -------------------------------------------- roles are kept by OID, not name
 -- A role dropped the usual way (DROP OWNED BY revokes its grants) and created
@@ -132,6 +168,13 @@ SELECT payidem.revoke_auditor('regress_payidem_auditor');
 SET ROLE regress_payidem_auditor;
 SELECT count(*) AS former_auditor_sees FROM payidem."order";
 RESET ROLE;
+-- an auditor revoked (and mapped nowhere) keeps no payidem grant at all
+SELECT count(*) AS grants_left
+  FROM (SELECT c.relacl AS acl FROM pg_class c WHERE c.relnamespace = 'payidem'::regnamespace
+        UNION ALL SELECT p.proacl FROM pg_proc p WHERE p.pronamespace = 'payidem'::regnamespace
+        UNION ALL SELECT n.nspacl FROM pg_namespace n WHERE n.nspname = 'payidem') o,
+       aclexplode(o.acl) a
+ WHERE a.grantee = 'regress_payidem_auditor'::regrole;
 -- a grant can always be undone: an auditor that became BYPASSRLS is revoked
 SELECT payidem.grant_auditor('regress_payidem_reused');
 ALTER ROLE regress_payidem_reused BYPASSRLS;
