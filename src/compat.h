@@ -18,6 +18,7 @@
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/tableam.h"
 #include "access/sysattr.h"
 #include "access/tupdesc.h"
 #include "executor/executor.h"
@@ -307,5 +308,21 @@ CheckConstraintExprCompat(Relation rel, ConstrCheck *check)
 #else
 #define BGWORKER_INTERRUPTIBLE_COMPAT 0
 #endif
+
+/*
+ * 19: table_tuple_delete() takes a bitmask of options (the changing-partition
+ * flag among them) before the snapshot, in place of a last boolean.  Here:
+ * no crosscheck snapshot, not a move to another partition.
+ */
+static inline TM_Result
+TableTupleDeleteCompat(Relation rel, ItemPointer tid, CommandId cid, Snapshot snapshot,
+					   bool wait, TM_FailureData *tmfd)
+{
+#if PAYIDEM_PG_MAJOR >= 19
+	return table_tuple_delete(rel, tid, cid, 0, snapshot, InvalidSnapshot, wait, tmfd);
+#else
+	return table_tuple_delete(rel, tid, cid, snapshot, InvalidSnapshot, wait, tmfd, false);
+#endif
+}
 
 #endif							/* PAYIDEM_COMPAT_H */

@@ -1478,7 +1478,7 @@ sync_pending_row(Datum order_no, Datum payment_no, const PaymentKeys *cur)
 			payidem_text_equal(cur->payment_no, payment_no))
 			kept = true;
 		else
-			simple_table_tuple_delete(rel, &tuple->t_self, GetActiveSnapshot());
+			payidem_delete_row(rel, &tuple->t_self);
 	}
 	table_close(rel, NoLock);
 	return kept;
@@ -1550,7 +1550,7 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur, SeenRows *seen)
 		if (!kept && same_paid_key(&there, cur))
 			kept = true;
 		else
-			simple_table_tuple_delete(rel, &tuple->t_self, GetActiveSnapshot());
+			payidem_delete_row(rel, &tuple->t_self);
 	}
 	table_close(rel, NoLock);
 	return kept;

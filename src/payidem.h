@@ -100,11 +100,16 @@ extern bool payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_
 /* ledger.c */
 extern bool payidem_payment_has_paid(Datum status);
 
-/* write.c: direct inserts into payidem's tables (one cache per call site) */
+/*
+ * write.c: direct inserts into payidem's tables (one cache per call site), and
+ * the delete of a row found by TID (40001 for one changed after a
+ * REPEATABLE READ snapshot)
+ */
 typedef struct PayidemInsert PayidemInsert;
 extern PayidemInsert *payidem_insert_define(const char *relname, int ncols, const char *const *columns,
 											 const Oid *types);
 extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);
+extern void payidem_delete_row(Relation rel, ItemPointer tid);
 
 /*
  * The expressions a direct write of one table evaluates -- its CHECKs, the

@@ -29,6 +29,10 @@
  * the old memory goes when the transaction ends, never while a row may be
  * being written with it further up the stack.
  *
+ * payidem_delete_row() is the delete of a row found by TID that the payment
+ * keys' trigger (flow.c) makes: with the result a DELETE statement gives,
+ * 40001 for a row changed after a REPEATABLE READ snapshot.
+ *
  * Trusted code writing on the tables' owner's behalf: no privilege is
  * checked, so application roles need no right on the table and cannot write
  * it themselves.  The caller holds nothing but the values.
@@ -583,6 +587,46 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	ExecResetTupleTable(estate->es_tupleTable, false);
 	FreeExecutorState(estate);
 	table_close(rel, NoLock);
+}
+
+/*
+ * Delete one row that the active snapshot sees, by its TID, as a DELETE
+ * statement would.  A row that a transaction which committed after this
+ * one's snapshot changed or removed is, under REPEATABLE READ or
+ * SERIALIZABLE, a serialization failure (40001): the transaction is to be
+ * retried, and then sees the row as it is.  Anything else (a row the caller
+ * found under a lock that keeps other writers out) is an internal error, as
+ * in simple_table_tuple_delete().
+ */
+void
+payidem_delete_row(Relation rel, ItemPointer tid)
+{
+	TM_FailureData tmfd;
+	TM_Result	result = TableTupleDeleteCompat(rel, tid, GetCurrentCommandId(true), GetActiveSnapshot(),
+												true, &tmfd);
+
+	switch (result)
+	{
+		case TM_Ok:
+			return;
+		case TM_Updated:
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update"),
+						 errdetail("A row of payidem.%s that this transaction's snapshot sees was changed by a transaction that committed after the snapshot was taken.",
+								   RelationGetRelationName(rel)),
+						 errhint("Retry the transaction.")));
+			elog(ERROR, "tuple concurrently %s", result == TM_Updated ? "updated" : "deleted");
+			break;
+		case TM_SelfModified:
+			elog(ERROR, "tuple already updated by self");
+			break;
+		default:
+			elog(ERROR, "unexpected table_tuple_delete status: %d", (int) result);
+			break;
+	}
 }
 
 /*
