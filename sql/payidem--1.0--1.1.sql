@@ -88,3 +88,105 @@ END
 $$;
 COMMENT ON FUNCTION payidem.unmap_merchant_role(regrole, text) IS
 	'Remove a reporting role''s access to one merchant''s rows; after its last merchant (and not an auditor), the role keeps no payidem grant map_merchant_role() gave.';
+
+-- logical replication of every table (FOR ALL TABLES): a subscriber skips the
+-- built-in whitelist rows it has and the payment keys it makes itself
+CREATE OR REPLACE FUNCTION payidem._whitelist_guard()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_in_use boolean := false;
+	v_present boolean;
+BEGIN
+	IF TG_OP = 'TRUNCATE' THEN
+		RAISE EXCEPTION 'payidem.% cannot be truncated', TG_TABLE_NAME USING
+			ERRCODE = 'insufficient_privilege',
+			DETAIL = 'It holds the built-in state machines that payidem''s functions rely on.',
+			HINT = 'Delete your own rows: DELETE FROM payidem.' || TG_TABLE_NAME || ' WHERE NOT builtin.';
+	END IF;
+	IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.builtin THEN
+		RAISE EXCEPTION 'built-in rows of payidem.% cannot be changed or deleted', TG_TABLE_NAME USING
+			ERRCODE = 'insufficient_privilege',
+			DETAIL = format('%s row %s is built in: payidem''s functions rely on it, and CREATE EXTENSION recreates it on a restore.',
+							TG_TABLE_NAME, to_jsonb(OLD) - 'builtin'),
+			HINT = 'Add statuses and transitions of your own; only rows with builtin = false can be changed or deleted.';
+	END IF;
+	-- (nested: PL/pgSQL may evaluate every operand of an AND, and a
+	-- transition row has no status field)
+	IF TG_TABLE_NAME = 'state' AND TG_OP IN ('UPDATE', 'DELETE') THEN
+		IF TG_OP = 'DELETE' THEN
+			v_in_use := payidem._status_in_use(OLD.entity, OLD.status);
+		ELSIF (NEW.entity, NEW.status) IS DISTINCT FROM (OLD.entity, OLD.status) THEN
+			v_in_use := payidem._status_in_use(OLD.entity, OLD.status);
+		END IF;
+	END IF;
+	IF v_in_use THEN
+		RAISE EXCEPTION 'status % of % is in use', quote_literal(OLD.status), OLD.entity USING
+			ERRCODE = 'foreign_key_violation',
+			DETAIL = format('Rows of payidem.%s have status %L; the whitelist cannot lose it.',
+							CASE OLD.entity WHEN 'order' THEN '"order"' ELSE OLD.entity END, OLD.status),
+			HINT = format('Move them to another status first (payidem.transit_%s), or keep the status.', OLD.entity);
+	END IF;
+	IF TG_OP = 'DELETE' THEN
+		RETURN OLD;
+	END IF;
+	-- a built-in row that a load in session_replication_role = replica brings
+	-- (a logical-replication subscriber's initial copy) and that this
+	-- database's own CREATE EXTENSION made already: skipped, not refused
+	IF NEW.builtin AND TG_OP = 'INSERT' AND current_setting('session_replication_role') = 'replica' THEN
+		EXECUTE format('SELECT EXISTS (SELECT 1 FROM payidem.%I x WHERE to_jsonb(x) = $1)', TG_TABLE_NAME)
+			INTO v_present USING to_jsonb(NEW);
+		IF v_present THEN
+			RETURN NULL;
+		END IF;
+	END IF;
+	IF NEW.builtin THEN
+		RAISE EXCEPTION 'only CREATE EXTENSION installs built-in rows' USING
+			ERRCODE = 'insufficient_privilege',
+			DETAIL = format('%s row %s has builtin = true.', TG_TABLE_NAME, to_jsonb(NEW) - 'builtin'),
+			HINT = 'Insert it with builtin = false (the default), so that pg_dump keeps it.';
+	END IF;
+	IF TG_TABLE_NAME = 'transition' THEN
+		IF EXISTS (SELECT 1 FROM payidem.state s
+					WHERE s.entity = NEW.entity AND s.status = NEW.from_status AND s.terminal) THEN
+			RAISE EXCEPTION 'a transition cannot leave a terminal status' USING
+				ERRCODE = 'check_violation',
+				DETAIL = format('%s: ''%s'' is terminal in payidem.state; the transition was ''%s'' -> ''%s''.',
+								NEW.entity, NEW.from_status, NEW.from_status, NEW.to_status),
+				HINT = 'Leave from a status that is not terminal, or add your own status for the new path.';
+		END IF;
+	ELSIF NEW.terminal THEN
+		IF EXISTS (SELECT 1 FROM payidem.transition t
+					WHERE t.entity = NEW.entity AND t.from_status = NEW.status) THEN
+			RAISE EXCEPTION 'a status that transitions leave cannot be terminal' USING
+				ERRCODE = 'check_violation',
+				DETAIL = format('%s: transitions in payidem.transition leave ''%s''.', NEW.entity, NEW.status),
+				HINT = 'Delete those transitions first, or keep the status non-terminal.';
+		END IF;
+	END IF;
+	RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION payidem._whitelist_guard() IS
+	'Trigger on payidem.state and payidem.transition: built-in rows are fixed; no transition leaves a terminal status; a status rows have is not deleted or renamed.';
+
+-- The keys a logical-replication worker receives (a publication FOR ALL
+-- TABLES or TABLES IN SCHEMA payidem includes them): skipped, as the
+-- subscriber's status_keys makes them from the payments it receives
+-- (src/flow.c).  ENABLE REPLICA: it fires in session_replication_role =
+-- replica only, where such a worker writes.
+CREATE FUNCTION payidem._payment_keys_received()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_payment_keys_received'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION payidem._payment_keys_received() FROM PUBLIC;
+COMMENT ON FUNCTION payidem._payment_keys_received() IS
+	'Trigger keys_received on payidem.payment_pending and payidem.payment_paid: a logical-replication worker''s rows are skipped; the subscriber''s status_keys makes its keys from its payments.';
+CREATE TRIGGER keys_received
+	BEFORE INSERT OR UPDATE OR DELETE ON payidem.payment_pending
+	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys_received();
+ALTER TABLE payidem.payment_pending ENABLE REPLICA TRIGGER keys_received;
+CREATE TRIGGER keys_received
+	BEFORE INSERT OR UPDATE OR DELETE ON payidem.payment_paid
+	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys_received();
+ALTER TABLE payidem.payment_paid ENABLE REPLICA TRIGGER keys_received;

@@ -60,6 +60,7 @@
 #include "nodes/makefuncs.h"
 #include "optimizer/optimizer.h"
 #include "parser/parse_func.h"
+#include "replication/logicalworker.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
@@ -1556,6 +1557,14 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur, SeenRows *seen)
 	return kept;
 }
 
+/*
+ * True while add_pending_row() or add_paid_row() writes a key row: what
+ * payidem._payment_keys_received() lets through in a logical-replication
+ * worker.  Not reset by an error: an error ends such a worker's process, and
+ * elsewhere the flag is not looked at.
+ */
+static bool keys_writing = false;
+
 /* the rows of the keys k holds (the payment as it stands), added */
 static void
 add_pending_row(const PaymentKeys *k)
@@ -1568,7 +1577,9 @@ add_pending_row(const PaymentKeys *k)
 
 	if (pending_insert == NULL)
 		pending_insert = payidem_insert_define("payment_pending", 2, columns, types);
+	keys_writing = true;
 	payidem_insert(pending_insert, values, nulls);
+	keys_writing = false;
 }
 
 static void
@@ -1582,7 +1593,9 @@ add_paid_row(const PaymentKeys *k)
 
 	if (paid_insert == NULL)
 		paid_insert = payidem_insert_define("payment_paid", 4, columns, types);
+	keys_writing = true;
 	payidem_insert(paid_insert, values, nulls);
+	keys_writing = false;
 }
 
 PG_FUNCTION_INFO_V1(payidem_payment_keys);
@@ -1720,4 +1733,31 @@ payidem_payment_keys_fill(PG_FUNCTION_ARGS)
 	payidem_end_as_owner(&as_owner);
 	table_close(rel, NoLock);
 	PG_RETURN_INT64(added);
+}
+
+/*
+ * payidem._payment_keys_received(): the BEFORE row trigger keys_received of
+ * payment_pending and payment_paid, ENABLE REPLICA (so it costs nothing
+ * outside session_replication_role = replica).  A logical-replication worker
+ * that applies a publication naming these tables (FOR ALL TABLES, TABLES IN
+ * SCHEMA payidem) would write keys that the subscriber's own status_keys
+ * makes from the payments it receives: the same rows twice, a unique
+ * violation, and the apply stopped.  Its changes of the key tables are
+ * skipped (its initial copy too), so that the keys stay what the
+ * subscriber's payments make them.  Every other writer in replica mode (a
+ * restore's load, a DBA) writes as usual.
+ */
+PG_FUNCTION_INFO_V1(payidem_payment_keys_received);
+
+Datum
+payidem_payment_keys_received(PG_FUNCTION_ARGS)
+{
+	TriggerData *td = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(td->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(td->tg_event))
+		elog(ERROR, "payidem._payment_keys_received() must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger");
+	if (IsLogicalWorker() && !keys_writing)
+		return PointerGetDatum(NULL);
+	return PointerGetDatum(TRIGGER_FIRED_BY_UPDATE(td->tg_event) ? td->tg_newtuple : td->tg_trigtuple);
 }

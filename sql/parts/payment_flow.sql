@@ -677,6 +677,25 @@ CREATE TRIGGER status_keys_truncate
 	AFTER TRUNCATE ON payidem.payment
 	FOR EACH STATEMENT EXECUTE FUNCTION payidem._payment_keys_truncate();
 ALTER TABLE payidem.payment ENABLE ALWAYS TRIGGER status_keys_truncate;
+-- The keys a logical-replication worker receives (a publication FOR ALL
+-- TABLES or TABLES IN SCHEMA payidem includes them): skipped, as the
+-- subscriber's status_keys makes them from the payments it receives
+-- (src/flow.c).  ENABLE REPLICA: it fires in session_replication_role =
+-- replica only, where such a worker writes.
+CREATE FUNCTION payidem._payment_keys_received()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_payment_keys_received'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem._payment_keys_received() IS
+	'Trigger keys_received on payidem.payment_pending and payidem.payment_paid: a logical-replication worker''s rows are skipped; the subscriber''s status_keys makes its keys from its payments.';
+CREATE TRIGGER keys_received
+	BEFORE INSERT OR UPDATE OR DELETE ON payidem.payment_pending
+	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys_received();
+ALTER TABLE payidem.payment_pending ENABLE REPLICA TRIGGER keys_received;
+CREATE TRIGGER keys_received
+	BEFORE INSERT OR UPDATE OR DELETE ON payidem.payment_paid
+	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys_received();
+ALTER TABLE payidem.payment_paid ENABLE REPLICA TRIGGER keys_received;
 
 -- The keys made again from the payments: after payments were written with
 -- the triggers off (session_replication_role = replica, DISABLE TRIGGER);

@@ -52,6 +52,7 @@ RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_in_use boolean := false;
+	v_present boolean;
 BEGIN
 	IF TG_OP = 'TRUNCATE' THEN
 		RAISE EXCEPTION 'payidem.% cannot be truncated', TG_TABLE_NAME USING
@@ -84,6 +85,16 @@ BEGIN
 	END IF;
 	IF TG_OP = 'DELETE' THEN
 		RETURN OLD;
+	END IF;
+	-- a built-in row that a load in session_replication_role = replica brings
+	-- (a logical-replication subscriber's initial copy) and that this
+	-- database's own CREATE EXTENSION made already: skipped, not refused
+	IF NEW.builtin AND TG_OP = 'INSERT' AND current_setting('session_replication_role') = 'replica' THEN
+		EXECUTE format('SELECT EXISTS (SELECT 1 FROM payidem.%I x WHERE to_jsonb(x) = $1)', TG_TABLE_NAME)
+			INTO v_present USING to_jsonb(NEW);
+		IF v_present THEN
+			RETURN NULL;
+		END IF;
 	END IF;
 	IF NEW.builtin THEN
 		RAISE EXCEPTION 'only CREATE EXTENSION installs built-in rows' USING

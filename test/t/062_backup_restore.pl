@@ -135,10 +135,16 @@ is($dst->safe_psql('shop_parallel', q{SELECT count(*) FROM bk_order}), $orders,
 	'parallel restore: the application table came along');
 
 # ---------------------------------------------------------------- guards still on
-is( $dst->safe_psql('shop_restored', q{
+my $triggers_sql = q{
+	SELECT string_agg(c.relname || '.' || t.tgname || ' ' || t.tgenabled::text, ', ' ORDER BY c.relname, t.tgname)
+	  FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+	 WHERE n.nspname = 'payidem' AND NOT t.tgisinternal};
+is($dst->safe_psql('shop_restored', q{
 	SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-	 WHERE n.nspname = 'payidem' AND NOT t.tgisinternal AND t.tgenabled NOT IN ('O', 'A')}),
-	'0', 'every payidem trigger is enabled again after the restore (origin or always)');
+	 WHERE n.nspname = 'payidem' AND NOT t.tgisinternal AND t.tgenabled = 'D'}),
+	'0', 'no payidem trigger is disabled after the restore');
+is($dst->safe_psql('shop_restored', $triggers_sql), $src->safe_psql('shop', $triggers_sql),
+	'every payidem trigger fires as on the source (origin, always or replica)');
 
 guards_hold($dst, 'shop_restored', 'restored');
 my $pending = $dst->safe_psql('shop_restored', q{SELECT min(order_no) FROM payidem."order" WHERE status = 'pending'});

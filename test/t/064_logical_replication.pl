@@ -1,0 +1,96 @@
+# Logical replication of a whole database: a publication FOR ALL TABLES of a
+# populated payidem database (the story of 062_backup_restore: every status,
+# refunds, anomalies, a bill, a DBA's own whitelist rows), subscribed by a
+# second server with payidem installed and housekeeping off, as
+# docs/operations.md describes for an upgrade by logical replication.
+#
+# The subscriber's CREATE EXTENSION made the built-in whitelist rows, and its
+# own trigger makes the payment keys from the payments it receives; the
+# publication carries both too.  Every table must reach the ready state, the
+# log must hold no error, every payidem table must be the same on both sides
+# (row counts and checksums, the keys and the DBA's rows included) after the
+# initial copy and after more payments, refunds and a close on the publisher,
+# and the subscriber must still refuse what the guards refuse.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use PayidemNode;
+use PayidemStory;
+use IPC::Run ();
+use Time::HiRes ();
+
+my $t0 = Time::HiRes::time();
+my $orders = 200;
+
+# the same master key on both sides: the secrets arrive sealed with it
+my $pub = payidem_node('lr_pub', key_byte => '7e', init => { allows_streaming => 'logical' }, conf => "fsync = off\n");
+my $sub = payidem_node('lr_sub', key_byte => '7e', conf => "payidem.housekeeping = off\nfsync = off\n");
+
+$pub->safe_psql('postgres', 'CREATE DATABASE shop');
+$pub->safe_psql('shop', 'CREATE EXTENSION payidem;' . story_sql($orders));
+$pub->safe_psql('shop', 'CREATE PUBLICATION shop_all FOR ALL TABLES');
+
+# the subscriber: payidem, and the application's own tables (a subscription
+# copies rows, not the schema)
+$sub->safe_psql('postgres', 'CREATE DATABASE shop');
+$sub->safe_psql('shop', 'CREATE EXTENSION payidem');
+my ($schema, $err);
+IPC::Run::run([ 'pg_dump', '--schema-only', '--table=public.bk_*', '-d', $pub->connstr('shop') ], '>', \$schema, '2>', \$err)
+  or die "pg_dump: $err";
+$sub->safe_psql('shop', $schema);
+
+my $log_start = -s $sub->logfile;
+(my $conninfo = $pub->connstr('shop')) =~ s/'/''/g;
+$sub->safe_psql('shop', "CREATE SUBSCRIPTION shop_all CONNECTION '$conninfo' PUBLICATION shop_all");
+ok( $sub->poll_query_until('shop', q{SELECT count(*) = 0 FROM pg_subscription_rel WHERE srsubstate NOT IN ('r', 's')}),
+	'every table of the publication reaches the ready state (the built-in whitelist rows and the keys among them)')
+  or diag($sub->safe_psql('shop', q{SELECT string_agg(srrelid::regclass::text || ' ' || srsubstate::text, ', ') FROM pg_subscription_rel}));
+$pub->wait_for_catchup('shop_all');
+
+my $sums_sql = table_sums_sql();
+my $tables = () = $pub->safe_psql('shop', $sums_sql) =~ /\n/g;
+$tables++;
+is($sub->safe_psql('shop', $sums_sql), $pub->safe_psql('shop', $sums_sql),
+	"after the initial copy: all $tables payidem tables the same on both sides (keys, whitelist, the DBA's rows)");
+
+# more work on the publisher: a new order paid and partly refunded, a pending
+# one closed, a paid one shipped by the DBA's transition, a second success
+# (a duplicate), a payment that fails and the order paid by another channel
+$pub->safe_psql('shop', q{
+	SELECT payidem.apply_payment_result(payidem.begin_payment(o, 'BK_WX'), 'callback', 'succeeded', 'TX-LR-1', 777)
+	  FROM (SELECT payidem.create_order(merchant_no, 'LR-1', 777, 'after the copy') AS o FROM bk_merchant) x;
+	SELECT payidem.apply_refund_result(payidem.refund(p.payment_no, 77, 'LR-R1'), 'succeeded')
+	  FROM payidem.payment p WHERE p.transaction_id = 'TX-LR-1';
+	SELECT payidem.apply_payment_result(p.payment_no, 'query', 'succeeded', 'TX-LR-1', 777)
+	  FROM payidem.payment p WHERE p.transaction_id = 'TX-LR-1';
+	SELECT payidem.close_order(min(order_no)) FROM payidem."order" WHERE status = 'pending';
+	SELECT payidem.transit_order(min(order_no), 'shipping') FROM payidem."order" WHERE status = 'paid';
+	WITH o AS (SELECT payidem.create_order(merchant_no, 'LR-2', 888, 'second channel') AS o FROM bk_merchant),
+	     f AS (SELECT o, payidem.apply_payment_result(payidem.begin_payment(o, 'BK_WX'), 'query', 'failed') FROM o)
+	SELECT payidem.apply_payment_result(payidem.begin_payment(o, 'BK_ALI'), 'callback', 'succeeded', 'TX-LR-2', 888) FROM f;
+});
+$pub->wait_for_catchup('shop_all');
+is($sub->safe_psql('shop', $sums_sql), $pub->safe_psql('shop', $sums_sql),
+	"after more payments, refunds, a close and a transition: all $tables payidem tables the same on both sides");
+is($sub->safe_psql('shop', q{SELECT count(*) FROM payidem.payment_paid WHERE transaction_id IN ('TX-LR-1', 'TX-LR-2')}),
+	'2', 'the subscriber\'s keys hold the new transaction ids (made once, by its own trigger)');
+is($sub->safe_psql('shop', log_disagreements_sql()), '0',
+	'subscriber: the latest status_log row of every entity is its current status');
+
+my $log = slurp_file($sub->logfile, $log_start);
+my @errors = $log =~ /^.*ERROR:.*$/mg;
+is(scalar(@errors), 0, 'the subscriber logged no error')
+  or diag(join("\n", @errors[ 0 .. ($#errors < 9 ? $#errors : 9) ]));
+
+# the subscriber still refuses what the guards refuse, its keys included
+guards_hold($sub, 'shop', 'subscriber');
+
+diag(sprintf('064 figures: %d orders; %d payidem tables replicated FOR ALL TABLES, equal on both sides; %.1f s',
+		$orders, $tables, Time::HiRes::time() - $t0));
+$sub->safe_psql('shop', 'DROP SUBSCRIPTION shop_all');
+$sub->stop;
+$pub->stop;
+done_testing();
