@@ -1737,8 +1737,9 @@ payidem_payment_keys_fill(PG_FUNCTION_ARGS)
 
 /*
  * payidem._payment_keys_received(): the BEFORE row trigger keys_received of
- * payment_pending and payment_paid, ENABLE REPLICA (so it costs nothing
- * outside session_replication_role = replica).  A logical-replication worker
+ * payment_pending and payment_paid, ENABLE REPLICA (outside
+ * session_replication_role = replica the executor only checks that it does
+ * not fire).  A logical-replication worker
  * that applies a publication naming these tables (FOR ALL TABLES, TABLES IN
  * SCHEMA payidem) would write keys that the subscriber's own status_keys
  * makes from the payments it receives: the same rows twice, a unique
