@@ -121,8 +121,15 @@ SET ROLE regress_payidem_app_member;
 SELECT payidem.get_order('PO202611290000000000061315');
 \set VERBOSITY terse
 RESET ROLE;
-DROP OWNED BY regress_payidem_mapped_app, regress_payidem_app_member;
-DROP ROLE regress_payidem_mapped_app, regress_payidem_app_member;
+-- and for a group role unmapped whose member is an application: the member
+-- still reads through the group's SELECT, so it keeps it
+CREATE ROLE regress_payidem_group;
+GRANT regress_payidem_group TO regress_payidem_mapped_app;
+SELECT payidem.map_merchant_role('regress_payidem_group', :'m1');
+SELECT payidem.unmap_merchant_role('regress_payidem_group', :'m1');
+SELECT has_table_privilege('regress_payidem_group', 'payidem."order"', 'SELECT') AS group_keeps_reads;
+DROP OWNED BY regress_payidem_mapped_app, regress_payidem_app_member, regress_payidem_group;
+DROP ROLE regress_payidem_mapped_app, regress_payidem_app_member, regress_payidem_group;
 
 -------------------------------------------- roles are kept by OID, not name
 -- A role dropped the usual way (DROP OWNED BY revokes its grants) and created

@@ -17,28 +17,34 @@ REVOKE ALL ON FUNCTION payidem.library_version() FROM PUBLIC;
 -- the role is neither an auditor nor mapped to a merchant: SELECT on the
 -- tables row-level security filters, EXECUTE on the visibility function its
 -- policies call, and USAGE on the schema unless the role still holds a grant
--- on a table of the schema (a DBA's GRANT).  Not from a role that may also
--- execute a payidem function, itself or through a role it is a member of
--- (grant_app(), a DBA's GRANT): without SELECT on
--- "order", get_order() and find_order() would show it every merchant's
--- orders, as to an application; with it, its row-level security shows none.
+-- on a table or a column of the schema (a DBA's GRANT).  Not from a role
+-- that may also execute a payidem function, itself or through a role it is a
+-- member of (grant_app(), a DBA's GRANT), nor from one with such a member:
+-- without SELECT on "order", get_order() and find_order() would show it (or
+-- its member) every merchant's orders, as to an application; with it, its
+-- row-level security shows none.
 CREATE FUNCTION payidem._revoke_reader_grants(role regrole, role_name name)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role = _revoke_reader_grants.role)
 	   OR EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE r.role = _revoke_reader_grants.role)
-	   OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-				   WHERE p.pronamespace = 'payidem'::regnamespace
+	   OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles m, pg_catalog.pg_proc p
+				   WHERE NOT (m.rolsuper OR m.rolbypassrls)	-- (members of every role; read every order anyway)
+					 AND pg_catalog.pg_has_role(m.oid, _revoke_reader_grants.role::oid, 'MEMBER')
+					 AND p.pronamespace = 'payidem'::regnamespace
 					 AND p.oid <> 'payidem._row_visible(text, regrole)'::regprocedure
-					 AND pg_catalog.has_function_privilege(_revoke_reader_grants.role::oid, p.oid, 'EXECUTE')) THEN
+					 AND pg_catalog.has_function_privilege(m.oid, p.oid, 'EXECUTE')) THEN
 		RETURN;
 	END IF;
 	EXECUTE format('REVOKE SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
 				   'payidem.open_anomalies FROM %I', role_name);
 	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem._row_visible(text, regrole) FROM %I', role_name);
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
-					WHERE c.relnamespace = 'payidem'::regnamespace AND a.grantee = _revoke_reader_grants.role::oid) THEN
+					WHERE c.relnamespace = 'payidem'::regnamespace AND a.grantee = _revoke_reader_grants.role::oid)
+	   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+						 JOIN pg_catalog.pg_attribute t ON t.attrelid = c.oid, pg_catalog.aclexplode(t.attacl) a
+						WHERE c.relnamespace = 'payidem'::regnamespace AND a.grantee = _revoke_reader_grants.role::oid) THEN
 		EXECUTE format('REVOKE USAGE ON SCHEMA payidem FROM %I', role_name);
 	END IF;
 END
@@ -190,3 +196,38 @@ CREATE TRIGGER keys_received
 	BEFORE INSERT OR UPDATE OR DELETE ON payidem.payment_paid
 	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys_received();
 ALTER TABLE payidem.payment_paid ENABLE REPLICA TRIGGER keys_received;
+-- A TRUNCATE of a key table such a worker applies: the table made again from
+-- the subscriber's payments (src/flow.c).
+CREATE FUNCTION payidem._payment_keys_truncated()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_payment_keys_truncated'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION payidem._payment_keys_truncated() FROM PUBLIC;
+COMMENT ON FUNCTION payidem._payment_keys_truncated() IS
+	'Trigger keys_truncated on payidem.payment_pending and payidem.payment_paid: a TRUNCATE a logical-replication worker applies is followed by the keys of the subscriber''s payments.';
+CREATE TRIGGER keys_truncated
+	AFTER TRUNCATE ON payidem.payment_pending
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._payment_keys_truncated();
+ALTER TABLE payidem.payment_pending ENABLE REPLICA TRIGGER keys_truncated;
+CREATE TRIGGER keys_truncated
+	AFTER TRUNCATE ON payidem.payment_paid
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._payment_keys_truncated();
+ALTER TABLE payidem.payment_paid ENABLE REPLICA TRIGGER keys_truncated;
+-- No replica identity: the rows go only where payidem's C code (the trigger,
+-- the rebuild) writes them, below the executor, and a publication that
+-- includes the tables then sends their inserts (which a subscriber skips)
+-- and no delete (which it would not find: its own trigger removed the row).
+ALTER TABLE payidem.payment_pending REPLICA IDENTITY NOTHING;
+ALTER TABLE payidem.payment_paid REPLICA IDENTITY NOTHING;
+
+-- the rebuild empties the keys below the executor, as the trigger does
+COMMENT ON FUNCTION payidem._payment_keys_fill() IS
+	'Internal (rebuild_payment_keys): payidem.payment_pending and payidem.payment_paid emptied and made again from every payment, as trigger status_keys makes them; how many rows.';
+CREATE OR REPLACE FUNCTION payidem.rebuild_payment_keys()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	LOCK TABLE payidem.payment IN SHARE MODE;
+	RETURN payidem._payment_keys_fill();
+END
+$$;

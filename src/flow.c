@@ -1560,8 +1560,8 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur, SeenRows *seen)
 /*
  * True while add_pending_row() or add_paid_row() writes a key row: what
  * payidem._payment_keys_received() lets through in a logical-replication
- * worker.  Not reset by an error: an error ends such a worker's process, and
- * elsewhere the flag is not looked at.
+ * worker.  Reset however the write ends: an error a trigger catches does not
+ * end the worker.
  */
 static bool keys_writing = false;
 
@@ -1578,8 +1578,15 @@ add_pending_row(const PaymentKeys *k)
 	if (pending_insert == NULL)
 		pending_insert = payidem_insert_define("payment_pending", 2, columns, types);
 	keys_writing = true;
-	payidem_insert(pending_insert, values, nulls);
-	keys_writing = false;
+	PG_TRY();
+	{
+		payidem_insert(pending_insert, values, nulls);
+	}
+	PG_FINALLY();
+	{
+		keys_writing = false;
+	}
+	PG_END_TRY();
 }
 
 static void
@@ -1594,8 +1601,15 @@ add_paid_row(const PaymentKeys *k)
 	if (paid_insert == NULL)
 		paid_insert = payidem_insert_define("payment_paid", 4, columns, types);
 	keys_writing = true;
-	payidem_insert(paid_insert, values, nulls);
-	keys_writing = false;
+	PG_TRY();
+	{
+		payidem_insert(paid_insert, values, nulls);
+	}
+	PG_FINALLY();
+	{
+		keys_writing = false;
+	}
+	PG_END_TRY();
 }
 
 PG_FUNCTION_INFO_V1(payidem_payment_keys);
@@ -1694,15 +1708,34 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 	return PointerGetDatum(NULL);
 }
 
-/*
- * payidem._payment_keys_fill() RETURNS bigint: the keys of every payment, as
- * the trigger makes them, added to payment_pending and payment_paid (which
- * rebuild_payment_keys() has emptied); how many rows were added.
- */
-PG_FUNCTION_INFO_V1(payidem_payment_keys_fill);
+/* every row of a key table removed (as the owner, the caller set up) */
+static void
+empty_key_table(const char *relname)
+{
+	Relation	rel = table_open(payidem_relid(relname), RowExclusiveLock);
+	TableScanDesc scan = table_beginscan_compat(rel, GetActiveSnapshot());
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
 
-Datum
-payidem_payment_keys_fill(PG_FUNCTION_ARGS)
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		CHECK_FOR_INTERRUPTS();
+		payidem_delete_row(rel, &slot->tts_tid);
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, NoLock);
+}
+
+/*
+ * The keys of every payment, as the trigger makes them, added to
+ * payment_pending (pending) and payment_paid (paid), each emptied first if
+ * empty; how many rows were added.  The rows are removed below the executor
+ * (payidem_delete_row), as the trigger removes them: a publication that
+ * includes the key tables, which have no replica identity, sends no DELETE
+ * for them and refuses none.
+ */
+static int64
+fill_keys(bool pending, bool paid, bool empty)
 {
 	Relation	rel = table_open(payidem_relid("payment"), AccessShareLock);
 	TableScanDesc scan;
@@ -1711,6 +1744,12 @@ payidem_payment_keys_fill(PG_FUNCTION_ARGS)
 	int64		added = 0;
 
 	payidem_begin_as_owner(payidem_relation_owner(payidem_relid("payment_paid")), &as_owner);
+	if (empty && pending)
+		empty_key_table("payment_pending");
+	if (empty && paid)
+		empty_key_table("payment_paid");
+	if (empty)
+		CommandCounterIncrement();
 	scan = table_beginscan_compat(rel, GetActiveSnapshot());
 	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
 	{
@@ -1720,11 +1759,16 @@ payidem_payment_keys_fill(PG_FUNCTION_ARGS)
 
 		CHECK_FOR_INTERRUPTS();
 		payment_keys_of(rel, tuple, &k);
-		if (k.pending)
+		if (pending && k.pending)
+		{
 			add_pending_row(&k);
-		if (k.paid)
+			added++;
+		}
+		if (paid && k.paid)
+		{
 			add_paid_row(&k);
-		added += (k.pending ? 1 : 0) + (k.paid ? 1 : 0);
+			added++;
+		}
 		if (should_free)
 			heap_freetuple(tuple);
 	}
@@ -1732,7 +1776,49 @@ payidem_payment_keys_fill(PG_FUNCTION_ARGS)
 	ExecDropSingleTupleTableSlot(slot);
 	payidem_end_as_owner(&as_owner);
 	table_close(rel, NoLock);
-	PG_RETURN_INT64(added);
+	return added;
+}
+
+/*
+ * payidem._payment_keys_fill() RETURNS bigint (rebuild_payment_keys()):
+ * payment_pending and payment_paid emptied and made again from every
+ * payment; how many rows they hold.
+ */
+PG_FUNCTION_INFO_V1(payidem_payment_keys_fill);
+
+Datum
+payidem_payment_keys_fill(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(fill_keys(true, true, true));
+}
+
+/*
+ * payidem._payment_keys_truncated(): the AFTER TRUNCATE trigger
+ * keys_truncated of payment_pending and payment_paid, ENABLE REPLICA.  A
+ * logical-replication worker that applies a TRUNCATE of a key table (a
+ * publication with the key tables, a TRUNCATE of them on the publisher)
+ * would leave the subscriber's payments without their keys, and its rules
+ * unenforced: the truncated table is made again from the subscriber's
+ * payments at once, in the same transaction.  (With the payments truncated
+ * too, the AFTER triggers fire once all are empty, and nothing is added.)
+ */
+PG_FUNCTION_INFO_V1(payidem_payment_keys_truncated);
+
+Datum
+payidem_payment_keys_truncated(PG_FUNCTION_ARGS)
+{
+	TriggerData *td = (TriggerData *) fcinfo->context;
+	Oid			relid;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
+		!TRIGGER_FIRED_BY_TRUNCATE(td->tg_event))
+		elog(ERROR, "payidem._payment_keys_truncated() must be an AFTER TRUNCATE trigger");
+	if (IsLogicalWorker())
+	{
+		relid = RelationGetRelid(td->tg_relation);
+		(void) fill_keys(relid == payidem_relid("payment_pending"), relid == payidem_relid("payment_paid"), false);
+	}
+	return PointerGetDatum(NULL);
 }
 
 /*

@@ -15,9 +15,11 @@
  * beyond that the oldest reservation's slot is recycled.  A database that
  * lost its slot reloads its mark and, not knowing it as its own, moves the
  * logical second up to it: the time part of the server's numbers then runs
- * up to ORDER_NO_RESERVE_SECONDS ahead of the clock.  Only slots scanned
- * when a reservation is made (about once per 10 s per database) see this
- * size; the fast path indexes its slot directly.
+ * ahead of the clock, the further the more databases reload in quick
+ * succession (and a reload can take the lead for a clock rollback).  The
+ * slots are scanned under the spinlock by reserve() only (a reservation,
+ * about once per 10 s per database, and a backend's first number); the fast
+ * path indexes its slot directly.
  */
 #define ORDER_NO_MAX_DATABASES	1024
 

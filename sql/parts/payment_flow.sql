@@ -696,6 +696,28 @@ CREATE TRIGGER keys_received
 	BEFORE INSERT OR UPDATE OR DELETE ON payidem.payment_paid
 	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys_received();
 ALTER TABLE payidem.payment_paid ENABLE REPLICA TRIGGER keys_received;
+-- A TRUNCATE of a key table such a worker applies: the table made again from
+-- the subscriber's payments (src/flow.c).
+CREATE FUNCTION payidem._payment_keys_truncated()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_payment_keys_truncated'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem._payment_keys_truncated() IS
+	'Trigger keys_truncated on payidem.payment_pending and payidem.payment_paid: a TRUNCATE a logical-replication worker applies is followed by the keys of the subscriber''s payments.';
+CREATE TRIGGER keys_truncated
+	AFTER TRUNCATE ON payidem.payment_pending
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._payment_keys_truncated();
+ALTER TABLE payidem.payment_pending ENABLE REPLICA TRIGGER keys_truncated;
+CREATE TRIGGER keys_truncated
+	AFTER TRUNCATE ON payidem.payment_paid
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._payment_keys_truncated();
+ALTER TABLE payidem.payment_paid ENABLE REPLICA TRIGGER keys_truncated;
+-- No replica identity: the rows go only where payidem's C code (the trigger,
+-- the rebuild) writes them, below the executor, and a publication that
+-- includes the tables then sends their inserts (which a subscriber skips)
+-- and no delete (which it would not find: its own trigger removed the row).
+ALTER TABLE payidem.payment_pending REPLICA IDENTITY NOTHING;
+ALTER TABLE payidem.payment_paid REPLICA IDENTITY NOTHING;
 
 -- The keys made again from the payments: after payments were written with
 -- the triggers off (session_replication_role = replica, DISABLE TRIGGER);
@@ -707,14 +729,12 @@ RETURNS bigint
 AS 'MODULE_PATHNAME', 'payidem_payment_keys_fill'
 LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION payidem._payment_keys_fill() IS
-	'Internal (rebuild_payment_keys): the keys of every payment, as trigger status_keys makes them, into the emptied payidem.payment_pending and payidem.payment_paid; how many rows.';
+	'Internal (rebuild_payment_keys): payidem.payment_pending and payidem.payment_paid emptied and made again from every payment, as trigger status_keys makes them; how many rows.';
 CREATE FUNCTION payidem.rebuild_payment_keys()
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	LOCK TABLE payidem.payment IN SHARE MODE;
-	DELETE FROM payidem.payment_pending;
-	DELETE FROM payidem.payment_paid;
 	RETURN payidem._payment_keys_fill();
 END
 $$;

@@ -169,28 +169,34 @@ COMMENT ON FUNCTION payidem.grant_auditor(regrole) IS
 -- the role is neither an auditor nor mapped to a merchant: SELECT on the
 -- tables row-level security filters, EXECUTE on the visibility function its
 -- policies call, and USAGE on the schema unless the role still holds a grant
--- on a table of the schema (a DBA's GRANT).  Not from a role that may also
--- execute a payidem function, itself or through a role it is a member of
--- (grant_app(), a DBA's GRANT): without SELECT on
--- "order", get_order() and find_order() would show it every merchant's
--- orders, as to an application; with it, its row-level security shows none.
+-- on a table or a column of the schema (a DBA's GRANT).  Not from a role
+-- that may also execute a payidem function, itself or through a role it is a
+-- member of (grant_app(), a DBA's GRANT), nor from one with such a member:
+-- without SELECT on "order", get_order() and find_order() would show it (or
+-- its member) every merchant's orders, as to an application; with it, its
+-- row-level security shows none.
 CREATE FUNCTION payidem._revoke_reader_grants(role regrole, role_name name)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF EXISTS (SELECT 1 FROM payidem.auditor_role a WHERE a.role = _revoke_reader_grants.role)
 	   OR EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE r.role = _revoke_reader_grants.role)
-	   OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-				   WHERE p.pronamespace = 'payidem'::regnamespace
+	   OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles m, pg_catalog.pg_proc p
+				   WHERE NOT (m.rolsuper OR m.rolbypassrls)	-- (members of every role; read every order anyway)
+					 AND pg_catalog.pg_has_role(m.oid, _revoke_reader_grants.role::oid, 'MEMBER')
+					 AND p.pronamespace = 'payidem'::regnamespace
 					 AND p.oid <> 'payidem._row_visible(text, regrole)'::regprocedure
-					 AND pg_catalog.has_function_privilege(_revoke_reader_grants.role::oid, p.oid, 'EXECUTE')) THEN
+					 AND pg_catalog.has_function_privilege(m.oid, p.oid, 'EXECUTE')) THEN
 		RETURN;
 	END IF;
 	EXECUTE format('REVOKE SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
 				   'payidem.open_anomalies FROM %I', role_name);
 	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem._row_visible(text, regrole) FROM %I', role_name);
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
-					WHERE c.relnamespace = 'payidem'::regnamespace AND a.grantee = _revoke_reader_grants.role::oid) THEN
+					WHERE c.relnamespace = 'payidem'::regnamespace AND a.grantee = _revoke_reader_grants.role::oid)
+	   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+						 JOIN pg_catalog.pg_attribute t ON t.attrelid = c.oid, pg_catalog.aclexplode(t.attacl) a
+						WHERE c.relnamespace = 'payidem'::regnamespace AND a.grantee = _revoke_reader_grants.role::oid) THEN
 		EXECUTE format('REVOKE USAGE ON SCHEMA payidem FROM %I', role_name);
 	END IF;
 END

@@ -104,13 +104,13 @@ is($dst->safe_psql('shop_restored', q{SELECT count(*) FROM bk_order}), $orders, 
 $dst->safe_psql('postgres', 'CREATE DATABASE shop_parallel');
 my $par = $dst->connstr('shop_parallel');
 command_ok([ 'pg_restore', '--exit-on-error', '-d', $par, '--section=pre-data', $dump ],
-	'parallel restore, 1/4: the schema (pre-data)');
+	'parallel restore, 1/4: the schema and its grants (pre-data)');
 command_ok([ 'pg_restore', '--exit-on-error', '-d', $par, '--section=data', '--schema=payidem', $dump ],
 	'parallel restore, 2/4: payidem\'s rows with one job');
 command_ok([ 'pg_restore', '--exit-on-error', '-d', $par, '--section=data', '--exclude-schema=payidem', '--jobs=4', $dump ],
 	'parallel restore, 3/4: every other row with 4 jobs');
 command_ok([ 'pg_restore', '--exit-on-error', '-d', $par, '--section=post-data', '--jobs=4', $dump ],
-	'parallel restore, 4/4: indexes, constraints and grants with 4 jobs');
+	'parallel restore, 4/4: indexes and constraints with 4 jobs');
 is($dst->safe_psql('shop_parallel', $sums_sql), $sums_src,
 	"parallel restore: all $tables payidem tables have the same row counts and checksums");
 is($dst->safe_psql('shop_parallel', $queue_sql), $src->safe_psql('shop', $queue_sql),
