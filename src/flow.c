@@ -1558,12 +1558,33 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur, SeenRows *seen)
 }
 
 /*
- * True while add_pending_row() or add_paid_row() writes a key row: what
- * payidem._payment_keys_received() lets through in a logical-replication
- * worker.  Reset however the write ends: an error a trigger catches does not
+ * True while add_pending_row() or add_paid_row() writes a key row in a
+ * logical-replication worker: what payidem._payment_keys_received() lets
+ * through there.  Reset however the write ends: an error a trigger catches does not
  * end the worker.
  */
 static bool keys_writing = false;
+
+/* a key row inserted; flagged only where the flag is read, off the hot path */
+static void
+insert_key_row(PayidemInsert *ins, const Datum *values, const bool *nulls)
+{
+	if (!IsLogicalWorker())
+	{
+		payidem_insert(ins, values, nulls);
+		return;
+	}
+	keys_writing = true;
+	PG_TRY();
+	{
+		payidem_insert(ins, values, nulls);
+	}
+	PG_FINALLY();
+	{
+		keys_writing = false;
+	}
+	PG_END_TRY();
+}
 
 /* the rows of the keys k holds (the payment as it stands), added */
 static void
@@ -1577,16 +1598,7 @@ add_pending_row(const PaymentKeys *k)
 
 	if (pending_insert == NULL)
 		pending_insert = payidem_insert_define("payment_pending", 2, columns, types);
-	keys_writing = true;
-	PG_TRY();
-	{
-		payidem_insert(pending_insert, values, nulls);
-	}
-	PG_FINALLY();
-	{
-		keys_writing = false;
-	}
-	PG_END_TRY();
+	insert_key_row(pending_insert, values, nulls);
 }
 
 static void
@@ -1600,16 +1612,7 @@ add_paid_row(const PaymentKeys *k)
 
 	if (paid_insert == NULL)
 		paid_insert = payidem_insert_define("payment_paid", 4, columns, types);
-	keys_writing = true;
-	PG_TRY();
-	{
-		payidem_insert(paid_insert, values, nulls);
-	}
-	PG_FINALLY();
-	{
-		keys_writing = false;
-	}
-	PG_END_TRY();
+	insert_key_row(paid_insert, values, nulls);
 }
 
 PG_FUNCTION_INFO_V1(payidem_payment_keys);
