@@ -84,13 +84,20 @@ is($sub->safe_psql('shop', log_disagreements_sql()), '0',
 	'subscriber: the latest status_log row of every entity is its current status');
 
 # the keys rebuilt on the publisher, and one key table truncated there and
-# rebuilt: the subscriber keeps (or makes again) the keys of its payments
+# rebuilt: the subscriber keeps (or makes again) the keys of its payments.
+# payment_paid has rows (payment_pending, the story's attempts all ended,
+# has none): without keys_truncated the subscriber's would stay empty, as
+# the publisher's rebuilt rows are skipped there.
+my $paid_keys = $pub->safe_psql('shop', 'SELECT count(*) FROM payidem.payment_paid');
+cmp_ok($paid_keys, '>', 0, "the publisher's payment_paid has rows to truncate ($paid_keys)");
 $pub->safe_psql('shop', 'SELECT payidem.rebuild_payment_keys()');
-$pub->safe_psql('shop', 'TRUNCATE payidem.payment_pending');
+$pub->safe_psql('shop', 'TRUNCATE payidem.payment_paid');
 $pub->safe_psql('shop', 'SELECT payidem.rebuild_payment_keys()');
 $pub->wait_for_catchup('shop_all');
+is($sub->safe_psql('shop', 'SELECT count(*) FROM payidem.payment_paid'), $paid_keys,
+	'the subscriber made its payment_paid again after the replicated TRUNCATE');
 is($sub->safe_psql('shop', $sums_sql), $pub->safe_psql('shop', $sums_sql),
-	"after rebuild_payment_keys() and a TRUNCATE of payment_pending on the publisher: all $tables tables the same");
+	"after rebuild_payment_keys() and a TRUNCATE of payment_paid on the publisher: all $tables tables the same");
 
 my $log = slurp_file($sub->logfile, $log_start);
 my @errors = $log =~ /^.*(?:ERROR|conflict detected).*$/mg;
