@@ -223,38 +223,63 @@ wall_second(void)
 	return (int64) time(NULL);
 }
 
+/*
+ * The slots are an open-addressing table: a database's slot is the first
+ * free one at or after its home, dboid modulo ORDER_NO_MAX_DATABASES, when
+ * it is claimed.  A slot is never freed (only taken over by another
+ * database once all are in use), so every slot between a database's home
+ * and its own stays in use, and a look-up stops at the first free slot: with
+ * fewer databases than slots it reads one or a few, not the whole array,
+ * under the spinlock that every number's fast path takes.
+ */
+#define HOME_SLOT(dboid)	((int) ((dboid) % ORDER_NO_MAX_DATABASES))
+
 /* index of dboid's slot, or -1; caller holds the spinlock */
 static int
 find_slot(OrderNoShared *s, Oid dboid)
 {
 	int			i;
+	int			n;
 
-	for (i = 0; i < ORDER_NO_MAX_DATABASES; i++)
+	for (n = 0, i = HOME_SLOT(dboid); n < ORDER_NO_MAX_DATABASES;
+		 n++, i = (i + 1) % ORDER_NO_MAX_DATABASES)
+	{
 		if (s->slots[i].dboid == dboid)
 			return i;
+		if (s->slots[i].dboid == InvalidOid)
+			break;
+	}
 	return -1;
 }
 
 /*
- * Take a slot for dboid: a free one, else the one with the oldest reservation
- * (it only caches that database's mark; the database reloads it on next use).
+ * Take a slot for dboid (not in the table): the first free one from its
+ * home, else, every slot in use, the one with the oldest reservation (it
+ * only caches that database's mark; the database reloads it on next use).
  * Caller holds the spinlock.
  */
 static int
 claim_slot(OrderNoShared *s, Oid dboid)
 {
 	int			i;
-	int			victim = 0;
+	int			n;
+	int			victim = -1;
 
-	for (i = 0; i < ORDER_NO_MAX_DATABASES; i++)
+	for (n = 0, i = HOME_SLOT(dboid); n < ORDER_NO_MAX_DATABASES;
+		 n++, i = (i + 1) % ORDER_NO_MAX_DATABASES)
 	{
 		if (s->slots[i].dboid == InvalidOid)
 		{
 			victim = i;
 			break;
 		}
-		if (s->slots[i].reserved_until < s->slots[victim].reserved_until)
-			victim = i;
+	}
+	if (victim < 0)
+	{
+		victim = 0;
+		for (i = 1; i < ORDER_NO_MAX_DATABASES; i++)
+			if (s->slots[i].reserved_until < s->slots[victim].reserved_until)
+				victim = i;
 	}
 	s->slots[victim].dboid = dboid;
 	s->slots[victim].seqoid = InvalidOid;

@@ -17,9 +17,11 @@
  * logical second up to it: the time part of the server's numbers then runs
  * ahead of the clock, the further the more databases reload in quick
  * succession (and a reload can take the lead for a clock rollback).  The
- * slots are scanned under the spinlock by reserve() only (a reservation,
- * about once per 10 s per database, and a backend's first number); the fast
- * path indexes its slot directly.
+ * slots are looked up under the spinlock by reserve() only (a reservation,
+ * about once per 10 s per database, and a backend's first number), from the
+ * database's home slot (order_no.c): one or a few are read while fewer
+ * databases than slots issue numbers, all of them once every slot is taken.
+ * The fast path indexes its slot directly.
  */
 #define ORDER_NO_MAX_DATABASES	1024
 
