@@ -1569,6 +1569,8 @@ static bool keys_writing = false;
 static void
 insert_key_row(PayidemInsert *ins, const Datum *values, const bool *nulls)
 {
+	bool		was_writing = keys_writing;
+
 	if (!IsLogicalWorker())
 	{
 		payidem_insert(ins, values, nulls);
@@ -1581,7 +1583,8 @@ insert_key_row(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	}
 	PG_FINALLY();
 	{
-		keys_writing = false;
+		/* as it was: a key row written by a trigger nested in this one's */
+		keys_writing = was_writing;
 	}
 	PG_END_TRY();
 }
@@ -1637,7 +1640,9 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(td->tg_event))
-		elog(ERROR, "payidem._payment_keys() must be an AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger");
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem._payment_keys() must be an AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger")));
 	rel = td->tg_relation;
 	if (TRIGGER_FIRED_BY_INSERT(td->tg_event))
 		new_tuple = td->tg_trigtuple;
@@ -1815,7 +1820,9 @@ payidem_payment_keys_truncated(PG_FUNCTION_ARGS)
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
 		!TRIGGER_FIRED_BY_TRUNCATE(td->tg_event))
-		elog(ERROR, "payidem._payment_keys_truncated() must be an AFTER TRUNCATE trigger");
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem._payment_keys_truncated() must be an AFTER TRUNCATE trigger")));
 	if (IsLogicalWorker())
 	{
 		relid = RelationGetRelid(td->tg_relation);
@@ -1846,8 +1853,20 @@ payidem_payment_keys_received(PG_FUNCTION_ARGS)
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(td->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(td->tg_event))
-		elog(ERROR, "payidem._payment_keys_received() must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger");
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem._payment_keys_received() must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger")));
 	if (IsLogicalWorker() && !keys_writing)
+	{
+		Oid			relid = RelationGetRelid(td->tg_relation);
+
+		/* nothing but the keys is skipped, whatever a trigger is attached to */
+		if (relid != payidem_relid("payment_pending") && relid != payidem_relid("payment_paid"))
+			ereport(ERROR,
+					(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+					 errmsg("payidem._payment_keys_received() is the trigger of payidem.payment_pending and payidem.payment_paid only"),
+					 errdetail("It was fired on %s.", RelationGetRelationName(td->tg_relation))));
 		return PointerGetDatum(NULL);
+	}
 	return PointerGetDatum(TRIGGER_FIRED_BY_UPDATE(td->tg_event) ? td->tg_newtuple : td->tg_trigtuple);
 }

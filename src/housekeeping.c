@@ -813,7 +813,9 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(td->tg_event) ||
 		!(TRIGGER_FIRED_BY_INSERT(td->tg_event) || TRIGGER_FIRED_BY_UPDATE(td->tg_event)))
-		elog(ERROR, "payidem._queue_expiry() must be an AFTER INSERT OR UPDATE ... FOR EACH ROW trigger");
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem._queue_expiry() must be an AFTER INSERT OR UPDATE ... FOR EACH ROW trigger")));
 	rel = td->tg_relation;
 	tuple = TRIGGER_FIRED_BY_UPDATE(td->tg_event) ? td->tg_newtuple : td->tg_trigtuple;
 	if (!order_pending(rel, tuple, &expire_at))

@@ -251,7 +251,9 @@ payidem_status_event(PG_FUNCTION_ARGS)
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
-		elog(ERROR, "payidem._status_event() must be an AFTER UPDATE ... FOR EACH ROW trigger");
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("payidem._status_event() must be an AFTER UPDATE ... FOR EACH ROW trigger")));
 	rel = trigdata->tg_relation;
 	tuple = trigdata->tg_newtuple;
 	is_refund = strcmp(RelationGetRelationName(rel), "refund") == 0;
