@@ -145,6 +145,22 @@ $$;
 COMMENT ON FUNCTION payidem.grant_app(regrole) IS
 	'Let an application role call payidem''s API functions (payidem.app_functions()); it gets no direct access to any table.';
 
+-- The tables and views a reading role gets SELECT on, in one place: those
+-- row-level security filters by merchant (what map_merchant_role() grants,
+-- and an auditor sees whole), or the auditor's others.  A list for GRANT
+-- and REVOKE.
+CREATE FUNCTION payidem._reader_tables(merchant_filtered boolean)
+RETURNS text
+LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN merchant_filtered
+			THEN 'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.open_anomalies'
+			ELSE 'payidem.merchant, payidem.channel, payidem.merchant_channel, payidem.status_log, '
+				 'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
+				 'payidem.reconciliation, payidem.recon_summary, payidem.open_differences, '
+				 'payidem.notify_event, payidem.notification_backlog' END;
+COMMENT ON FUNCTION payidem._reader_tables(boolean) IS
+	'Internal: what map_merchant_role() (true) and grant_auditor() (both) grant SELECT on, as a list for GRANT and REVOKE.';
+
 CREATE FUNCTION payidem.grant_auditor(role regrole)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -153,11 +169,8 @@ DECLARE
 BEGIN
 	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
-	EXECUTE format('GRANT SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
-				   'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.status_log, '
-				   'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
-				   'payidem.reconciliation, payidem.recon_summary, payidem.open_anomalies, '
-				   'payidem.open_differences, payidem.notify_event, payidem.notification_backlog TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON %s, %s TO %I', payidem._reader_tables(false),
+				   payidem._reader_tables(true), v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
 END
@@ -189,8 +202,7 @@ BEGIN
 					 AND pg_catalog.has_function_privilege(m.oid, p.oid, 'EXECUTE')) THEN
 		RETURN;
 	END IF;
-	EXECUTE format('REVOKE SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
-				   'payidem.open_anomalies FROM %I', role_name);
+	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(true), role_name);
 	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem._row_visible(text, regrole) FROM %I', role_name);
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
 					WHERE c.relnamespace = 'payidem'::regnamespace AND a.grantee = _revoke_reader_grants.role::oid)
@@ -216,10 +228,7 @@ BEGIN
 			HINT = 'payidem.auditor_role lists the roles grant_auditor() has made auditors.';
 	END IF;
 	-- what grant_auditor() granted, except what a merchant mapping still needs
-	EXECUTE format('REVOKE SELECT ON payidem.merchant, payidem.channel, payidem.merchant_channel, '
-				   'payidem.status_log, payidem.state, payidem.transition, payidem.channel_bill, '
-				   'payidem.recon_batch, payidem.reconciliation, payidem.recon_summary, '
-				   'payidem.open_differences, payidem.notify_event, payidem.notification_backlog FROM %I', v_role);
+	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
 	PERFORM payidem._revoke_reader_grants(role, v_role);
 END
 $$;
@@ -235,8 +244,7 @@ BEGIN
 	PERFORM payidem._merchant_for_update(map_merchant_role.merchant_no);
 	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
-	EXECUTE format('GRANT SELECT ON payidem."order", payidem.payment, payidem.refund, payidem.anomaly, '
-				   'payidem.open_anomalies TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(true), v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.merchant_role (role, merchant_no)
 	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
