@@ -29,19 +29,20 @@ if (!-e $faketime_lib)
 # payidem (seen once in a pgbench phase below).
 my $faketime_file = PostgreSQL::Test::Utils::tempdir() . '/faketime.rc';
 
-# Change the server's clock.  The file is replaced just before a real second
-# ends and the change waited out just after it: every process busy enough to
-# have read its clock during that second takes the new offset on its first
-# call of the next one, so the server's processes never disagree about the
-# time for longer than an idle process's first call (as one system clock
-# would not).
+# Change the server's clock.  Every busy process re-reads the file in the
+# first moments of each real second: the file is replaced in the middle of
+# one (far from the re-reads, however late this process is scheduled) and
+# the next one is waited for, so that every busy server process takes the new
+# offset at that second's start, all together, as with one system clock.
+# (A process idle since the second began takes it at its first call, maybe
+# earlier; the sessions that draw numbers below are busy.)
 sub set_clock_offset
 {
 	my ($offset) = @_;
 	my $now = Time::HiRes::time();
-	my $to_end = 1 - ($now - int($now));
-	$to_end += 1 if $to_end < 0.1;
-	Time::HiRes::sleep($to_end - 0.05);
+	my $frac = $now - int($now);
+	Time::HiRes::sleep($frac < 0.5 ? 0.5 - $frac : 1.5 - $frac)
+	  if $frac < 0.3 || $frac > 0.7;
 	# write a new file and rename it over the old one, so that no process
 	# ever reads a half-written file
 	my $tmp = "$faketime_file.tmp";
@@ -49,8 +50,9 @@ sub set_clock_offset
 	print $fh "$offset\n";
 	close $fh or die "cannot close $tmp: $!";
 	rename $tmp, $faketime_file or die "cannot rename $tmp: $!";
-	Time::HiRes::sleep(0.1);
-	note("fake clock offset now $offset");
+	my $at = Time::HiRes::time();
+	Time::HiRes::sleep(int($at) + 1.05 - $at);
+	note(sprintf('fake clock offset now %s (file replaced %.3f s into a second)', $offset, $at - int($at)));
 	return;
 }
 
