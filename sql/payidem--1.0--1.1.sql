@@ -13,6 +13,7 @@ REVOKE ALL ON FUNCTION payidem.library_version() FROM PUBLIC;
 
 -- roles: a role that is no longer an auditor nor mapped to a merchant keeps
 -- none of the grants grant_auditor() and map_merchant_role() gave it
+
 -- The tables and views a reading role gets SELECT on, in one place: those
 -- row-level security filters by merchant (what map_merchant_role() grants,
 -- and an auditor sees whole), or the auditor's others.  A list for GRANT

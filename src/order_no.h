@@ -20,7 +20,8 @@
  * slots are looked up under the spinlock by reserve() only (a reservation,
  * about once per 10 s per database, and a backend's first number), from the
  * database's home slot (order_no.c): one or a few are read while fewer
- * databases than slots issue numbers, all of them once every slot is taken.
+ * databases than slots have issued numbers since the server started, all of
+ * them once every slot is taken (a dropped database's slot is not freed).
  * The fast path indexes its slot directly.
  */
 #define ORDER_NO_MAX_DATABASES	1024
