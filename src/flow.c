@@ -1583,7 +1583,7 @@ insert_key_row(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	}
 	PG_FINALLY();
 	{
-		/* as it was: a key row written by a trigger nested in this one's */
+		/* as it was: this write may be nested in another key row's (a DBA's trigger) */
 		keys_writing = was_writing;
 	}
 	PG_END_TRY();
