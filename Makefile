@@ -21,7 +21,7 @@ MODULE_big = payidem
 
 # Each part of payidem lists its own objects and tests on its own lines.
 OBJS_CORE      = src/payidem.o src/shmem.o src/housekeeping.o src/write.o
-OBJS_ORDER_NO  = src/order_no.o src/order_no_codec.o
+OBJS_ORDER_NO  = src/order_no.o src/order_no_codec.o src/replication.o
 OBJS_IDEM      = src/idem.o
 OBJS_STATE     = src/state_machine.o src/ledger.o
 OBJS_MERCHANT  = src/crypto.o

@@ -239,3 +239,15 @@ SELECT s.name, s.value - b.value AS delta
  WHERE s.name ~ '^(payment|notify)_' ORDER BY s.name;
 SELECT count(*) AS counters, count(*) FILTER (WHERE value IS NULL OR value > server_value) AS inconsistent
   FROM payidem.stats();
+
+-- Event ids come from the order-number generator (they survive a failover as
+-- numbers do): the shard's two digits last, then the per-second sequence
+-- (0 to 49,999), then the second since 2026-01-01 UTC; below 2^53, so a
+-- JavaScript receiver reads them exactly from the payload.
+SELECT count(*) AS events,
+       bool_and(event_id % 100 = current_setting('payidem.shard_id')::int) AS shard_last,
+       bool_and(to_timestamp(1767225600 + event_id / 100 / 50000)
+                BETWEEN date_trunc('second', created_at) - interval '1 second' AND created_at + interval '1 minute') AS second_of_creation,
+       bool_and(event_id < 2::bigint ^ 53) AS exact_in_json,
+       count(DISTINCT event_id) = count(*) AS distinct_ids
+  FROM payidem.notify_event;

@@ -116,3 +116,33 @@ DROP TABLE issued;
 
 -- stats() names
 SELECT name FROM payidem.stats() ORDER BY name;
+
+-- Replication (DESIGN section 12): a server without standbys is asynchronous;
+-- with payidem.require_synchronous_standby on, numbers, event ids,
+-- idempotency claims, payment results and status changes are refused (55000)
+-- and change nothing.
+SELECT mode, synchronous_standby_names, synchronous_commit, require_synchronous_standby,
+       writes_allowed, timeline > 0 AS has_timeline
+  FROM payidem.replication_mode();
+SET payidem.require_synchronous_standby = on;
+SELECT mode, require_synchronous_standby, writes_allowed FROM payidem.replication_mode();
+SELECT (value) AS issued_before FROM payidem.stats() WHERE name = 'order_nos_issued' \gset
+SELECT payidem.gen_order_no();
+SELECT * FROM payidem.idem_claim('repl:refused', 'payment', 'PO1', 'alipay', 100);
+DO $$
+BEGIN
+	PERFORM payidem.gen_order_no('PY');
+EXCEPTION WHEN object_not_in_prerequisite_state THEN
+	RAISE NOTICE 'refused with 55000';
+END
+$$;
+SELECT value = :issued_before AS nothing_issued FROM payidem.stats() WHERE name = 'order_nos_issued';
+SELECT count(*) AS keys FROM payidem.idempotency WHERE idem_key = 'repl:refused';
+RESET payidem.require_synchronous_standby;
+SELECT payidem.order_no_valid(payidem.gen_order_no()) AS issues_again;
+-- the gap a promoted server's numbers jump: superuser, seconds, 0 to a day
+SHOW payidem.promotion_gap;
+SET payidem.promotion_gap = '2min';
+SHOW payidem.promotion_gap;
+SET payidem.promotion_gap = '2 days';
+RESET payidem.promotion_gap;

@@ -276,3 +276,13 @@ BEGIN
 	RETURN payidem._payment_keys_fill();
 END
 $$;
+
+-- The replication payidem sees (DESIGN section 12), for monitoring
+CREATE FUNCTION payidem.replication_mode()
+RETURNS TABLE (mode text, synchronous_standby_names text, synchronous_commit text,
+			   require_synchronous_standby boolean, writes_allowed boolean, timeline integer)
+AS 'MODULE_PATHNAME', 'payidem_replication_mode'
+LANGUAGE C STABLE PARALLEL SAFE ROWS 1;
+COMMENT ON FUNCTION payidem.replication_mode() IS
+	'The replication payidem sees in this session: mode standby (in recovery), synchronous (synchronous_standby_names set and synchronous_commit on or remote_apply) or asynchronous; the two settings; payidem.require_synchronous_standby; whether payidem''s writes are allowed; the WAL timeline (NULL on a standby).';
+REVOKE ALL ON FUNCTION payidem.replication_mode() FROM PUBLIC;

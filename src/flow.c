@@ -1291,6 +1291,7 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 	Datum		result;
 	int			i;
 
+	payidem_require_replication("apply_payment_result()");
 	if (!apply.valid)
 		apply_prepare();
 

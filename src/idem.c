@@ -1127,6 +1127,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 	Datum		args[6];
 	bool		argnulls[6];
 
+	payidem_require_replication("idem_claim()");
 	get_claim_args(fcinfo, 5, args, argnulls);
 	if (PG_ARGISNULL(6))
 		ereport(ERROR,
@@ -1181,6 +1182,8 @@ payidem_idem_record(PG_FUNCTION_ARGS)
 	bool		result_isnull = PG_ARGISNULL(5);
 	Datum		result = result_isnull ? (Datum) 0 : PG_GETARG_DATUM(5);
 
+	payidem_require_replication("idem_record()");
+
 	get_claim_args(fcinfo, 6, args, argnulls);
 	begin_claim_result(fcinfo);
 	claim_key((ReturnSetInfo *) fcinfo->resultinfo, args, argnulls, NULL, true, result, result_isnull);
@@ -1210,6 +1213,8 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 	int			save_sec_context;
 	bool		spi = false;
 	int			rc;
+
+	payidem_require_replication("idem_finish()");
 
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,

@@ -327,14 +327,8 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		table_close(payment_rel, NoLock);
 	}
 
-	/* the shard's two digits last, as in every number payidem makes */
-	if (pg_mul_s64_overflow(nextval_internal(payidem_relid("notify_event_seq"), true), 100, &event_id) ||
-		pg_add_s64_overflow(event_id, payidem_shard_id, &event_id))
-		ereport(ERROR,
-				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-				 errmsg("bigint out of range"),
-				 errdetail("The next notification event id of shard %d is past the largest bigint.",
-						   payidem_shard_id)));
+	/* from the order-number generator: never reused, failovers included */
+	event_id = order_no_next_event_id();
 
 	initStringInfo(&payload);
 	appendStringInfo(&payload, "{\"event_id\":" INT64_FORMAT, event_id);

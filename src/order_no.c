@@ -41,6 +41,7 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "common/int.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "funcapi.h"
@@ -97,17 +98,20 @@ order_no_define_gucs(void)
 }
 
 /*
- * The server-wide mark as ORDER_NO_MARK_FILE holds it; 0 if there is none
- * yet.  Runs in the postmaster when shared memory is (re)built.
+ * The server-wide mark as ORDER_NO_MARK_FILE holds it, and the timeline it
+ * was written on (0 if the file does not say); 0 if there is none yet.  Runs
+ * in the postmaster when shared memory is (re)built.
  */
 static int64
-read_mark_file(void)
+read_mark_file(uint32 *tli)
 {
 	FILE	   *f = AllocateFile(ORDER_NO_MARK_FILE, "r");
 	char		buf[64];
 	char	   *end;
 	int64		mark;
+	int64		t = 0;
 
+	*tli = 0;
 	if (f == NULL)
 	{
 		if (errno != ENOENT)
@@ -122,6 +126,14 @@ read_mark_file(void)
 	FreeFile(f);
 	errno = 0;
 	mark = strtoi64(buf, &end, 10);
+	if (errno == 0 && end != buf && *end == ' ')
+	{
+		char	   *tstart = end + 1;
+
+		t = strtoi64(tstart, &end, 10);
+		if (end == tstart || t <= 0 || t > PG_UINT32_MAX)
+			errno = EINVAL;
+	}
 	if (errno != 0 || end == buf || (*end != '\n' && *end != '\0') || mark < 0)
 	{
 		ereport(WARNING,
@@ -131,16 +143,20 @@ read_mark_file(void)
 				 errhint("The next reservation writes the file again.")));
 		return 0;
 	}
+	*tli = (uint32) t;
 	return mark;
 }
 
-/* Write the server-wide mark durably: a new file, fsynced, renamed over the old. */
+/*
+ * Write the server-wide mark and its timeline durably: a new file, fsynced,
+ * renamed over the old.
+ */
 static void
-write_mark_file(int64 mark)
+write_mark_file(int64 mark, uint32 tli)
 {
 	const char *tmp = ORDER_NO_MARK_FILE ".tmp";
-	char		buf[32];
-	int			len = snprintf(buf, sizeof(buf), INT64_FORMAT "\n", mark);
+	char		buf[48];
+	int			len = snprintf(buf, sizeof(buf), INT64_FORMAT " %u\n", mark, tli);
 	int			fd = OpenTransientFile(tmp, O_WRONLY | O_CREAT | O_TRUNC | PG_BINARY);
 
 	if (fd < 0)
@@ -169,33 +185,39 @@ write_mark_file(int64 mark)
 
 /*
  * Raise the server-wide mark to at least `target` before numbers under it
- * are used.  One writer at a time in the whole server: a transaction-level
- * advisory lock of database 0, which no SQL-level advisory lock can take.
+ * are used, and record the current timeline with it (the first reservation
+ * after a promotion writes the file even if its mark is high enough, so a
+ * restart does not take the promotion's jump again).  One writer at a time
+ * in the whole server: a transaction-level advisory lock of database 0,
+ * which no SQL-level advisory lock can take.
  */
 static void
 raise_server_mark(int64 target)
 {
 	OrderNoShared *s = &payidem_shared->order_no;
+	uint32		tli = (uint32) GetWALInsertionTimeLine();
 	LOCKTAG		tag;
-	int64		current;
+	bool		current;
 
 	SpinLockAcquire(&s->mutex);
-	current = s->server_mark;
+	current = s->server_mark >= target && s->mark_tli == tli;
 	SpinLockRelease(&s->mutex);
-	if (current >= target)
+	if (current)
 		return;
 
 	SET_LOCKTAG_ADVISORY(tag, InvalidOid, 0x70617969, 0x64656d00, 3);
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 	SpinLockAcquire(&s->mutex);
-	current = s->server_mark;
+	current = s->server_mark >= target && s->mark_tli == tli;
+	target = Max(target, s->server_mark);
 	SpinLockRelease(&s->mutex);
-	if (current < target)
+	if (!current)
 	{
-		write_mark_file(target);
+		write_mark_file(target, tli);
 		SpinLockAcquire(&s->mutex);
 		if (s->server_mark < target)
 			s->server_mark = target;
+		s->mark_tli = tli;
 		SpinLockRelease(&s->mutex);
 	}
 	LockRelease(&tag, ExclusiveLock, false);
@@ -204,12 +226,17 @@ raise_server_mark(int64 target)
 void
 order_no_shmem_init(OrderNoShared *state)
 {
-	int64		mark = read_mark_file();
+	uint32		tli;
+	int64		mark = read_mark_file(&tli);
 
 	SpinLockInit(&state->mutex);
 	/* every number issued before in this data directory is below the mark */
 	state->server_mark = mark;
 	state->start_mark = mark;
+	state->mark_tli = tli;
+	state->checked_tli = 0;
+	state->promotion_base = 0;
+	state->promotion_floor = 0;
 	state->last_second = mark;
 	state->last_seq = -1;
 	state->last_wall = 0;
@@ -346,6 +373,64 @@ hwm_owner(Oid seqoid)
 }
 
 /*
+ * Once per timeline in the life of shared memory: a server on another
+ * timeline than the one its mark file was written on was promoted (or
+ * restored from a backup), and the old primary may have issued numbers its
+ * WAL never brought here (asynchronous replication, a lagging standby) from
+ * a clock ahead of ours.  Numbers then start past max(clock, every mark
+ * known here) + payidem.promotion_gap: unique while the clocks differ by
+ * less than the gap.  Timeline 1 with no timeline in the file is a server
+ * that was never promoted.
+ */
+static void
+check_promotion(void)
+{
+	OrderNoShared *s = &payidem_shared->order_no;
+	uint32		tli = (uint32) GetWALInsertionTimeLine();
+	int64		now = wall_second();
+	int64		base = 0;
+	int64		floor = 0;
+	uint32		file_tli = 0;
+	bool		jumped = false;
+
+	SpinLockAcquire(&s->mutex);
+	if (s->checked_tli != tli)
+	{
+		s->checked_tli = tli;
+		file_tli = s->mark_tli;
+		if (tli > 1 && file_tli != tli)
+		{
+			base = Max(Max(now, s->server_mark), s->last_second);
+			floor = base + payidem_promotion_gap;
+			s->promotion_base = base;
+			s->promotion_floor = floor;
+			if (s->last_second < floor)
+			{
+				s->last_second = floor;
+				s->last_seq = -1;
+			}
+			jumped = true;
+		}
+	}
+	SpinLockRelease(&s->mutex);
+	if (jumped)
+	{
+		char		basebuf[MAXDATELEN + 1];
+		char		floorbuf[MAXDATELEN + 1];
+
+		payidem_count(PAYIDEM_PROMOTION_JUMPS);
+		strlcpy(basebuf, timestamptz_to_str(time_t_to_timestamptz((pg_time_t) base)), sizeof(basebuf));
+		strlcpy(floorbuf, timestamptz_to_str(time_t_to_timestamptz((pg_time_t) floor)), sizeof(floorbuf));
+		ereport(LOG,
+				(errmsg("order numbers and event ids of this promoted server start at %s", floorbuf),
+				 errdetail("The server is on timeline %u, its high-water mark was written on timeline %u: "
+						   "numbers continue past the later of the clock and the marks (%s) plus payidem.promotion_gap (%d s).",
+						   tli, file_tli, basebuf, payidem_promotion_gap),
+				 errhint("Numbers stay unique while the old primary is stopped and the hosts' clocks differ by less than the gap.")));
+	}
+}
+
+/*
  * Make sure this database's slot is loaded and its reservation covers
  * second `wanted`.  Does the I/O: reads the stored mark when the slot is
  * new, writes and flushes a new mark when the reservation runs out.
@@ -372,6 +457,7 @@ reserve(int64 wanted)
 		payidem_register_relcache_callback(hwm_relcache_callback, (Datum) 0);
 		callback_registered = true;
 	}
+	check_promotion();
 
 	/*
 	 * One writer per database; waits are interruptible and deadlock-checked.
@@ -436,6 +522,19 @@ reserve(int64 wanted)
 				s->last_second = mark;
 				s->last_seq = -1;
 			}
+			/*
+			 * On a promoted server, a mark above the promotion's base came
+			 * with the old primary's WAL (this server's own are above the
+			 * floor): that primary may have gone on past it, so this
+			 * database's numbers start the gap above it.
+			 */
+			if (s->promotion_floor > 0 && mark > s->promotion_base &&
+				mark <= s->promotion_floor &&
+				s->last_second < mark + (s->promotion_floor - s->promotion_base))
+			{
+				s->last_second = mark + (s->promotion_floor - s->promotion_base);
+				s->last_seq = -1;
+			}
 			/* behind even the start of the last reservation: a rollback */
 			if (mark > 0 && now < mark - ORDER_NO_RESERVE_SECONDS)
 			{
@@ -469,9 +568,15 @@ reserve(int64 wanted)
 
 	if (covered <= needed)
 	{
-		/* setval() WAL-logs at once; flush before any number under it is used */
+		/*
+		 * setval() WAL-logs at once; flush before any number under it is
+		 * used, and wait for the synchronous standbys to have it too: other
+		 * sessions draw from the reservation at once, whether or not their
+		 * own transaction ever commits (replication.c).
+		 */
 		DirectFunctionCall2(setval_oid, ObjectIdGetDatum(seqoid), Int64GetDatum(target));
 		XLogFlush(XactLastRecEnd);
+		payidem_wait_for_synchronous_standbys(XactLastRecEnd);
 		raise_server_mark(target);
 
 		SpinLockAcquire(&s->mutex);
@@ -488,10 +593,11 @@ reserve(int64 wanted)
 }
 
 /*
- * Issue the next (second, seq).  Fast path: one spinlock round trip, no I/O.
+ * Issue the next (second, seq), seq at most max_seq (a draw that would pass
+ * it moves to the next second).  Fast path: one spinlock round trip, no I/O.
  */
 static void
-next_number(int64 *second_out, int *seq_out)
+next_number(int max_seq, int64 *second_out, int *seq_out)
 {
 	OrderNoShared *s = &payidem_shared->order_no;
 
@@ -541,7 +647,7 @@ next_number(int64 *second_out, int *seq_out)
 				second = now;
 				seq = 0;
 			}
-			else if (s->last_seq < ORDER_NO_SEQ_MAX)
+			else if (s->last_seq < max_seq)
 			{
 				second = s->last_second;
 				seq = s->last_seq + 1;
@@ -574,7 +680,6 @@ next_number(int64 *second_out, int *seq_out)
 			warn_rollback(rolled_from, now, false);
 		if (usable)
 		{
-			payidem_count(PAYIDEM_ORDER_NOS_ISSUED);
 			if (rolled_back)
 				payidem_count(PAYIDEM_CLOCK_ROLLBACKS);
 			if (borrowed)
@@ -634,7 +739,9 @@ payidem_gen_order_no(PG_FUNCTION_ARGS)
 				 errmsg("cannot issue order numbers in a read-only transaction"),
 				 errdetail("Issuing numbers records a durable high-water mark from time to time."),
 				 errhint("Call gen_order_no() in a read-write transaction on the primary.")));
-	next_number(&second, &seq);
+	payidem_require_replication("issuing an order number");
+	next_number(ORDER_NO_SEQ_MAX, &second, &seq);
+	payidem_count(PAYIDEM_ORDER_NOS_ISSUED);
 
 	memcpy(parts.prefix, VARDATA_ANY(prefix), 2);
 	parts.prefix[2] = '\0';
@@ -644,6 +751,34 @@ payidem_gen_order_no(PG_FUNCTION_ARGS)
 	if (!order_no_format(buf, &parts))
 		elog(ERROR, "order number out of range: second " INT64_FORMAT ", seq %d", second, seq);
 	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf, ORDER_NO_LEN));
+}
+
+/*
+ * The id of a new notification event (notify.c): drawn from the order-number
+ * generator, so an id is never handed out twice, across crashes, clock steps
+ * and failovers (EVENT_ID_EPOCH in order_no.h has the layout).  Called in the
+ * writing transaction of the event.
+ */
+int64
+order_no_next_event_id(void)
+{
+	int64		second;
+	int			seq;
+	int64		id;
+
+	payidem_require_shmem("notification events of");
+	payidem_require_replication("recording a notification event");
+	next_number(EVENT_ID_PER_SECOND - 1, &second, &seq);
+	if (pg_mul_s64_overflow(second - EVENT_ID_EPOCH, EVENT_ID_PER_SECOND, &id) ||
+		pg_add_s64_overflow(id, seq, &id) ||
+		pg_mul_s64_overflow(id, 100, &id) ||
+		pg_add_s64_overflow(id, payidem_shard_id, &id) || id <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("notification event id out of range"),
+				 errdetail("The order-number clock reads second " INT64_FORMAT ", outside the range event ids cover.",
+						   second)));
+	return id;
 }
 
 /*

@@ -30,8 +30,24 @@
 #define ORDER_NO_RESERVE_SECONDS	10
 
 /*
+ * Notification event ids come from the same (second, seq) as numbers, so
+ * they keep every guarantee numbers have, failover included:
+ * ((second - EVENT_ID_EPOCH) * EVENT_ID_PER_SECOND + seq) * 100 + shard.
+ * A draw for an event id moves to the next second once seq would reach
+ * EVENT_ID_PER_SECOND.  The ids stay below 2^53 (a JSON number a JavaScript
+ * receiver reads exactly) until 2083; the shard's two digits stay last, where
+ * the router finds them.
+ */
+#define EVENT_ID_EPOCH			INT64CONST(1767225600)	/* 2026-01-01 00:00:00 UTC */
+#define EVENT_ID_PER_SECOND		50000
+
+/*
  * The server-wide high-water mark, in the data directory: the highest
- * reservation of any database, read when shared memory is (re)built.
+ * reservation of any database, read when shared memory is (re)built, and
+ * the timeline it was written on ("<mark> <timeline>"; 1.0 wrote the mark
+ * alone).  A server whose timeline differs from the file's (a promoted
+ * standby, a restored backup: the file came with the base backup, never
+ * through WAL) moves its numbers past max(clock, marks) + promotion_gap.
  */
 #define ORDER_NO_MARK_FILE		"payidem_order_no.mark"
 
@@ -58,6 +74,10 @@ typedef struct OrderNoShared
 								 * handled meanwhile; counted in stats() too) */
 	int64		server_mark;	/* what ORDER_NO_MARK_FILE durably holds */
 	int64		start_mark;		/* what it held when shared memory was made */
+	uint32		mark_tli;		/* the timeline it was written on (0: unknown) */
+	uint32		checked_tli;	/* timeline last checked for a promotion */
+	int64		promotion_base; /* a promoted server's max(clock, marks) */
+	int64		promotion_floor;	/* base + payidem.promotion_gap (0: none) */
 	OrderNoDbSlot slots[ORDER_NO_MAX_DATABASES];
 } OrderNoShared;
 

@@ -57,6 +57,7 @@ _PG_init(void)
 	order_no_define_gucs();
 	crypto_define_gucs();
 	recon_define_gucs();
+	replication_define_gucs();
 	flow_define_gucs();
 	housekeeping_init();		/* its GUCs; its launcher only when preloading */
 	MarkGUCPrefixReserved("payidem");

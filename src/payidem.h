@@ -9,6 +9,7 @@
 #define PAYIDEM_H
 
 #include "fmgr.h"
+#include "access/xlogdefs.h"
 #include "datatype/timestamp.h"
 #include "port/atomics.h"
 #include "storage/spin.h"
@@ -36,6 +37,7 @@ typedef enum PayidemCounter
 	PAYIDEM_CLOCK_ROLLBACKS,
 	PAYIDEM_SECONDS_BORROWED,
 	PAYIDEM_ORDER_NO_RESERVATIONS,
+	PAYIDEM_PROMOTION_JUMPS,
 	/* state machines */
 	PAYIDEM_TRANSITIONS_APPLIED,
 	PAYIDEM_TRANSITIONS_REJECTED,
@@ -93,6 +95,16 @@ extern void crypto_define_gucs(void);
 
 /* recon.c */
 extern void recon_define_gucs(void);
+
+/* replication.c */
+extern bool payidem_require_sync_standby;
+extern int	payidem_promotion_gap;
+extern void replication_define_gucs(void);
+extern void payidem_require_replication(const char *what);
+extern void payidem_wait_for_synchronous_standbys(XLogRecPtr lsn);
+
+/* order_no.c: a notification event id, unique across failovers as numbers are */
+extern int64 order_no_next_event_id(void);
 
 /* flow.c */
 extern void flow_define_gucs(void);

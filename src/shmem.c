@@ -44,6 +44,7 @@ static const char *const payidem_counter_names[PAYIDEM_NUM_COUNTERS] = {
 	"clock_rollbacks",
 	"seconds_borrowed",
 	"order_no_reservations",
+	"promotion_jumps",
 	"transitions_applied",
 	"transitions_rejected",
 	"payment_applied",

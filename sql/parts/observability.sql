@@ -83,3 +83,14 @@ AS 'MODULE_PATHNAME', 'payidem_library_version'
 LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION payidem.library_version() IS
 	'The version the loaded payidem library was built as; pg_extension.extversion is the version of the SQL objects, which ALTER EXTENSION payidem UPDATE brings up to it.';
+
+-- Since 1.1.  The replication payidem sees (DESIGN section 12), for
+-- monitoring: 'synchronous' only when every order-number reservation and
+-- every commit waits for the synchronous standbys' flush.
+CREATE FUNCTION payidem.replication_mode()
+RETURNS TABLE (mode text, synchronous_standby_names text, synchronous_commit text,
+			   require_synchronous_standby boolean, writes_allowed boolean, timeline integer)
+AS 'MODULE_PATHNAME', 'payidem_replication_mode'
+LANGUAGE C STABLE PARALLEL SAFE ROWS 1;
+COMMENT ON FUNCTION payidem.replication_mode() IS
+	'The replication payidem sees in this session: mode standby (in recovery), synchronous (synchronous_standby_names set and synchronous_commit on or remote_apply) or asynchronous; the two settings; payidem.require_synchronous_standby; whether payidem''s writes are allowed; the WAL timeline (NULL on a standby).';

@@ -1,0 +1,165 @@
+/*-------------------------------------------------------------------------
+ *
+ * replication.c
+ *		What payidem knows of streaming replication (DESIGN §3.5, §12): the
+ *		wait for the synchronous standbys before an order-number reservation
+ *		is used, the settings payidem.require_synchronous_standby and
+ *		payidem.promotion_gap, and payidem.replication_mode().
+ *
+ * A reservation (order_no.c) is WAL-logged by setval() outside any commit,
+ * and numbers under it are handed out at once, also by sessions whose own
+ * transaction writes nothing: the commit-time wait of synchronous
+ * replication never covers them.  So the reserving backend waits itself,
+ * with the server's own queue (SyncRepWaitForLSN), for the synchronous
+ * standbys to have flushed the reservation's WAL; a promoted standby then
+ * always holds every reservation a number was drawn from.
+ *
+ * SyncRepWaitForLSN() cannot raise an error: a query cancel or a terminate
+ * only ends the wait with a WARNING.  After it returns, the position the
+ * synchronous standbys confirmed is read (WalSndCtl, under SyncRepLock) and
+ * a reservation they do not hold yet is refused, so no number is drawn from
+ * it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "replication/syncrep.h"
+#include "replication/walsender_private.h"
+#include "storage/lwlock.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/tuplestore.h"
+
+#include "payidem.h"
+
+/* payidem.require_synchronous_standby: refuse writes without sync replication */
+bool		payidem_require_sync_standby = false;
+
+/* payidem.promotion_gap (seconds): how far a promoted server's numbers jump */
+int			payidem_promotion_gap = 60;
+
+void
+replication_define_gucs(void)
+{
+	DefineCustomBoolVariable("payidem.require_synchronous_standby",
+							 gettext_noop("Refuse payidem's writes while no synchronous standby is configured."),
+							 gettext_noop("With it on, numbers, event ids, idempotency claims, payment results and "
+										  "status changes fail with 55000 unless synchronous_standby_names is set "
+										  "and synchronous_commit is on or remote_apply."),
+							 &payidem_require_sync_standby,
+							 false,
+							 PGC_SUSET,
+							 0,
+							 NULL, NULL, NULL);
+	DefineCustomIntVariable("payidem.promotion_gap",
+							gettext_noop("How far ahead of the clock and the stored mark a promoted server's order numbers and event ids start."),
+							gettext_noop("Numbers stay unique after an asynchronous failover while the hosts' clocks differ by less than this."),
+							&payidem_promotion_gap,
+							60, 0, 86400,
+							PGC_SUSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+}
+
+/*
+ * Is synchronous replication in force for this session: standbys named and
+ * synchronous_commit on or remote_apply (remote_write confirms a write, not
+ * a flush, that a standby's crash can lose)?
+ */
+static bool
+synchronous_configured(void)
+{
+	return SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0' &&
+		synchronous_commit >= SYNCHRONOUS_COMMIT_REMOTE_FLUSH;
+}
+
+/*
+ * Refuse a write when payidem.require_synchronous_standby is on and no
+ * synchronous standby is configured.  One test of a boolean otherwise.
+ */
+void
+payidem_require_replication(const char *what)
+{
+	if (likely(!payidem_require_sync_standby) || synchronous_configured())
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("%s needs a synchronous standby", what),
+			 errdetail("payidem.require_synchronous_standby is on, but synchronous_standby_names is \"%s\" and synchronous_commit is %s.",
+					   SyncRepStandbyNames ? SyncRepStandbyNames : "",
+					   GetConfigOption("synchronous_commit", false, false)),
+			 errhint("Set synchronous_standby_names and synchronous_commit = on (or remote_apply), "
+					 "or turn payidem.require_synchronous_standby off.")));
+}
+
+/*
+ * Wait until the synchronous standbys have flushed WAL up to lsn (a
+ * reservation's).  Returns at once without synchronous replication.  An
+ * error if the wait ended without their confirmation (a cancel, or the
+ * standbys were dropped from the configuration meanwhile): the caller must
+ * not use what the WAL holds.
+ */
+void
+payidem_wait_for_synchronous_standbys(XLogRecPtr lsn)
+{
+	XLogRecPtr	confirmed;
+
+	/* commit = false: their flush is waited for (a promotion replays it), not their apply */
+	if (!synchronous_configured())
+		return;
+	SyncRepWaitForLSN(lsn, false);
+	/* a terminate request ended the wait: leave now */
+	CHECK_FOR_INTERRUPTS();
+
+	LWLockAcquire(SyncRepLock, LW_SHARED);
+	confirmed = WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH];
+	LWLockRelease(SyncRepLock);
+	if (confirmed >= lsn || !synchronous_configured())
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_QUERY_CANCELED),
+			 errmsg("canceled the wait for synchronous standbys to record an order-number reservation"),
+			 errdetail("The reservation up to %X/%X is not confirmed by the synchronous standbys; no number is issued from it.",
+					   LSN_FORMAT_ARGS(lsn)),
+			 errhint("Retry; numbers are issued once the synchronous standbys have the reservation.")));
+}
+
+/*
+ * payidem.replication_mode()
+ *		RETURNS TABLE(mode text, synchronous_standby_names text,
+ *					  synchronous_commit text, require_synchronous_standby boolean,
+ *					  writes_allowed boolean, timeline integer)
+ *		mode: 'standby' (in recovery), 'synchronous' (standbys named and
+ *		synchronous_commit on or remote_apply: every acknowledged commit and
+ *		every order-number reservation is on them), 'asynchronous'.  For
+ *		monitoring; as this session sees the settings.
+ */
+PG_FUNCTION_INFO_V1(payidem_replication_mode);
+Datum
+payidem_replication_mode(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	bool		standby = RecoveryInProgress();
+	bool		sync = synchronous_configured();
+	Datum		values[6];
+	bool		nulls[6] = {false, false, false, false, false, false};
+
+	InitMaterializedSRF(fcinfo, 0);
+	values[0] = CStringGetTextDatum(standby ? "standby" : sync ? "synchronous" : "asynchronous");
+	values[1] = CStringGetTextDatum(SyncRepStandbyNames ? SyncRepStandbyNames : "");
+	values[2] = CStringGetTextDatum(GetConfigOption("synchronous_commit", false, false));
+	values[3] = BoolGetDatum(payidem_require_sync_standby);
+	values[4] = BoolGetDatum(!standby && (sync || !payidem_require_sync_standby));
+	if (standby)
+		nulls[5] = true;
+	else
+		values[5] = Int32GetDatum((int32) GetWALInsertionTimeLine());
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	return (Datum) 0;
+}
