@@ -165,6 +165,9 @@ SELECT * FROM pg_temp.try($$SELECT * FROM payidem.idem_claim('bi:new', 'test', '
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.idem_claim('bi:new', 'test', 'X', 'BI_WX', -5)$$);
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.idem_claim('bi:new', 'test', 'X', 'BI_WX', 5, NULL, '-1 second')$$);
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.idem_claim('bi:new', 'test', 'X', 'BI_WX', 5, NULL, NULL)$$);
+-- compared as an interval this looks like 27 years; added to a time it leaves the range
+SELECT * FROM pg_temp.try($$SELECT * FROM payidem.idem_claim('bi:new', 'test', 'X', 'BI_WX', 5, lease => '5000000 years -1799990000 days')$$);
+SELECT * FROM pg_temp.try($$SELECT * FROM payidem.idem_claim('bi:new', 'test', 'X', 'BI_WX', 5, lease => '101 years')$$);
 SELECT * FROM pg_temp.try(format('SELECT * FROM payidem.idem_claim(%s, %s, %s, %s, 0, %s)', :'inj', :'inj2', :'inj3', :'inj', :'inj2'));
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.idem_claim('bi:done', 'test', 'BI-1', 'BI_WX', 6)$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.idem_finish('bi:unknown', 'completed')$$);
@@ -175,6 +178,8 @@ SELECT * FROM pg_temp.try($$SELECT payidem.idem_finish('bi:done', 'completed')$$
 SELECT * FROM pg_temp.try(format('SELECT payidem.idem_finish(%s, %s)', :'inj', :'inj3'));
 SELECT * FROM pg_temp.try('SELECT payidem.idem_purge(NULL)');
 SELECT * FROM pg_temp.try($$SELECT payidem.idem_purge('-1 day')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.idem_purge('5000000 years -1799990000 days')$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.idem_purge('5000000 years')$$);	-- longer than any key has lived: keeps all
 
 ------------------------------------------------------------- state machines
 SELECT * FROM pg_temp.try($$SELECT payidem.transit_order(NULL, 'paid')$$);
@@ -197,6 +202,10 @@ SELECT * FROM pg_temp.try(format($$SELECT payidem.transit_refund(%s, 'failed')$$
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.create_merchant(NULL, 'retail', 0.006)$$);
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.create_merchant('', 'retail', 0.006)$$);
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.create_merchant('   ', 'retail', 0.006)$$);
+-- control characters in a name: refused, shown escaped
+SELECT * FROM pg_temp.try($$SELECT * FROM payidem.create_merchant(E'\t\n', 'retail', 0.006)$$);
+SELECT * FROM pg_temp.try($$SELECT * FROM payidem.create_merchant(E'Good\x01Shop\x7f', 'retail', 0.006)$$);
+SELECT * FROM pg_temp.try($$SELECT * FROM payidem.create_merchant('Shop', E'retail\n', 0.006)$$);
 SELECT * FROM pg_temp.try(format($$SELECT * FROM payidem.create_merchant(%s, 'retail', 0.006)$$, :'long'));
 SELECT * FROM pg_temp.try($$SELECT * FROM payidem.create_merchant('Shop', NULL, 0.006)$$);
 SELECT * FROM pg_temp.try(format($$SELECT * FROM payidem.create_merchant('Shop', %s, 0.006)$$, :'inj'));
@@ -230,6 +239,8 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.close_merchant(%s)', :'long'));
 SELECT * FROM pg_temp.try($$SELECT payidem.create_channel(NULL, 'wechat', 0.002)$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.create_channel('', 'wechat', 0.002)$$);
 SELECT * FROM pg_temp.try($$SELECT payidem.create_channel('wxpay_002', 'wechat', 0.002)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.create_channel(E'\t\n', 'wechat', 0.002)$$);
+SELECT * FROM pg_temp.try($$SELECT payidem.create_channel(E'BI_\x1b[2J', 'wechat', 0.002)$$);
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_channel(%s, 'wechat', 0.002)$$, :'long'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_channel(%s, 'wechat', 0.002)$$, :'inj'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_channel('BI_NEW', %s, 0.002)$$, :'inj2'));
@@ -326,6 +337,14 @@ SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 'Tea', NULL, NULL, '5000000 years -1799990000 days')$$, :'m'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, 'Tea', NULL, NULL, '1 hour', %s)$$, :'m', :'long'));
 SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-1', 1001, 'Tea')$$, :'m'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, E'Tea\x01')$$, :'m'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.create_order(%L, 'BI-9', 100, E'Green tea\r\n250 g')$$, :'m'));
+
+------------------------------------------------------------- read API
+SELECT * FROM pg_temp.try('SELECT payidem.find_order(NULL, NULL)');
+SELECT * FROM pg_temp.try(format('SELECT payidem.find_order(%L, NULL)', :'m'));
+SELECT * FROM pg_temp.try($$SELECT payidem.find_order(NULL, 'BI-1')$$);
+SELECT * FROM pg_temp.try('SELECT payidem.get_order(NULL)');
 
 ------------------------------------------------------------- begin_payment
 SELECT * FROM pg_temp.try($$SELECT payidem.begin_payment(NULL, 'BI_WX')$$);

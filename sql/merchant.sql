@@ -133,6 +133,16 @@ SELECT channel_no, channel_type, fee_rate, weight, allowed_merchant_types, statu
 SELECT payidem.create_channel('WECHAT_A', 'wechat', 0.002);
 SELECT payidem.create_channel('wechat_z', 'wechat', 0.002);
 SELECT payidem.create_channel('WECHAT_Z', 'WeChat', 0.002);
+-- closed is final: a closed merchant gets no new API secret, no channel and
+-- no reporting role (PI004), and nothing is written
+CREATE ROLE regress_closed_reader;
+SELECT * FROM pg_temp.try(format('SELECT payidem.rotate_merchant_secret(%L)', :'frozen_merchant_no'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.bind_channel(%L, 'WECHAT_A')$$, :'frozen_merchant_no'));
+SELECT * FROM pg_temp.try(format($$SELECT payidem.map_merchant_role('regress_closed_reader', %L)$$, :'frozen_merchant_no'));
+SELECT (SELECT count(*) FROM payidem.merchant_secret WHERE merchant_no = :'frozen_merchant_no') AS secrets,
+       (SELECT count(*) FROM payidem.merchant_channel WHERE merchant_no = :'frozen_merchant_no') AS bindings,
+       (SELECT count(*) FROM payidem.merchant_role WHERE merchant_no = :'frozen_merchant_no') AS roles;
+DROP ROLE regress_closed_reader;
 SELECT payidem.create_channel('WECHAT_Z', 'wechat', 1.5);
 SELECT payidem.create_channel('WECHAT_Z', 'wechat', 0.002, -1);
 SELECT payidem.create_channel('WECHAT_Z', 'wechat', 0.002, 100, '{}');

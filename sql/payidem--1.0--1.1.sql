@@ -286,3 +286,281 @@ LANGUAGE C STABLE PARALLEL SAFE ROWS 1;
 COMMENT ON FUNCTION payidem.replication_mode() IS
 	'The replication payidem sees in this session: mode standby (in recovery), synchronous (synchronous_standby_names set and synchronous_commit on or remote_apply) or asynchronous; the two settings; payidem.require_synchronous_standby; whether payidem''s writes are allowed; the WAL timeline (NULL on a standby).';
 REVOKE ALL ON FUNCTION payidem.replication_mode() FROM PUBLIC;
+
+-- closed merchants, control characters, durations: the checks of names,
+-- subjects and codes refuse control characters in one place
+-- (_check_no_controls); _check_duration is the C check idem_claim and
+-- idem_purge use too; a closed merchant gets no new secret, binding or role
+
+-- A duration argument (an order's expiry, a secret's grace period): not NULL,
+-- and now() plus it is after now (or now itself, where allow_zero) and at most
+-- now() plus 100 years.  The end is what is checked: PostgreSQL compares
+-- intervals counting a month as 30 days, but adds months and days to a time
+-- by the calendar ('1 month -29 days' can end before it starts), and a sum past
+-- the timestamp range is 22008, so each part is bounded before the sum.
+-- 22023 for all of these.  In C (src/payidem.c, payidem_check_interval),
+-- where idem_claim's lease and idem_purge's retention are checked by the same
+-- code: the rule is written once.
+CREATE OR REPLACE FUNCTION payidem._check_duration(message text, what text, value interval,
+										allow_zero boolean, hint text)
+RETURNS interval
+AS 'MODULE_PATHNAME', 'payidem_check_duration'
+LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._check_duration(text, text, interval, boolean, text) IS
+	'Internal: value, if now() plus it is after now() (or now() itself, where allow_zero) and at most 100 years later, each of its parts within 100 years; 22023 with message, the value in DETAIL and hint otherwise.';
+
+-- The one rule for a name or description a person reads (a merchant's name,
+-- an order's subject, the codes _check_code checks): no control character
+-- (tab, line break, U+0000 to U+001F, DEL).  22023 with the value escaped in
+-- DETAIL, never its raw bytes.  In C (src/payidem.c), as the escaping of
+-- values in payidem's C errors is.
+CREATE FUNCTION payidem._check_no_controls(message text, what text, value text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_check_no_controls'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._check_no_controls(text, text, text) IS
+	'Internal: value, unless it holds a control character (tab, line break, U+0000 to U+001F, DEL): 22023 with message and the value escaped in DETAIL.';
+REVOKE ALL ON FUNCTION payidem._check_no_controls(text, text, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION payidem._check_code(what text, value text, pattern text, rule text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._check_no_controls('invalid ' || what, 'The value', value);
+	IF value IS NULL OR value !~ pattern THEN
+		RAISE EXCEPTION 'invalid %', what USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The value was %s; %s', coalesce(quote_literal(left(value, 64)), 'NULL'), rule);
+	END IF;
+	RETURN value;
+END
+$$;
+
+-- The attributes of a new merchant (create_merchant, and its copies on shards).
+CREATE OR REPLACE FUNCTION payidem._check_merchant_fields(name text, merchant_type text, fee_rate numeric,
+	settle_cycle text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
+		RAISE EXCEPTION 'invalid merchant name' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
+	END IF;
+	PERFORM payidem._check_no_controls('invalid merchant name', 'The name', name);
+	PERFORM payidem._check_code('merchant type', merchant_type, '^[a-z][a-z0-9_]{0,31}$',
+		'a merchant type is a lower-case code such as retail or catering.');
+	PERFORM payidem._check_rate('merchant fee', fee_rate);
+	PERFORM payidem._check_code('settlement cycle', settle_cycle, '^[TD][0-9]{1,2}$',
+		'a settlement cycle is T<n> or D<n>, e.g. T1 or D0.');
+END
+$$;
+
+-- The same, for a change a closed merchant no longer takes (closed is final):
+-- a new API secret, a channel binding, a reporting role.  PI004 if it is
+-- closed; action says what it is refused.
+CREATE FUNCTION payidem._open_merchant_for_update(p_merchant_no text, action text)
+RETURNS payidem.merchant
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m payidem.merchant := payidem._merchant_for_update(p_merchant_no);
+BEGIN
+	IF m.status = 'closed' THEN
+		RAISE EXCEPTION 'merchant % is closed', m.merchant_no USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status closed; a closed merchant %s.', m.merchant_no, action),
+			HINT = 'A closed merchant stays closed; create a new merchant instead.';
+	END IF;
+	RETURN m;
+END
+$$;
+REVOKE ALL ON FUNCTION payidem._open_merchant_for_update(text, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION payidem.rotate_merchant_secret(merchant_no text, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m        payidem.merchant;
+	v_next   integer;
+	v_secret text;
+	v_sealed record;
+BEGIN
+	PERFORM payidem._check_duration('invalid grace period', 'The grace period', grace, true,
+									'The default is ''24 hours''; 0 ends the previous secret now.');
+	m := payidem._open_merchant_for_update(rotate_merchant_secret.merchant_no, 'gets no new API secret');
+
+	-- secrets still in an earlier grace window end now: only current + previous stay valid
+	UPDATE payidem.merchant_secret s
+	   SET valid_until = greatest(now(), s.valid_from + interval '1 microsecond')
+	 WHERE s.merchant_no = m.merchant_no AND s.valid_until > now();
+	-- the current secret gets the grace window
+	UPDATE payidem.merchant_secret s
+	   SET valid_until = greatest(now() + grace, s.valid_from + interval '1 microsecond')
+	 WHERE s.merchant_no = m.merchant_no AND s.valid_until IS NULL;
+
+	SELECT coalesce(max(s.secret_version), 0) + 1 INTO v_next
+	  FROM payidem.merchant_secret s WHERE s.merchant_no = m.merchant_no;
+	v_secret := payidem._random_secret();
+	v_sealed := payidem._seal(payidem._secret_aad(m.merchant_no, v_next), convert_to(v_secret, 'UTF8'));
+	INSERT INTO payidem.merchant_secret (merchant_no, secret_version, key_version, nonce, ciphertext, auth_tag)
+	VALUES (m.merchant_no, v_next, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext, v_sealed.auth_tag);
+	UPDATE payidem.merchant SET updated_at = now() WHERE payidem.merchant.merchant_no = m.merchant_no;
+	RETURN v_secret;
+END
+$$;
+COMMENT ON FUNCTION payidem.rotate_merchant_secret(text, interval) IS
+	'New API secret (returned once); the previous one stays valid for the grace period, older ones end now.';
+
+CREATE OR REPLACE FUNCTION payidem.bind_channel(merchant_no text, channel_no text, fee_rate numeric DEFAULT NULL,
+	single_limit bigint DEFAULT NULL, daily_limit bigint DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m payidem.merchant;
+	c payidem.channel;
+BEGIN
+	m := payidem._open_merchant_for_update(bind_channel.merchant_no, 'is bound to no channel');
+	c := payidem._channel_for_update(bind_channel.channel_no);
+	IF bind_channel.fee_rate IS NOT NULL THEN
+		PERFORM payidem._check_rate('merchant fee', bind_channel.fee_rate);
+	END IF;
+	PERFORM payidem._check_limit('single limit', single_limit);
+	PERFORM payidem._check_limit('daily limit', daily_limit);
+	IF single_limit > daily_limit THEN
+		RAISE EXCEPTION 'single limit exceeds daily limit' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The single limit was %s and the daily limit %s.', single_limit, daily_limit);
+	END IF;
+	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
+		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Channel %s admits %s; merchant %s is %s.', c.channel_no,
+							array_to_string(c.allowed_merchant_types, ', '), m.merchant_no, m.merchant_type),
+			HINT = 'Bind a channel that admits this merchant type, or change the channel''s allowed_merchant_types.';
+	END IF;
+	INSERT INTO payidem.merchant_channel AS b (merchant_no, channel_no, fee_rate, single_limit, daily_limit)
+	VALUES (m.merchant_no, c.channel_no, bind_channel.fee_rate, bind_channel.single_limit, bind_channel.daily_limit)
+	ON CONFLICT ON CONSTRAINT merchant_channel_pkey DO UPDATE
+	   SET fee_rate = excluded.fee_rate, single_limit = excluded.single_limit,
+		   daily_limit = excluded.daily_limit, status = 'active', updated_at = now();
+END
+$$;
+COMMENT ON FUNCTION payidem.bind_channel(text, text, numeric, bigint, bigint) IS
+	'Let a merchant use a channel, with an optional own rate and limits (binding again updates them and re-activates).';
+
+CREATE OR REPLACE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	PERFORM payidem._open_merchant_for_update(map_merchant_role.merchant_no, 'is mapped to no reporting role');
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(true), v_role);
+	PERFORM payidem._forget_dropped_roles();
+	INSERT INTO payidem.merchant_role (role, merchant_no)
+	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
+	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security).';
+
+CREATE OR REPLACE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
+	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
+	expire_in interval DEFAULT '2 hours', body text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_merchant_no text := create_order.merchant_no;
+	v_out_trade_no text := create_order.out_trade_no;
+	v_amount bigint := create_order.amount;
+	v_subject text := create_order.subject;
+	v_status text;
+	v_order_no text;
+	o payidem."order";
+BEGIN
+	PERFORM payidem._require('merchant_no', create_order.merchant_no);
+	IF v_amount IS NULL OR v_amount <= 0 THEN
+		RAISE EXCEPTION 'invalid order amount' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The amount was %s; it must be a positive number of minor units (fen, cents).',
+							coalesce(v_amount::text, 'NULL')),
+			HINT = 'Pass 12.50 CNY as 1250.';
+	END IF;
+	IF v_subject IS NULL OR NOT payidem._fits(v_subject, 'payidem.order_subject') THEN
+		RAISE EXCEPTION 'invalid order subject' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
+							coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
+			HINT = 'Describe what is being paid for, e.g. ''Green tea 250 g''.';
+	END IF;
+	PERFORM payidem._check_no_controls('invalid order subject', 'The subject', v_subject);
+	IF v_out_trade_no IS NULL OR NOT payidem._fits(v_out_trade_no, 'payidem.merchant_ref') THEN
+		PERFORM payidem._invalid_format('out_trade_no', v_out_trade_no, 'payidem.merchant_ref',
+										'Use the merchant''s own order number, e.g. SHOP-20261129-0001.');
+	END IF;
+	PERFORM payidem._check_duration('invalid expiry', 'expire_in', expire_in, false,
+									'The default is ''2 hours''.');
+	IF NOT payidem._fits(notify_url, 'payidem.http_url') THEN
+		PERFORM payidem._invalid_format('notify_url', notify_url, 'payidem.http_url',
+										'Pass NULL for no merchant notification.');
+	END IF;
+	IF NOT payidem._fits(return_url, 'payidem.http_url') THEN
+		PERFORM payidem._invalid_format('return_url', return_url, 'payidem.http_url', 'Pass NULL for none.');
+	END IF;
+	IF NOT payidem._fits(body, 'payidem.order_body') THEN
+		RAISE EXCEPTION 'invalid order body' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The body has %s characters; at most 1024 are allowed.', length(body));
+	END IF;
+
+	SELECT m.status INTO v_status FROM payidem.merchant m WHERE m.merchant_no = v_merchant_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(v_merchant_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+	END IF;
+	IF v_status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is %', v_merchant_no, v_status USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status %s.', v_merchant_no, v_status),
+			HINT = 'Only active merchants take orders.';
+	END IF;
+
+	-- the unique constraint decides between concurrent first calls; the loser
+	-- waits for the winner's commit, then reads its row below
+	INSERT INTO payidem."order" AS x (order_no, merchant_no, out_trade_no, subject, body, amount,
+									  notify_url, return_url, expire_at)
+	VALUES (payidem.gen_order_no('PO'), v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
+			create_order.notify_url, create_order.return_url, now() + expire_in)
+	ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING
+	RETURNING x.order_no INTO v_order_no;
+	IF v_order_no IS NOT NULL THEN
+		RETURN v_order_no;
+	END IF;
+
+	SELECT * INTO o FROM payidem."order" x
+	 WHERE x.merchant_no = v_merchant_no AND x.out_trade_no = v_out_trade_no;
+	IF NOT FOUND THEN	-- cannot happen: the conflicting row is committed and never deleted
+		RAISE EXCEPTION 'order % of merchant % vanished', v_out_trade_no, v_merchant_no;
+	END IF;
+	IF o.amount <> v_amount THEN
+		RAISE EXCEPTION 'out_trade_no % was already used with another amount', v_out_trade_no USING
+			ERRCODE = 'PI001',
+			DETAIL = format('Order %s of merchant %s (out_trade_no %s) has amount %s; this call asked for %s.',
+							o.order_no, v_merchant_no, v_out_trade_no, o.amount, v_amount),
+			HINT = 'A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.';
+	END IF;
+	IF o.subject <> v_subject THEN
+		RAISE EXCEPTION 'out_trade_no % was already used with another subject', v_out_trade_no USING
+			ERRCODE = 'PI001',
+			DETAIL = format('Order %s of merchant %s (out_trade_no %s) has subject %L; this call asked for %L.',
+							o.order_no, v_merchant_no, v_out_trade_no, left(o.subject, 64), left(v_subject, 64)),
+			HINT = 'A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.';
+	END IF;
+	RETURN o.order_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.create_order(text, text, bigint, text, text, text, interval, text) IS
+	'New pending order (order_no = gen_order_no(''PO'')). Idempotent on (merchant_no, out_trade_no): the same amount and subject return the existing order_no, others raise PI001. PI009 unknown merchant, PI004 merchant not active, 22023 bad input.';

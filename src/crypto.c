@@ -579,8 +579,13 @@ read_secret_file(text *file_name, int *len)
 				 errdetail("The file name was %s; it must be a plain name of letters, digits, '.', '_' and '-' (not starting with '.'), of a file in payidem.secret_dir.",
 						   payidem_quote_value(name, n))));
 	snprintf(path, sizeof(path), "%s/%s", payidem_secret_dir, name);
-	/* the file itself, as the directory holds it: no symbolic link followed */
-	fd = OpenTransientFile(path, O_RDONLY | O_NOFOLLOW | PG_BINARY);
+	/*
+	 * The file itself, as the directory holds it: no symbolic link followed.
+	 * O_NONBLOCK: the open of a FIFO would otherwise wait for a writer, in a
+	 * system call that no statement_timeout, cancel or terminate ends; so it
+	 * opens at once and is refused below, as anything but a regular file is.
+	 */
+	fd = OpenTransientFile(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | PG_BINARY);
 	if (fd < 0 && (errno == ENOENT || errno == ENOTDIR))
 		ereport(ERROR,
 				(errcode(ERRCODE_PAYIDEM_NOT_FOUND),
@@ -604,7 +609,19 @@ read_secret_file(text *file_name, int *len)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("secret file %s is not a regular file", payidem_quote_value(name, n)),
+				 errdetail("%s in payidem.secret_dir = '%s' is %s; only a regular file is read.",
+						   payidem_quote_value(name, n), payidem_secret_dir,
+						   S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)" :
+						   S_ISDIR(st.st_mode) ? "a directory" :
+						   S_ISSOCK(st.st_mode) ? "a socket" :
+						   S_ISCHR(st.st_mode) ? "a character device" :
+						   S_ISBLK(st.st_mode) ? "a block device" : "a special file"),
 				 errhint("Copy the secret into a plain file in payidem.secret_dir.")));
+	/* a regular file: its reads do not block anyway, but read it as any other */
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not read secret file %s: %m", payidem_quote_value(name, n))));
 	if (st.st_uid != geteuid() || (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

@@ -1121,39 +1121,14 @@ PG_FUNCTION_INFO_V1(payidem_idem_claim);
 Datum
 payidem_idem_claim(PG_FUNCTION_ARGS)
 {
-	Interval   *lease;
-	Interval	zero;
-	Interval	max;
+	Interval   *lease = PG_ARGISNULL(6) ? NULL : PG_GETARG_INTERVAL_P(6);
 	Datum		args[6];
 	bool		argnulls[6];
 
 	payidem_require_replication("idem_claim()");
 	get_claim_args(fcinfo, 5, args, argnulls);
-	if (PG_ARGISNULL(6))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must not be NULL"),
-				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
-	lease = PG_GETARG_INTERVAL_P(6);
-	memset(&zero, 0, sizeof(zero));
-	max = zero;
-	if (!DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease),
-										  IntervalPGetDatum(&zero))))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errdetail("The lease was %s.",
-						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(lease)))),
-				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
-	max.month = IDEM_MAX_LEASE_YEARS * MONTHS_PER_YEAR;
-	if (DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(lease), IntervalPGetDatum(&max))))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease is too long"),
-				 errdetail("The lease was %s; it may be at most %d years.",
-						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(lease))),
-						   IDEM_MAX_LEASE_YEARS),
-				 errhint("Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.")));
+	payidem_check_interval("invalid lease", "The lease", lease, false, IDEM_MAX_LEASE_YEARS,
+						   "Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.");
 
 	begin_claim_result(fcinfo);
 	claim_key((ReturnSetInfo *) fcinfo->resultinfo, args, argnulls, lease, false, (Datum) 0, true);
@@ -1292,7 +1267,6 @@ static int64
 purge(FunctionCallInfo fcinfo, int64 max_rows)
 {
 	Interval   *older_than;
-	Interval	zero;
 	Interval	max;
 	Datum		params[2];
 	char		nulls[2] = {' ', ' '};
@@ -1303,27 +1277,16 @@ purge(FunctionCallInfo fcinfo, int64 max_rows)
 	int			rc;
 	int64		deleted;
 
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retention interval must not be NULL"),
-				 errhint("Pass how long finished keys are kept, e.g. '7 days'.")));
-	older_than = PG_GETARG_INTERVAL_P(0);
-	memset(&zero, 0, sizeof(zero));
-	if (DatumGetBool(DirectFunctionCall2(interval_lt, IntervalPGetDatum(older_than),
-										 IntervalPGetDatum(&zero))))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("retention interval must not be negative"),
-				 errdetail("The interval was %s.",
-						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(older_than)))),
-				 errhint("Pass how long finished keys are kept, e.g. '7 days'.")));
-
+	older_than = PG_ARGISNULL(0) ? NULL : PG_GETARG_INTERVAL_P(0);
 	/* no key is older than this: a longer retention keeps everything */
-	max = zero;
+	memset(&max, 0, sizeof(max));
 	max.month = IDEM_MAX_RETENTION_YEARS * MONTHS_PER_YEAR;
-	if (DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(older_than), IntervalPGetDatum(&max))))
+	if (older_than != NULL &&
+		DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(older_than), IntervalPGetDatum(&max))))
 		return 0;
+	/* and one whose parts leave the timestamp range is no retention */
+	payidem_check_interval("invalid retention interval", "The retention interval", older_than, true,
+						   IDEM_MAX_RETENTION_YEARS, "Pass how long finished keys are kept, e.g. '7 days'.");
 	params[0] = DirectFunctionCall2(timestamptz_mi_interval,
 									TimestampTzGetDatum(GetCurrentTimestamp()),
 									IntervalPGetDatum(older_than));

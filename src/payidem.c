@@ -67,25 +67,166 @@ _PG_init(void)
 	payidem_shmem_init();
 }
 
+/* a C0 control character (U+0000 to U+001F) or DEL, as one byte of any server encoding */
+static inline bool
+is_control_byte(unsigned char c)
+{
+	return c < 0x20 || c == 0x7f;
+}
+
 /*
  * Quote a user-supplied value for an error message: single quotes, at most
- * 64 characters (longer values are cut and marked), never NULL.
+ * 64 characters (longer values are cut and marked), never NULL.  A value
+ * with a control character is shown escaped, as an E'...' literal writes it
+ * (E'tab\there', E'\x01'): an error never carries raw control bytes into
+ * a client's terminal or a log line.
  */
 char *
 payidem_quote_value(const char *value, int len)
 {
 	StringInfoData buf;
 	int			shown = Min(len, 64);
+	bool		controls = false;
+	int			i;
 
 	/* do not cut a multibyte character in half */
 	shown = pg_mbcliplen(value, len, shown);
+	for (i = 0; i < shown && !controls; i++)
+		controls = is_control_byte((unsigned char) value[i]);
 	initStringInfo(&buf);
-	appendStringInfoChar(&buf, '\'');
-	appendBinaryStringInfo(&buf, value, shown);
+	if (!controls)
+	{
+		appendStringInfoChar(&buf, '\'');
+		appendBinaryStringInfo(&buf, value, shown);
+	}
+	else
+	{
+		appendStringInfoString(&buf, "E'");
+		for (i = 0; i < shown; i++)
+		{
+			unsigned char c = (unsigned char) value[i];
+
+			if (c == '\t')
+				appendStringInfoString(&buf, "\\t");
+			else if (c == '\n')
+				appendStringInfoString(&buf, "\\n");
+			else if (c == '\r')
+				appendStringInfoString(&buf, "\\r");
+			else if (c == '\\' || c == '\'')
+			{
+				appendStringInfoChar(&buf, '\\');
+				appendStringInfoChar(&buf, c);
+			}
+			else if (is_control_byte(c))
+				appendStringInfo(&buf, "\\x%02x", c);
+			else
+				appendStringInfoChar(&buf, c);
+		}
+	}
 	appendStringInfoChar(&buf, '\'');
 	if (shown < len)
 		appendStringInfo(&buf, "... (%d bytes)", len);
 	return buf.data;
+}
+
+/*
+ * payidem._check_no_controls(message text, what text, value text)
+ *		RETURNS text, IMMUTABLE STRICT
+ *		The one rule for a name or a description a person reads (a
+ *		merchant's name, an order's subject): no control character (tab,
+ *		line break, U+0000 to U+001F, DEL), which would break the lines of a
+ *		report, a log or a bill.  22023, the value escaped in DETAIL; the
+ *		value itself otherwise.  Every caller checks through this.
+ */
+PG_FUNCTION_INFO_V1(payidem_check_no_controls);
+Datum
+payidem_check_no_controls(PG_FUNCTION_ARGS)
+{
+	text	   *value = PG_GETARG_TEXT_PP(2);
+	const char *p = VARDATA_ANY(value);
+	int			len = VARSIZE_ANY_EXHDR(value);
+	int			i;
+
+	for (i = 0; i < len; i++)
+		if (is_control_byte((unsigned char) p[i]))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s", text_to_cstring(PG_GETARG_TEXT_PP(0))),
+					 errdetail("%s was %s; it must not contain control characters (tabs, line breaks and the like).",
+							   text_to_cstring(PG_GETARG_TEXT_PP(1)), payidem_quote_value(p, len)),
+					 errhint("Write it on one line, with spaces in place of tabs and line breaks.")));
+	PG_RETURN_TEXT_P(value);
+}
+
+/*
+ * A duration argument (an order's expiry, a secret's grace period, an
+ * idempotency lease or retention): not NULL, and now() plus it after now()
+ * (or now() itself, where allow_zero) and at most max_years years after it.
+ * The end is what is checked: PostgreSQL compares intervals counting a month
+ * as 30 days, but adds months and days to a time by the calendar ('1 month
+ * -29 days' can end before it starts), and a sum past the timestamp range
+ * is 22008.  So each part (months, days, time) is first bounded by
+ * max_years on its own ('5000000 years -1799990000 days' compares as 27
+ * years, but its years alone leave the range), and only then added.
+ * 22023 for all of these, with the value in DETAIL and the caller's message
+ * and hint (NULL: none).  The one check of a duration: SQL reaches it as
+ * payidem._check_duration().
+ */
+void
+payidem_check_interval(const char *message, const char *what, const Interval *value,
+					   bool allow_zero, int max_years, const char *hint)
+{
+	int64		max_days = (int64) max_years * 36525 / 100;
+	bool		ok = false;
+
+	if (value != NULL &&
+		value->month >= -max_years * MONTHS_PER_YEAR && value->month <= max_years * MONTHS_PER_YEAR &&
+		value->day >= -max_days && value->day <= max_days &&
+		value->time >= -max_days * USECS_PER_DAY && value->time <= max_days * USECS_PER_DAY)
+	{
+		TimestampTz now = GetCurrentTransactionStartTimestamp();
+		Interval	longest;
+		TimestampTz end;
+		TimestampTz limit;
+
+		memset(&longest, 0, sizeof(longest));
+		longest.month = max_years * MONTHS_PER_YEAR;
+		end = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval, TimestampTzGetDatum(now),
+													  IntervalPGetDatum(value)));
+		limit = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval, TimestampTzGetDatum(now),
+														IntervalPGetDatum(&longest)));
+		ok = end > now ? end <= limit : (end == now && allow_zero);
+	}
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s", message),
+				 errdetail("%s was %s; it must be %s interval of at most %d years.", what,
+						   value == NULL ? "NULL" :
+						   DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(value))),
+						   allow_zero ? "a zero or positive" : "a positive", max_years),
+				 hint != NULL ? errhint("%s", hint) : 0));
+}
+
+/*
+ * payidem._check_duration(message text, what text, value interval,
+ *                         allow_zero boolean, hint text) RETURNS interval
+ *		payidem_check_interval() for SQL (create_order's expiry,
+ *		rotate_merchant_secret's grace period), at most 100 years; the
+ *		value if it passes.
+ */
+PG_FUNCTION_INFO_V1(payidem_check_duration);
+Datum
+payidem_check_duration(PG_FUNCTION_ARGS)
+{
+	Interval   *value = PG_ARGISNULL(2) ? NULL : PG_GETARG_INTERVAL_P(2);
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3))
+		elog(ERROR, "payidem._check_duration: message, what and allow_zero must not be NULL");
+	payidem_check_interval(text_to_cstring(PG_GETARG_TEXT_PP(0)), text_to_cstring(PG_GETARG_TEXT_PP(1)),
+						   value, PG_GETARG_BOOL(3), 100,
+						   PG_ARGISNULL(4) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(4)));
+	PG_RETURN_INTERVAL_P(value);
 }
 
 /* Equal as stored bytes (text equality under a deterministic collation). */

@@ -168,6 +168,8 @@ typedef enum IdemOutcome
 
 extern int	payidem_shard_id;
 extern char *payidem_quote_value(const char *value, int len);
+extern void payidem_check_interval(const char *message, const char *what, const Interval *value,
+								   bool allow_zero, int max_years, const char *hint);
 extern bool payidem_text_equal(Datum a, Datum b);
 extern Oid	payidem_relation_owner(Oid relid);
 extern Oid	payidem_relid(const char *relname);

@@ -96,11 +96,23 @@ payidem_get_order(PG_FUNCTION_ARGS)
 	return read_order(fcinfo, PG_GETARG_DATUM(0), PG_ARGISNULL(0), (Datum) 0, true, (Datum) 0, true);
 }
 
-/* payidem.find_order(merchant_no text, out_trade_no text) RETURNS jsonb */
+/*
+ * payidem.find_order(merchant_no text, out_trade_no text) RETURNS jsonb
+ *		Both are needed: _read_order() takes NULL for both as get_order()'s
+ *		call, so a NULL here is refused first, saying which.
+ */
 PG_FUNCTION_INFO_V1(payidem_find_order);
 Datum
 payidem_find_order(PG_FUNCTION_ARGS)
 {
+	int			i;
+
+	for (i = 0; i < 2; i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s must not be NULL", i == 0 ? "merchant_no" : "out_trade_no"),
+					 errhint("Pass the %s.", i == 0 ? "merchant_no" : "out_trade_no")));
 	return read_order(fcinfo, (Datum) 0, true, PG_GETARG_DATUM(0), PG_ARGISNULL(0),
 					  PG_GETARG_DATUM(1), PG_ARGISNULL(1));
 }

@@ -58,6 +58,7 @@ CREATE FUNCTION payidem._check_code(what text, value text, pattern text, rule te
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+	PERFORM payidem._check_no_controls('invalid ' || what, 'The value', value);
 	IF value IS NULL OR value !~ pattern THEN
 		RAISE EXCEPTION 'invalid %', what USING
 			ERRCODE = 'invalid_parameter_value',
@@ -85,36 +86,29 @@ $$;
 -- now() plus 100 years.  The end is what is checked: PostgreSQL compares
 -- intervals counting a month as 30 days, but adds months and days to a time
 -- by the calendar ('1 month -29 days' can end before it starts), and a sum past
--- the timestamp range is 22008.  22023 for all of these; no exception block
--- (create_order calls this for every order).
+-- the timestamp range is 22008, so each part is bounded before the sum.
+-- 22023 for all of these.  In C (src/payidem.c, payidem_check_interval),
+-- where idem_claim's lease and idem_purge's retention are checked by the same
+-- code: the rule is written once.
 CREATE FUNCTION payidem._check_duration(message text, what text, value interval,
 										allow_zero boolean, hint text)
 RETURNS interval
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_end timestamptz;
-BEGIN
-	-- each part (months, days, time) within 100 years, so that the sum below
-	-- cannot leave the timestamp range; then the end itself
-	IF value IS NOT NULL
-	   AND abs(extract(year FROM value) * 12 + extract(month FROM value)) <= 1200
-	   AND abs(extract(day FROM value)) <= 36525
-	   AND abs(extract(hour FROM value) * 3600 + extract(minute FROM value) * 60
-			   + extract(second FROM value)) <= 3155760000 THEN	-- 36525 days, in seconds
-		v_end := now() + value;
-	END IF;
-	IF v_end IS NULL OR v_end < now() OR (v_end = now() AND NOT allow_zero)
-	   OR v_end > now() + interval '100 years' THEN
-		RAISE EXCEPTION '%', message USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('%s was %s; it must be %s interval of at most 100 years.', what,
-							coalesce(value::text, 'NULL'),
-							CASE WHEN allow_zero THEN 'a zero or positive' ELSE 'a positive' END),
-			HINT = hint;
-	END IF;
-	RETURN value;
-END
-$$;
+AS 'MODULE_PATHNAME', 'payidem_check_duration'
+LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._check_duration(text, text, interval, boolean, text) IS
+	'Internal: value, if now() plus it is after now() (or now() itself, where allow_zero) and at most 100 years later, each of its parts within 100 years; 22023 with message, the value in DETAIL and hint otherwise.';
+
+-- The one rule for a name or description a person reads (a merchant's name,
+-- an order's subject, the codes _check_code checks): no control character
+-- (tab, line break, U+0000 to U+001F, DEL).  22023 with the value escaped in
+-- DETAIL, never its raw bytes.  In C (src/payidem.c), as the escaping of
+-- values in payidem's C errors is.
+CREATE FUNCTION payidem._check_no_controls(message text, what text, value text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_check_no_controls'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._check_no_controls(text, text, text) IS
+	'Internal: value, unless it holds a control character (tab, line break, U+0000 to U+001F, DEL): 22023 with message and the value escaped in DETAIL.';
 
 -- The day of a channel's bill (load_bill, reconcile): a calendar day a bill
 -- can have, from 1970 to 9999 (so that the next midnight exists too).
@@ -147,6 +141,7 @@ BEGIN
 			ERRCODE = 'invalid_parameter_value',
 			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
 	END IF;
+	PERFORM payidem._check_no_controls('invalid merchant name', 'The name', name);
 	PERFORM payidem._check_code('merchant type', merchant_type, '^[a-z][a-z0-9_]{0,31}$',
 		'a merchant type is a lower-case code such as retail or catering.');
 	PERFORM payidem._check_rate('merchant fee', fee_rate);
@@ -233,6 +228,25 @@ BEGIN
 END
 $$;
 
+-- The same, for a change a closed merchant no longer takes (closed is final):
+-- a new API secret, a channel binding, a reporting role.  PI004 if it is
+-- closed; action says what it is refused.
+CREATE FUNCTION payidem._open_merchant_for_update(p_merchant_no text, action text)
+RETURNS payidem.merchant
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m payidem.merchant := payidem._merchant_for_update(p_merchant_no);
+BEGIN
+	IF m.status = 'closed' THEN
+		RAISE EXCEPTION 'merchant % is closed', m.merchant_no USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status closed; a closed merchant %s.', m.merchant_no, action),
+			HINT = 'A closed merchant stays closed; create a new merchant instead.';
+	END IF;
+	RETURN m;
+END
+$$;
+
 CREATE FUNCTION payidem._channel_for_update(p_channel_no text)
 RETURNS payidem.channel
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -311,7 +325,7 @@ DECLARE
 BEGIN
 	PERFORM payidem._check_duration('invalid grace period', 'The grace period', grace, true,
 									'The default is ''24 hours''; 0 ends the previous secret now.');
-	m := payidem._merchant_for_update(rotate_merchant_secret.merchant_no);
+	m := payidem._open_merchant_for_update(rotate_merchant_secret.merchant_no, 'gets no new API secret');
 
 	-- secrets still in an earlier grace window end now: only current + previous stay valid
 	UPDATE payidem.merchant_secret s
@@ -575,7 +589,7 @@ DECLARE
 	m payidem.merchant;
 	c payidem.channel;
 BEGIN
-	m := payidem._merchant_for_update(bind_channel.merchant_no);
+	m := payidem._open_merchant_for_update(bind_channel.merchant_no, 'is bound to no channel');
 	c := payidem._channel_for_update(bind_channel.channel_no);
 	IF bind_channel.fee_rate IS NOT NULL THEN
 		PERFORM payidem._check_rate('merchant fee', bind_channel.fee_rate);

@@ -49,6 +49,7 @@ BEGIN
 							coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
 			HINT = 'Describe what is being paid for, e.g. ''Green tea 250 g''.';
 	END IF;
+	PERFORM payidem._check_no_controls('invalid order subject', 'The subject', v_subject);
 	IF v_out_trade_no IS NULL OR NOT payidem._fits(v_out_trade_no, 'payidem.merchant_ref') THEN
 		PERFORM payidem._invalid_format('out_trade_no', v_out_trade_no, 'payidem.merchant_ref',
 										'Use the merchant''s own order number, e.g. SHOP-20261129-0001.');

@@ -241,7 +241,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_role name := payidem._check_role(role);
 BEGIN
-	PERFORM payidem._merchant_for_update(map_merchant_role.merchant_no);
+	PERFORM payidem._open_merchant_for_update(map_merchant_role.merchant_no, 'is mapped to no reporting role');
 	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
 	EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(true), v_role);

@@ -7,7 +7,7 @@
 # log_verbose (the plan's Output line), debug_print_plan, and
 # pg_stat_statements tracking nested statements.  Refusals (a file that is
 # not JSON, not a JSON object, readable by others, a bad name) do not quote
-# the file either.
+# the file either; a FIFO is refused at once, not waited on.
 #
 # The control: the same keys passed to set_channel_config() as a bound
 # parameter do reach the log (auto_explain's Output line), which is why the
@@ -18,6 +18,8 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Digest::SHA qw(hmac_sha256_hex);
+use Fcntl qw(O_WRONLY O_NONBLOCK);
+use POSIX qw(mkfifo);
 use PayidemNode;
 
 sub canary { return 'CANARY' . $_[0] . join('', map { sprintf('%02x', int(rand(256))) } 1 .. 12) }
@@ -109,6 +111,27 @@ refused(qq{SET ROLE log_ops; SELECT payidem.load_merchant_secret('$merchant', 'm
 symlink("$dir/wx.json", "$dir/link.json") or die "symlink: $!";
 refused(q{SELECT payidem.load_channel_config('LOG_WX', 'link.json')},
 	qr/ERROR:  secret file 'link\.json' is a symbolic link/, 'a symbolic link');
+# a FIFO: refused at once.  Opened as a file is, it would wait for a writer,
+# in a system call no statement_timeout, cancel or terminate ends; so the call
+# runs under a timeout, and a call still waiting is let go by opening the FIFO
+# for writing, so that a regression fails here instead of hanging the test.
+mkfifo("$dir/pipe.json", 0600) or die "mkfifo: $!";
+{
+	my $timed_out = 0;
+	my ($ret, $out, $err) = $node->psql('postgres',
+		"\\set VERBOSITY verbose\nSELECT payidem.load_channel_config('LOG_WX', 'pipe.json')",
+		timeout => 30, timed_out => \$timed_out);
+	if ($timed_out)
+	{
+		my $writer;
+		sysopen($writer, "$dir/pipe.json", O_WRONLY | O_NONBLOCK) and close($writer);
+	}
+	ok(!$timed_out, 'a FIFO: the call returns at once, it does not wait for a writer');
+	isnt($ret, 0, 'a FIFO: refused');
+	like($err, qr/ERROR:  22023: secret file 'pipe\.json' is not a regular file/, 'a FIFO: 22023, not a regular file');
+	like($err, qr/DETAIL:  'pipe\.json' in payidem\.secret_dir = '\Q$dir\E' is a FIFO \(named pipe\); only a regular file is read\./,
+		'a FIFO: DETAIL names the file and what it is');
+}
 like($node->safe_psql('postgres', q{SELECT payidem.get_channel_config('LOG_WX') ->> 'private_key'}),
 	qr/\Q$canary{KEY}\E/, 'the refusals changed nothing');
 
