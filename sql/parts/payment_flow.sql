@@ -424,6 +424,25 @@ BEGIN
 
 	SELECT x.order_no INTO v_other FROM payidem.payment x WHERE x.payment_no = v_payment_no;
 	IF NOT FOUND THEN
+		-- A success for a number of this shard that names no payment (lost in
+		-- an asynchronous failover, or never made here) is money the channel
+		-- holds without a record: refused, with one anomaly per number and
+		-- transaction id (its unique index: a repeat, or a delivery at the
+		-- same moment, adds none), not an error the channel's retries hit
+		-- until they give up.  Any other report of it is an error.
+		IF v_status = 'succeeded'
+		   AND (SELECT n.shard FROM payidem.order_no_parse(v_payment_no) n) = payidem.shard_id() THEN
+			INSERT INTO payidem.anomaly (kind, amount, detail)
+			VALUES ('unknown_transaction', v_amount,
+					jsonb_build_object('reported_payment_no', v_payment_no, 'transaction_id', v_txn,
+									   'reported_amount', v_amount, 'source', v_source,
+									   'paid_at', coalesce(_apply_payment_result.paid_at, now()),
+									   'action', 'ask the channel which payment this is; refund it at the channel if none of ours was made for it',
+									   'raw', payidem._flow_raw(raw)))
+			ON CONFLICT ((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
+				WHERE kind = 'unknown_transaction' DO NOTHING;
+			RETURN 'rejected';
+		END IF;
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009',
 			DETAIL = 'payidem.payment has no row with that payment_no.';
@@ -575,7 +594,7 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'payidem_apply_payment_result'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
-	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result: nothing changes but an anomaly row).';
+	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result, and unknown_transaction for a success of a number of this shard that names no payment: nothing changes but an anomaly row). PI009 for another report of an unknown payment.';
 
 CREATE FUNCTION payidem.close_payment(payment_no text)
 RETURNS boolean
