@@ -503,3 +503,112 @@ END
 $$;
 COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
 	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result, and unknown_transaction for a success of a number of this shard that names no payment: nothing changes but an anomaly row). PI009 for another report of an unknown payment.';
+
+-- apply_refund_result(): a refund the channel completed is recorded whatever
+-- the order's status; an order in a status a DBA added after paid keeps it
+-- unless the whitelist allows the move (src/ledger.c accepts such an order's
+-- refunded amount when it names the payment that paid it)
+CREATE OR REPLACE FUNCTION payidem.apply_refund_result(refund_no text, status text, channel_refund_id text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_refund_no text := apply_refund_result.refund_no;
+	v_status text := apply_refund_result.status;
+	v_crid text := apply_refund_result.channel_refund_id;
+	v_payment_no text;
+	v_order_no text;
+	v_refunded bigint;
+	v_order_refunded bigint;
+	v_order_status text;
+	p payidem.payment;
+	r payidem.refund;
+	o payidem."order";
+BEGIN
+	PERFORM payidem._check_number('refund', apply_refund_result.refund_no);
+	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed') THEN
+		RAISE EXCEPTION 'invalid refund result status' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The status was %s; it must be succeeded or failed.',
+							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
+	END IF;
+	IF NOT payidem._fits(v_crid, 'payidem.channel_ref') THEN
+		PERFORM payidem._invalid_format('channel_refund_id', v_crid, 'payidem.channel_ref');
+	END IF;
+
+	-- the lock order of every flow function: the order (a success moves
+	-- it), then the payment, then the refund; their numbers never change
+	SELECT x.payment_no, x.order_no INTO v_payment_no, v_order_no FROM payidem.refund x WHERE x.refund_no = v_refund_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'refund % does not exist', coalesce(quote_literal(left(v_refund_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.refund has no row with that refund_no.';
+	END IF;
+	IF v_status = 'succeeded' THEN
+		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
+	END IF;
+	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
+	SELECT * INTO r FROM payidem.refund x WHERE x.refund_no = v_refund_no FOR NO KEY UPDATE;
+
+	IF r.status NOT IN ('pending', v_status) THEN
+		-- succeeded and failed are both final: the other word comes too late
+		IF v_status = 'succeeded' AND NOT EXISTS (
+				SELECT 1 FROM payidem.anomaly a
+				 WHERE a.payment_no = p.payment_no AND a.kind = 'refund_success_after_failure'
+				   AND a.handle_status = 'open' AND a.detail @> jsonb_build_object('refund_no', r.refund_no)) THEN
+			-- the channel says money went back on a refund we recorded as failed
+			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+			VALUES ('refund_success_after_failure', p.order_no, p.payment_no, p.channel_no, r.amount,
+					jsonb_build_object('refund_no', r.refund_no, 'channel_refund_id', v_crid));
+		END IF;
+		RETURN 'rejected';
+	END IF;
+
+	-- a repeat is answered from the refund's row, which we hold locked: it
+	-- is the record of the decision (no idempotency key: DESIGN section 4)
+	IF r.status = v_status THEN
+		RETURN 'duplicate';
+	END IF;
+
+	IF v_status = 'failed' THEN
+		PERFORM payidem.transit_refund(r.refund_no, 'failed');
+		RETURN 'applied';
+	END IF;
+
+	-- The refund, its payment and (only if that payment paid it) the order,
+	-- each row's status with its refunded amount, in one statement: the
+	-- bookkeeping checks across rows see all three written also when they
+	-- run at the end of each statement (SET CONSTRAINTS ... IMMEDIATE).
+	-- status_guard checks and logs each status change.  The order's
+	-- refunded amount always moves: a refund the channel completed is
+	-- recorded whatever the order's status.  Its status becomes
+	-- partially_refunded or refunded where the whitelist allows the move
+	-- (always from paid and partially_refunded); an order in a status a DBA
+	-- added after paid (shipping) without such a transition keeps it.
+	v_refunded := p.refunded_amount + r.amount;
+	v_order_refunded := o.refunded_amount + r.amount;
+	v_order_status := CASE WHEN v_order_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END;
+	IF o.status <> v_order_status AND NOT EXISTS (
+			SELECT 1 FROM payidem.transition t
+			 WHERE t.entity = 'order' AND t.from_status = o.status AND t.to_status = v_order_status) THEN
+		v_order_status := o.status;
+	END IF;
+	WITH refund_done AS (
+		UPDATE payidem.refund x
+		   SET status = 'succeeded', refunded_at = now(), updated_at = now(),
+			   channel_refund_id = coalesce(v_crid, x.channel_refund_id)
+		 WHERE x.refund_no = r.refund_no
+		RETURNING x.refund_no),
+	payment_done AS (
+		UPDATE payidem.payment x
+		   SET refunded_amount = v_refunded, updated_at = now(),
+			   status = CASE WHEN v_refunded >= p.amount THEN 'refunded' ELSE 'partially_refunded' END
+		 WHERE x.payment_no = p.payment_no
+		RETURNING x.payment_no)
+	UPDATE payidem."order" x
+	   SET refunded_amount = v_order_refunded, updated_at = now(), status = v_order_status
+	 WHERE x.order_no = o.order_no AND o.paid_payment_no = p.payment_no;
+	RETURN 'applied';
+END
+$$;
+COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
+	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order (an order in a status of a DBA''s, such as shipping, keeps it unless the whitelist allows its move to partially_refunded/refunded; its refunded amount moves). Returns applied, duplicate or rejected (the other final word came first).';

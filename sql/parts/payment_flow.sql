@@ -971,6 +971,7 @@ DECLARE
 	v_order_no text;
 	v_refunded bigint;
 	v_order_refunded bigint;
+	v_order_status text;
 	p payidem.payment;
 	r payidem.refund;
 	o payidem."order";
@@ -1029,9 +1030,20 @@ BEGIN
 	-- each row's status with its refunded amount, in one statement: the
 	-- bookkeeping checks across rows see all three written also when they
 	-- run at the end of each statement (SET CONSTRAINTS ... IMMEDIATE).
-	-- status_guard checks and logs each status change.
+	-- status_guard checks and logs each status change.  The order's
+	-- refunded amount always moves: a refund the channel completed is
+	-- recorded whatever the order's status.  Its status becomes
+	-- partially_refunded or refunded where the whitelist allows the move
+	-- (always from paid and partially_refunded); an order in a status a DBA
+	-- added after paid (shipping) without such a transition keeps it.
 	v_refunded := p.refunded_amount + r.amount;
 	v_order_refunded := o.refunded_amount + r.amount;
+	v_order_status := CASE WHEN v_order_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END;
+	IF o.status <> v_order_status AND NOT EXISTS (
+			SELECT 1 FROM payidem.transition t
+			 WHERE t.entity = 'order' AND t.from_status = o.status AND t.to_status = v_order_status) THEN
+		v_order_status := o.status;
+	END IF;
 	WITH refund_done AS (
 		UPDATE payidem.refund x
 		   SET status = 'succeeded', refunded_at = now(), updated_at = now(),
@@ -1045,14 +1057,13 @@ BEGIN
 		 WHERE x.payment_no = p.payment_no
 		RETURNING x.payment_no)
 	UPDATE payidem."order" x
-	   SET refunded_amount = v_order_refunded, updated_at = now(),
-		   status = CASE WHEN v_order_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END
+	   SET refunded_amount = v_order_refunded, updated_at = now(), status = v_order_status
 	 WHERE x.order_no = o.order_no AND o.paid_payment_no = p.payment_no;
 	RETURN 'applied';
 END
 $$;
 COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
-	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order. Returns applied, duplicate or rejected (the other final word came first).';
+	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order (an order in a status of a DBA''s, such as shipping, keeps it unless the whitelist allows its move to partially_refunded/refunded; its refunded amount moves). Returns applied, duplicate or rejected (the other final word came first).';
 
 -- Merchant notifications: one event per order.paid, refund.succeeded and
 -- order.closed, written by the status_notify triggers (below) in the
