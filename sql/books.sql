@@ -220,6 +220,25 @@ SELECT kind FROM payidem.anomaly WHERE payment_no = :'p5';
 SELECT payidem.apply_refund_result(payidem.refund(:'p5', 5000, 'BR-5'), 'succeeded') AS refunded;
 SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount AS order_refunded
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p5';
+-- the payment that paid an order stays its paying payment: a DBA who points
+-- a paid order at its other success (recorded as a duplicate_payment anomaly)
+-- would leave the real paying payment a success with no anomaly; refused at
+-- once, also on an order in a status of a DBA's own flow, and for NULL
+SELECT payidem.create_order(:'m', 'B-0012', 1200, 'Paid twice') AS o12 \gset
+SELECT payidem.begin_payment(:'o12', 'BK_WX') AS p12a \gset
+SELECT payidem.close_payment(:'p12a') AS closed_a;
+SELECT payidem.begin_payment(:'o12', 'BK_WX') AS p12b \gset
+SELECT payidem.apply_payment_result(:'p12b', 'callback', 'succeeded', 'BK-T-12B', 1200) AS b_paid;
+SELECT payidem.apply_payment_result(:'p12a', 'query', 'succeeded', 'BK-T-12A', 1200) AS a_late;
+SELECT kind, payment_no = :'p12a' AS is_a FROM payidem.anomaly WHERE order_no = :'o12';
+SELECT * FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_no = %L WHERE order_no = %L',
+                                       :'p12a', :'o12'));
+SELECT err_code, err_message FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_no = NULL WHERE order_no = %L',
+                                                           :'o11'));
+SELECT err_code, err_message FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_no = %L WHERE order_no = %L',
+                                                           :'p12a', :'o11'));
+SELECT order_no = :'o12' AS is_o12, status, paid_payment_no = CASE WHEN order_no = :'o12' THEN :'p12b' END AS paid_by_b
+  FROM payidem."order" WHERE order_no IN (:'o11', :'o12') ORDER BY order_no = :'o12';
 -- every anomaly that recorded money has a payment refund() takes
 SELECT a.kind, p.status IN ('succeeded', 'partially_refunded', 'refunded') AS refundable
   FROM payidem.anomaly a JOIN payidem.payment p USING (payment_no)

@@ -612,3 +612,8 @@ END
 $$;
 COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
 	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order (an order in a status of a DBA''s, such as shipping, keeps it unless the whitelist allows its move to partially_refunded/refunded; its refunded amount moves). Returns applied, duplicate or rejected (the other final word came first).';
+
+-- the bookkeeping of an order's own row: its paying payment never changes
+-- once it left pending (src/ledger.c)
+COMMENT ON FUNCTION payidem.ledger_row() IS
+	'Trigger on payidem."order" and payidem.payment: a paid order names its payment and has paid_at; an order keeps its merchant, and the payment that paid it once it left pending; a succeeded payment has its transaction id, paid_at and fees; a status agrees with the refunded amount, which an order in another status than paid, partially_refunded or refunded (a DBA''s shipping) has only if it names the payment that paid it (PI002).';

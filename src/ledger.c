@@ -10,7 +10,8 @@
  *     "order" and payment (trigger status_ledger, which fires after
  *     status_guard: triggers of one event fire in name order, so a change
  *     the whitelist refuses is reported as that first).  What a row says
- *     about itself: an order keeps its merchant; a paid order has paid_at
+ *     about itself: an order keeps its merchant, and the payment that paid
+ *     it once it left pending; a paid order has paid_at
  *     and paid_payment_no; a succeeded payment has its transaction id,
  *     paid_at and fees; a status agrees with the refunded amount (partially_refunded exactly when
  *     0 < refunded < amount, refunded exactly when refunded = amount; an
@@ -76,6 +77,7 @@ text_in(Datum d, const char *const *list)
 }
 
 static const char *const paid_order[] = {"paid", "partially_refunded", "refunded", NULL};
+static const char *const unpaid_order[] = {"pending", NULL};
 
 /*
  * The statuses of a payment whose money arrived: the one list, for the
@@ -308,6 +310,28 @@ payidem_ledger_row(PG_FUNCTION_ARGS)
 							   col_text(rel, trigdata->tg_trigtuple, "merchant_no"),
 							   col_text(rel, tup, "merchant_no")),
 					 errhint("An order stays with the merchant that created it; create the other merchant's own with payidem.create_order().")));
+		/*
+		 * The payment that paid an order never changes once the order left
+		 * pending: the other successes of the order are anomalies to refund,
+		 * and naming one of them instead would leave the real paying payment
+		 * a success with no anomaly.
+		 */
+		if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) &&
+			!col_null(rel, trigdata->tg_trigtuple, "paid_payment_no") &&
+			!text_in(col(rel, trigdata->tg_trigtuple, "status", &isnull), unpaid_order) &&
+			(col_null(rel, tup, "paid_payment_no") ||
+			 !payidem_text_equal(col(rel, trigdata->tg_trigtuple, "paid_payment_no", &isnull),
+								 col(rel, tup, "paid_payment_no", &isnull))))
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+					 errmsg("order %s would break its bookkeeping: a change of the payment that paid it",
+							col_text(rel, tup, "order_no")),
+					 errdetail("Order %s (%s) was paid by payment %s; it would name %s.",
+							   col_text(rel, tup, "order_no"),
+							   col_text(rel, trigdata->tg_trigtuple, "status"),
+							   col_text(rel, trigdata->tg_trigtuple, "paid_payment_no"),
+							   col_text(rel, tup, "paid_payment_no")),
+					 errhint("The payment that paid an order stays its paying payment; refund another success of the order with payidem.refund() and resolve its anomaly.")));
 		if (text_in(status, paid_order))
 		{
 			if (col_null(rel, tup, "paid_at") || col_null(rel, tup, "paid_payment_no"))
