@@ -147,6 +147,46 @@ SET ROLE books_app;
 SELECT payidem.transit_order(:'o3', 'shipping') AS shipped;
 RESET ROLE;
 SELECT status FROM payidem."order" WHERE order_no = :'o3';
+-- a DBA's flow strands no refund: refund() takes the payment of a shipping
+-- order, and the success the channel reports is recorded.  The refunded
+-- amounts move and the refund.succeeded event is written; the order stays
+-- shipping while the whitelist has no shipping -> partially_refunded, and
+-- moves to refunded once shipping -> refunded is added.
+SELECT payidem.create_order(:'m', 'B-0010', 3000, 'Shipping, refunded', 'https://shop.example/notify') AS o10 \gset
+SELECT payidem.begin_payment(:'o10', 'BK_WX') AS p10 \gset
+SELECT payidem.apply_payment_result(:'p10', 'callback', 'succeeded', 'BK-T-10', 3000) AS paid;
+SELECT payidem.transit_order(:'o10', 'shipping') AS shipped;
+SET ROLE books_app;
+SELECT payidem.refund(:'p10', 1000, 'BR-10A') AS r10a \gset
+SELECT payidem.apply_refund_result(:'r10a', 'succeeded', 'BK-R-10A') AS refund_applied;
+SELECT payidem.apply_refund_result(:'r10a', 'succeeded', 'BK-R-10A') AS refund_again;
+RESET ROLE;
+SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount AS order_refunded,
+       o.paid_payment_no = :'p10' AS still_paid_by_it
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p10';
+SELECT event, e.payload::jsonb ->> 'status' AS order_status, e.payload::jsonb ->> 'refund_amount' AS refund_amount,
+       e.payload::jsonb ->> 'refunded_amount' AS refunded_amount
+  FROM payidem.notify_event e WHERE e.order_no = :'o10' ORDER BY e.event_id;
+INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'shipping', 'refunded');
+SELECT payidem.apply_refund_result(payidem.refund(:'p10', 2000, 'BR-10B'), 'succeeded') AS rest_refunded;
+SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount AS order_refunded
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p10';
+SELECT status, count(*) AS refunds, sum(amount) AS amount FROM payidem.refund WHERE order_no = :'o10' GROUP BY status;
+SELECT l.entity, l.from_status, l.to_status FROM payidem.status_log l
+ WHERE l.entity_no IN (:'o10', :'p10') AND l.from_status IS NOT NULL ORDER BY l.log_id;
+SELECT event, e.payload::jsonb ->> 'status' AS order_status, e.payload::jsonb ->> 'refunded_amount' AS refunded_amount
+  FROM payidem.notify_event e WHERE e.order_no = :'o10' ORDER BY e.event_id;
+-- (delivered: they are not due later)
+SELECT count(*) AS delivered
+  FROM (SELECT payidem.notify_result(d.event_id, true) FROM payidem.notify_due(100) d WHERE d.order_no = :'o10') x;
+-- the books still hold such an order: its refunded amount is its paying
+-- payment's (refused at commit), and an order that names no payment has none
+SELECT payidem.create_order(:'m', 'B-0011', 1100, 'Shipping, not refunded') AS o11 \gset
+SELECT payidem.apply_payment_result(payidem.begin_payment(:'o11', 'BK_WX'), 'callback', 'succeeded', 'BK-T-11', 1100) AS paid;
+SELECT payidem.transit_order(:'o11', 'shipping') AS shipped;
+SELECT * FROM pg_temp.commit_of(format('UPDATE payidem."order" SET refunded_amount = 100 WHERE order_no = %L', :'o11'));
+SELECT * FROM pg_temp.try(format('UPDATE payidem."order" SET refunded_amount = 100 WHERE order_no = %L', :'o9'));
+SELECT status, refunded_amount FROM payidem."order" WHERE order_no IN (:'o9', :'o11') ORDER BY order_no;
 -- a DBA's payment status that leaves the succeeded ones, for the payment that
 -- paid its order: the order would be paid without a succeeded payment
 SELECT payidem.create_order(:'m', 'B-0007', 7000, 'Disputed') AS o7 \gset
@@ -180,6 +220,25 @@ SELECT kind FROM payidem.anomaly WHERE payment_no = :'p5';
 SELECT payidem.apply_refund_result(payidem.refund(:'p5', 5000, 'BR-5'), 'succeeded') AS refunded;
 SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount AS order_refunded
   FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p5';
+-- the payment that paid an order stays its paying payment: a DBA who points
+-- a paid order at its other success (recorded as a duplicate_payment anomaly)
+-- would leave the real paying payment a success with no anomaly; refused at
+-- once, also on an order in a status of a DBA's own flow, and for NULL
+SELECT payidem.create_order(:'m', 'B-0012', 1200, 'Paid twice') AS o12 \gset
+SELECT payidem.begin_payment(:'o12', 'BK_WX') AS p12a \gset
+SELECT payidem.close_payment(:'p12a') AS closed_a;
+SELECT payidem.begin_payment(:'o12', 'BK_WX') AS p12b \gset
+SELECT payidem.apply_payment_result(:'p12b', 'callback', 'succeeded', 'BK-T-12B', 1200) AS b_paid;
+SELECT payidem.apply_payment_result(:'p12a', 'query', 'succeeded', 'BK-T-12A', 1200) AS a_late;
+SELECT kind, payment_no = :'p12a' AS is_a FROM payidem.anomaly WHERE order_no = :'o12';
+SELECT * FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_no = %L WHERE order_no = %L',
+                                       :'p12a', :'o12'));
+SELECT err_code, err_message FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_no = NULL WHERE order_no = %L',
+                                                           :'o11'));
+SELECT err_code, err_message FROM pg_temp.commit_of(format('UPDATE payidem."order" SET paid_payment_no = %L WHERE order_no = %L',
+                                                           :'p12a', :'o11'));
+SELECT order_no = :'o12' AS is_o12, status, paid_payment_no = CASE WHEN order_no = :'o12' THEN :'p12b' END AS paid_by_b
+  FROM payidem."order" WHERE order_no IN (:'o11', :'o12') ORDER BY order_no = :'o12';
 -- every anomaly that recorded money has a payment refund() takes
 SELECT a.kind, p.status IN ('succeeded', 'partially_refunded', 'refunded') AS refundable
   FROM payidem.anomaly a JOIN payidem.payment p USING (payment_no)

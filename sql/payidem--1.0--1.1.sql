@@ -564,3 +564,344 @@ END
 $$;
 COMMENT ON FUNCTION payidem.create_order(text, text, bigint, text, text, text, interval, text) IS
 	'New pending order (order_no = gen_order_no(''PO'')). Idempotent on (merchant_no, out_trade_no): the same amount and subject return the existing order_no, others raise PI001. PI009 unknown merchant, PI004 merchant not active, 22023 bad input.';
+
+-- A success reported for a payment number that names no payment (lost in an
+-- asynchronous failover, or never made here) raises one anomaly per number
+-- and transaction id, however often the channel repeats it, also when two
+-- deliveries arrive at once.  The number is in detail: payment_no and
+-- order_no name rows that exist (foreign keys), and there is none.
+CREATE UNIQUE INDEX anomaly_unknown_transaction_once ON payidem.anomaly
+	((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
+	WHERE kind = 'unknown_transaction';
+
+-- apply_payment_result(): a success for a number of this shard that names
+-- no payment is rejected with one unknown_transaction anomaly (not PI009)
+CREATE OR REPLACE FUNCTION payidem._apply_payment_result(payment_no text, source text, status text,
+	transaction_id text, amount bigint, paid_at timestamptz, raw jsonb)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	-- aliases, not copies: a copy is an expression, set up again in every
+	-- transaction
+	v_payment_no ALIAS FOR $1;
+	v_source ALIAS FOR $2;
+	v_status ALIAS FOR $3;
+	v_txn ALIAS FOR $4;
+	v_amount ALIAS FOR $5;
+	v_paid_at timestamptz;
+	v_outcome text;
+	v_other text;
+	v_kind text;
+	v_rate numeric;
+	v_cost_rate numeric;
+	v_order_status text;
+	v_order_paid_by text;
+	v_order_row tid;
+	p record;					-- the payment's columns this function reads
+BEGIN
+	-- A repeated success of a payment that already succeeded (the same amount
+	-- and transaction id) is answered from the committed row, without a
+	-- lock: from succeeded, a payment only moves on to refunded states,
+	-- which answer a success the same way.  Such a repeat's arguments are
+	-- valid: the row vouches for all but the source and paid_at, which are
+	-- checked here.
+	IF v_status = 'succeeded' AND v_source IN ('callback', 'query', 'close') THEN
+		SELECT x.status, x.amount, x.transaction_id, x.created_at INTO p
+		  FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+		IF FOUND AND p.status = ANY (payidem._paid_payment_statuses())
+			AND v_amount = p.amount AND v_txn = p.transaction_id
+			AND (_apply_payment_result.paid_at IS NULL OR payidem._paid_at_ok(p.created_at, _apply_payment_result.paid_at)) THEN
+			RETURN 'duplicate';
+		END IF;
+	END IF;
+
+	-- The arguments: valid ones pass one expression; the checks of
+	-- _check_payment_result_args() word the error.
+	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no)
+		OR v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close')
+		OR v_status IS NULL OR v_status NOT IN ('succeeded', 'failed', 'closed')
+		OR (v_status = 'succeeded' AND (v_txn IS NULL OR v_amount IS NULL))
+		OR v_amount <= 0 OR NOT payidem._fits(v_txn, 'payidem.channel_ref')
+		OR NOT isfinite(_apply_payment_result.paid_at) THEN
+		PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount,
+												   _apply_payment_result.paid_at);
+	END IF;
+
+	SELECT x.order_no INTO v_other FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+	IF NOT FOUND THEN
+		-- A success for a number of this shard that names no payment (lost in
+		-- an asynchronous failover, or never made here) is money the channel
+		-- holds without a record: refused, with one anomaly per number and
+		-- transaction id (its unique index: a repeat, or a delivery at the
+		-- same moment, adds none), not an error the channel's retries hit
+		-- until they give up.  Any other report of it is an error.
+		IF v_status = 'succeeded'
+		   AND (SELECT n.shard FROM payidem.order_no_parse(v_payment_no) n) = payidem.shard_id() THEN
+			INSERT INTO payidem.anomaly (kind, amount, detail)
+			VALUES ('unknown_transaction', v_amount,
+					jsonb_build_object('reported_payment_no', v_payment_no, 'transaction_id', v_txn,
+									   'reported_amount', v_amount, 'source', v_source,
+									   'paid_at', coalesce(_apply_payment_result.paid_at, now()),
+									   'action', 'ask the channel which payment this is; refund it at the channel if none of ours was made for it',
+									   'raw', payidem._flow_raw(raw)))
+			ON CONFLICT ((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
+				WHERE kind = 'unknown_transaction' DO NOTHING;
+			RETURN 'rejected';
+		END IF;
+		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.payment has no row with that payment_no.';
+	END IF;
+	-- The lock order of every flow function (docs/payment-flow.md): the
+	-- order, then its payment.  Only a success changes the order; a failure
+	-- or close report locks the payment alone.  FOR NO KEY UPDATE, as an
+	-- UPDATE that keeps the key locks: the KEY SHARE locks that inserts of
+	-- payments, refunds and anomalies take on their order and payment
+	-- through the foreign keys do not wait for it (a FOR UPDATE lock would
+	-- make refund(), which holds the payment, wait for the order).
+	IF v_status = 'succeeded' THEN
+		-- the order, locked (its number never changes), and the rates of the fees
+		SELECT x.ctid, x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
+		  INTO v_order_row, v_order_status, v_order_paid_by, v_rate, v_cost_rate
+		  FROM payidem."order" x
+		  JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
+		  JOIN payidem.payment y ON y.payment_no = v_payment_no
+		  JOIN payidem.channel c ON c.channel_no = y.channel_no
+		  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
+		 WHERE x.order_no = v_other
+		   FOR NO KEY UPDATE OF x;
+	END IF;
+	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id,
+		   x.created_at INTO p
+	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
+
+	IF v_status = 'succeeded' THEN
+		v_paid_at := coalesce(_apply_payment_result.paid_at, now());
+		IF _apply_payment_result.paid_at IS NOT NULL THEN
+			PERFORM payidem._check_paid_at(p.payment_no, p.created_at, v_paid_at);
+		END IF;
+		IF p.status = ANY (payidem._paid_payment_statuses()) THEN
+			IF v_amount = p.amount AND v_txn = p.transaction_id THEN
+				RETURN 'duplicate';		-- applied meanwhile, by the delivery we waited for
+			END IF;
+			v_kind := 'conflicting_result';		-- another transaction id or amount: a second charge?
+		END IF;
+		IF v_kind IS NOT NULL THEN
+			-- decided above
+		ELSIF v_amount <> p.amount THEN
+			v_kind := 'amount_mismatch';
+		ELSIF v_txn IS DISTINCT FROM p.transaction_id THEN
+			-- (a transaction id the payment already has is no other's: unique)
+			-- two deliveries carrying one transaction id for two payments:
+			-- the second waits until the first commits, then (READ
+			-- COMMITTED: a new snapshot per statement) finds its row below.
+			-- The C path of apply_payment_result() takes the same lock.
+			IF NOT payidem._lock_transaction_id(p.channel_no, v_txn, false) THEN
+				PERFORM payidem._lock_transaction_id(p.channel_no, v_txn, true);
+				IF current_setting('transaction_isolation') <> 'read committed' THEN
+					RAISE EXCEPTION 'transaction id % is being applied to another payment at the same time', quote_literal(v_txn) USING
+						ERRCODE = 'serialization_failure',
+						DETAIL = format('Payment %s waited for another delivery of %s on channel %s; this transaction''s snapshot cannot see its outcome.',
+										p.payment_no, quote_literal(v_txn), p.channel_no),
+						HINT = 'Retry the transaction, or apply results in READ COMMITTED.';
+				END IF;
+			END IF;
+			SELECT x.payment_no INTO v_other FROM payidem.payment_paid x
+			 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
+			IF FOUND THEN
+				v_kind := 'transaction_conflict';
+			END IF;
+		END IF;
+	ELSIF p.status = ANY (payidem._paid_payment_statuses()) THEN
+		-- the channel's word of success stands; a later failure/close report
+		-- contradicts it
+		v_kind := 'conflicting_result';
+	ELSIF p.status = v_status THEN
+		RETURN 'duplicate';
+	ELSIF p.status IN ('failed', 'closed') THEN
+		-- a failed attempt is not closed (nor a closed one failed) afterwards
+		RETURN 'rejected';
+	END IF;
+
+	-- A refusal changes nothing but one anomaly row, and a repeat of the
+	-- same refusal adds none.
+	IF v_kind IS NOT NULL THEN
+		IF NOT EXISTS (SELECT 1 FROM payidem.anomaly a
+						WHERE a.payment_no = p.payment_no AND a.kind = v_kind AND a.handle_status = 'open'
+						  AND a.detail @> jsonb_build_object('reported_status', v_status,
+															 'reported_amount', v_amount,
+															 'transaction_id', v_txn)) THEN
+			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+			VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, coalesce(v_amount, p.amount),
+					jsonb_build_object('reported_status', v_status, 'reported_amount', v_amount,
+									   'transaction_id', v_txn, 'source', v_source,
+									   'payment_status', p.status, 'payment_amount', p.amount,
+									   'payment_transaction_id', p.transaction_id,
+									   'other_payment_no', CASE WHEN v_kind = 'transaction_conflict' THEN v_other END,
+									   'raw', payidem._flow_raw(raw)));
+		END IF;
+		RETURN 'rejected';
+	END IF;
+
+	IF v_status <> 'succeeded' THEN
+		-- failed or closed of a pending payment
+		PERFORM payidem.transit_payment(p.payment_no, v_status);
+		RETURN 'applied';
+	END IF;
+
+	-- pending, closed or failed -> succeeded: the channel's word wins.  It
+	-- pays the order if the order is still pending; otherwise money arrived
+	-- where it should not, and an anomaly asks for its refund.
+	-- The status and the fields in one update of the row we hold locked
+	-- (then the order's): the status_guard trigger checks each change
+	-- against the whitelist and logs it, exactly as for transit_payment();
+	-- one new row version each.  A direct update (src/flow.c) unless the
+	-- table has statement triggers, rules or row security that applies:
+	-- then the same UPDATE in SQL.
+	v_outcome := CASE WHEN v_order_status = 'pending' THEN 'applied' ELSE 'anomaly' END;
+	IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
+											payidem._fee(p.amount, v_rate),
+											payidem._fee(p.amount, v_cost_rate)) THEN
+		UPDATE payidem.payment x
+		   SET status = 'succeeded', updated_at = now(),
+			   transaction_id = v_txn, paid_at = v_paid_at,
+			   fee_amount = payidem._fee(p.amount, v_rate),
+			   cost_amount = payidem._fee(p.amount, v_cost_rate)
+		 WHERE x.payment_no = p.payment_no;
+	END IF;
+	IF v_order_status = 'pending' THEN
+		IF NOT payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at) THEN
+			UPDATE payidem."order" x
+			   SET status = 'paid', updated_at = now(),
+				   paid_payment_no = p.payment_no, paid_at = v_paid_at
+			 WHERE x.order_no = p.order_no;
+		END IF;
+	ELSE
+		v_kind := CASE WHEN v_order_status = 'closed' THEN 'paid_after_close' ELSE 'duplicate_payment' END;
+		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+		VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
+				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
+								   'payment_status_before', p.status,
+								   'order_status', v_order_status, 'paid_payment_no', v_order_paid_by,
+								   'action', 'refund this payment with payidem.refund()',
+								   'raw', payidem._flow_raw(raw)));
+	END IF;
+	RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
+	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result, and unknown_transaction for a success of a number of this shard that names no payment: nothing changes but an anomaly row). PI009 for another report of an unknown payment.';
+
+-- apply_refund_result(): a refund the channel completed is recorded whatever
+-- the order's status; an order in a status a DBA added after paid keeps it
+-- unless the whitelist allows the move (src/ledger.c accepts such an order's
+-- refunded amount when it names the payment that paid it)
+CREATE OR REPLACE FUNCTION payidem.apply_refund_result(refund_no text, status text, channel_refund_id text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_refund_no text := apply_refund_result.refund_no;
+	v_status text := apply_refund_result.status;
+	v_crid text := apply_refund_result.channel_refund_id;
+	v_payment_no text;
+	v_order_no text;
+	v_refunded bigint;
+	v_order_refunded bigint;
+	v_order_status text;
+	p payidem.payment;
+	r payidem.refund;
+	o payidem."order";
+BEGIN
+	PERFORM payidem._check_number('refund', apply_refund_result.refund_no);
+	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed') THEN
+		RAISE EXCEPTION 'invalid refund result status' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('The status was %s; it must be succeeded or failed.',
+							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
+	END IF;
+	IF NOT payidem._fits(v_crid, 'payidem.channel_ref') THEN
+		PERFORM payidem._invalid_format('channel_refund_id', v_crid, 'payidem.channel_ref');
+	END IF;
+
+	-- the lock order of every flow function: the order (a success moves
+	-- it), then the payment, then the refund; their numbers never change
+	SELECT x.payment_no, x.order_no INTO v_payment_no, v_order_no FROM payidem.refund x WHERE x.refund_no = v_refund_no;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'refund % does not exist', coalesce(quote_literal(left(v_refund_no, 64)), 'NULL') USING
+			ERRCODE = 'PI009',
+			DETAIL = 'payidem.refund has no row with that refund_no.';
+	END IF;
+	IF v_status = 'succeeded' THEN
+		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
+	END IF;
+	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
+	SELECT * INTO r FROM payidem.refund x WHERE x.refund_no = v_refund_no FOR NO KEY UPDATE;
+
+	IF r.status NOT IN ('pending', v_status) THEN
+		-- succeeded and failed are both final: the other word comes too late
+		IF v_status = 'succeeded' AND NOT EXISTS (
+				SELECT 1 FROM payidem.anomaly a
+				 WHERE a.payment_no = p.payment_no AND a.kind = 'refund_success_after_failure'
+				   AND a.handle_status = 'open' AND a.detail @> jsonb_build_object('refund_no', r.refund_no)) THEN
+			-- the channel says money went back on a refund we recorded as failed
+			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+			VALUES ('refund_success_after_failure', p.order_no, p.payment_no, p.channel_no, r.amount,
+					jsonb_build_object('refund_no', r.refund_no, 'channel_refund_id', v_crid));
+		END IF;
+		RETURN 'rejected';
+	END IF;
+
+	-- a repeat is answered from the refund's row, which we hold locked: it
+	-- is the record of the decision (no idempotency key: DESIGN section 4)
+	IF r.status = v_status THEN
+		RETURN 'duplicate';
+	END IF;
+
+	IF v_status = 'failed' THEN
+		PERFORM payidem.transit_refund(r.refund_no, 'failed');
+		RETURN 'applied';
+	END IF;
+
+	-- The refund, its payment and (only if that payment paid it) the order,
+	-- each row's status with its refunded amount, in one statement: the
+	-- bookkeeping checks across rows see all three written also when they
+	-- run at the end of each statement (SET CONSTRAINTS ... IMMEDIATE).
+	-- status_guard checks and logs each status change.  The order's
+	-- refunded amount always moves: a refund the channel completed is
+	-- recorded whatever the order's status.  Its status becomes
+	-- partially_refunded or refunded where the whitelist allows the move
+	-- (always from paid and partially_refunded); an order in a status a DBA
+	-- added after paid (shipping) without such a transition keeps it.
+	v_refunded := p.refunded_amount + r.amount;
+	v_order_refunded := o.refunded_amount + r.amount;
+	v_order_status := CASE WHEN v_order_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END;
+	IF o.status <> v_order_status AND NOT EXISTS (
+			SELECT 1 FROM payidem.transition t
+			 WHERE t.entity = 'order' AND t.from_status = o.status AND t.to_status = v_order_status) THEN
+		v_order_status := o.status;
+	END IF;
+	WITH refund_done AS (
+		UPDATE payidem.refund x
+		   SET status = 'succeeded', refunded_at = now(), updated_at = now(),
+			   channel_refund_id = coalesce(v_crid, x.channel_refund_id)
+		 WHERE x.refund_no = r.refund_no
+		RETURNING x.refund_no),
+	payment_done AS (
+		UPDATE payidem.payment x
+		   SET refunded_amount = v_refunded, updated_at = now(),
+			   status = CASE WHEN v_refunded >= p.amount THEN 'refunded' ELSE 'partially_refunded' END
+		 WHERE x.payment_no = p.payment_no
+		RETURNING x.payment_no)
+	UPDATE payidem."order" x
+	   SET refunded_amount = v_order_refunded, updated_at = now(), status = v_order_status
+	 WHERE x.order_no = o.order_no AND o.paid_payment_no = p.payment_no;
+	RETURN 'applied';
+END
+$$;
+COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
+	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order (an order in a status of a DBA''s, such as shipping, keeps it unless the whitelist allows its move to partially_refunded/refunded; its refunded amount moves). Returns applied, duplicate or rejected (the other final word came first).';
+
+-- the bookkeeping of an order's own row: its paying payment never changes
+-- once it left pending (src/ledger.c)
+COMMENT ON FUNCTION payidem.ledger_row() IS
+	'Trigger on payidem."order" and payidem.payment: a paid order names its payment and has paid_at; an order keeps its merchant, and the payment that paid it once it left pending; a succeeded payment has its transaction id, paid_at and fees; a status agrees with the refunded amount, which an order in another status than paid, partially_refunded or refunded (a DBA''s shipping) has only if it names the payment that paid it (PI002).';

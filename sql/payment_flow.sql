@@ -167,7 +167,7 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', :'p1', 'callback', 'paid'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, amount => 0)', :'p1', 'callback', 'succeeded'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L)', :'p1', 'callback', 'succeeded', 'has space'));
-SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 1250)', 'PY202401010000000000000093', 'callback', 'succeeded', 'WX-T-0001'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', 'PY202401010000000000000093', 'callback', 'failed'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, paid_at => %L)', :'p1', 'callback', 'succeeded', 'infinity'));
 -- a success must carry the transaction id and the amount; paid_at lies
 -- between the attempt's start and now (payidem.max_clock_skew either side)
@@ -247,6 +247,50 @@ SELECT kind, amount, detail ->> 'transaction_id' AS transaction_id, detail ->> '
 SELECT status, transaction_id, fee_amount IS NOT NULL AS has_fees FROM payidem.payment WHERE payment_no = :'p3';
 SELECT status, paid_payment_no = :'p3b' AS still_paid_by_alipay FROM payidem."order" WHERE order_no = :'o3';
 SELECT * FROM pg_temp.history(:'o3');
+
+--------------------------------------------------- a success for no payment
+-- A success reported for a well-formed number of this shard that names no
+-- payment (lost in an asynchronous failover, or never made here): rejected,
+-- with one unknown_transaction anomaly per number and transaction id that
+-- carries the amount and the report; a repeat (from any source) adds none,
+-- another transaction id for the number one more.  Counted as rejected.
+CREATE TEMP TABLE rejected_before AS SELECT name, value FROM payidem.stats() WHERE name = 'payment_rejected';
+SELECT payidem.order_no_make('PY', date_trunc('second', now()) - interval '1 minute', payidem.shard_id(), 424242) AS px \gset
+SELECT payidem.apply_payment_result(:'px', 'callback', 'succeeded', 'WX-LOST-1', 990, now() - interval '30 seconds',
+                                    '{"total_fee": 990, "sign": "ABCDEF"}') AS lost_success;
+SELECT payidem.apply_payment_result(:'px', 'callback', 'succeeded', 'WX-LOST-1', 990) AS lost_success_again,
+       payidem.apply_payment_result(:'px', 'query', 'succeeded', 'WX-LOST-1', 990) AS lost_success_queried,
+       payidem.apply_payment_result(:'px', 'callback', 'succeeded', 'WX-LOST-2', 990) AS other_transaction_id;
+SELECT kind, order_no, payment_no, channel_no, amount, handle_status,
+       detail ->> 'reported_payment_no' = :'px' AS names_the_number, detail ->> 'transaction_id' AS transaction_id,
+       detail ->> 'reported_amount' AS reported_amount, detail ->> 'source' AS source,
+       (detail ->> 'paid_at')::timestamptz <= now() - interval '30 seconds' AS paid_at_as_reported,
+       detail -> 'raw' AS raw_without_sign
+  FROM payidem.anomaly WHERE detail ->> 'reported_payment_no' = :'px' ORDER BY anomaly_id;
+SELECT s.value - b.value AS rejected_counted FROM payidem.stats() s JOIN rejected_before b USING (name);
+-- the work queue shows them, with what to do
+SELECT kind, payment_no, amount, action FROM payidem.open_anomalies
+ WHERE detail ->> 'reported_payment_no' = :'px' ORDER BY anomaly_id;
+-- nothing else is made: no payment, no order
+SELECT count(*) AS payments FROM payidem.payment WHERE payment_no = :'px';
+SELECT * FROM pg_temp.try(format('SELECT payidem.get_order(%L)',
+       (SELECT payidem.order_no_make('PO', n.issued_at, n.shard, n.seq) FROM payidem.order_no_parse(:'px') n)));
+-- handled or not, the same report still adds nothing
+SELECT payidem.resolve_anomaly(anomaly_id, 'handled', 'refunded at the channel')
+  FROM payidem.anomaly WHERE detail ->> 'reported_payment_no' = :'px' AND detail ->> 'transaction_id' = 'WX-LOST-1';
+SELECT payidem.apply_payment_result(:'px', 'callback', 'succeeded', 'WX-LOST-1', 990) AS after_handled;
+SELECT count(*) AS anomalies FROM payidem.anomaly WHERE detail ->> 'reported_payment_no' = :'px';
+-- any other report of an unknown payment is PI009, as is a success for a
+-- number of another shard; a malformed number is 22023: no anomaly for them
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', :'px', 'query', 'failed'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L)', :'px', 'close', 'closed'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 990)',
+       payidem.order_no_make('PY', date_trunc('second', now()), (payidem.shard_id() + 1) % 100, 424242),
+       'callback', 'succeeded', 'WX-LOST-3'));
+SELECT err_code, err_message FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 990)',
+       'PY202401010000000000000094', 'callback', 'succeeded', 'WX-LOST-4'));
+SELECT count(*) AS unknown_transaction_anomalies FROM payidem.anomaly WHERE kind = 'unknown_transaction';
+DROP TABLE rejected_before;
 
 ------------------------------------------------------------------ close_payment
 SELECT payidem.create_order(:'m1', 'T-0005', 800, 'Puer') AS o5 \gset

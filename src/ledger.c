@@ -10,10 +10,13 @@
  *     "order" and payment (trigger status_ledger, which fires after
  *     status_guard: triggers of one event fire in name order, so a change
  *     the whitelist refuses is reported as that first).  What a row says
- *     about itself: an order keeps its merchant; a paid order has paid_at
+ *     about itself: an order keeps its merchant, and the payment that paid
+ *     it once it left pending; a paid order has paid_at
  *     and paid_payment_no; a succeeded payment has its transaction id,
  *     paid_at and fees; a status agrees with the refunded amount (partially_refunded exactly when
- *     0 < refunded < amount, refunded exactly when refunded = amount).
+ *     0 < refunded < amount, refunded exactly when refunded = amount; an
+ *     order in any other status, such as a DBA's shipping after paid, may
+ *     have refunds only if it names the payment that paid it).
  *     Checked on the trigger tuple, no query.
  *
  *   payidem.ledger_at_commit() — a DEFERRABLE INITIALLY DEFERRED constraint
@@ -22,8 +25,9 @@
  *     row of a flow step is written: a paid order's paid_payment_no names a
  *     payment of that order in a succeeded status; a payment's refunded
  *     amount is the sum of its succeeded refunds and is mirrored on the
- *     order it paid.  It compares OLD and NEW and returns at once unless
- *     something those rules read changed; then look-ups by index, as the
+ *     order it paid, whatever that order's status.  It compares OLD and
+ *     NEW and returns at once unless something those rules read changed;
+ *     then look-ups by index, as the
  *     tables' owner: an order's two by key without SQL, a payment's
  *     through saved plans.
  *
@@ -73,6 +77,7 @@ text_in(Datum d, const char *const *list)
 }
 
 static const char *const paid_order[] = {"paid", "partially_refunded", "refunded", NULL};
+static const char *const unpaid_order[] = {"pending", NULL};
 
 /*
  * The statuses of a payment whose money arrived: the one list, for the
@@ -305,19 +310,57 @@ payidem_ledger_row(PG_FUNCTION_ARGS)
 							   col_text(rel, trigdata->tg_trigtuple, "merchant_no"),
 							   col_text(rel, tup, "merchant_no")),
 					 errhint("An order stays with the merchant that created it; create the other merchant's own with payidem.create_order().")));
-		if (text_in(status, paid_order) &&
-			(col_null(rel, tup, "paid_at") || col_null(rel, tup, "paid_payment_no")))
+		/*
+		 * The payment that paid an order never changes once the order left
+		 * pending: the other successes of the order are anomalies to refund,
+		 * and naming one of them instead would leave the real paying payment
+		 * a success with no anomaly.
+		 */
+		if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) &&
+			!col_null(rel, trigdata->tg_trigtuple, "paid_payment_no") &&
+			!text_in(col(rel, trigdata->tg_trigtuple, "status", &isnull), unpaid_order) &&
+			(col_null(rel, tup, "paid_payment_no") ||
+			 !payidem_text_equal(col(rel, trigdata->tg_trigtuple, "paid_payment_no", &isnull),
+								 col(rel, tup, "paid_payment_no", &isnull))))
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+					 errmsg("order %s would break its bookkeeping: a change of the payment that paid it",
+							col_text(rel, tup, "order_no")),
+					 errdetail("Order %s (%s) was paid by payment %s; it would name %s.",
+							   col_text(rel, tup, "order_no"),
+							   col_text(rel, trigdata->tg_trigtuple, "status"),
+							   col_text(rel, trigdata->tg_trigtuple, "paid_payment_no"),
+							   col_text(rel, tup, "paid_payment_no")),
+					 errhint("The payment that paid an order stays its paying payment; refund another success of the order with payidem.refund() and resolve its anomaly.")));
+		if (text_in(status, paid_order))
+		{
+			if (col_null(rel, tup, "paid_at") || col_null(rel, tup, "paid_payment_no"))
+				refuse("order", col_text(rel, tup, "order_no"),
+					   "paid without its payment", "apply_payment_result",
+					   "Order %s would be %s with paid_payment_no %s and paid_at %s; a paid order names the succeeded payment that paid it.",
+					   col_text(rel, tup, "order_no"), TextDatumGetCString(status),
+					   col_text(rel, tup, "paid_payment_no"),
+					   col_null(rel, tup, "paid_at") ? "NULL" : "set");
+			if (!refund_status_agrees(status, refunded, amount))
+				refuse("order", col_text(rel, tup, "order_no"),
+					   "a status that disagrees with its refunded amount", "apply_refund_result",
+					   "Order %s would be %s with " INT64_FORMAT " of " INT64_FORMAT " refunded.",
+					   col_text(rel, tup, "order_no"), TextDatumGetCString(status), refunded, amount);
+		}
+		else if (refunded != 0 && col_null(rel, tup, "paid_payment_no"))
+		{
+			/*
+			 * Any other status (pending, closed, or one a DBA added, such as
+			 * shipping after paid) keeps what refunds the payment that paid
+			 * the order had: a refund the channel completed is recorded
+			 * whatever the order's status (apply_refund_result moves it only
+			 * where the whitelist allows).  Without such a payment, none.
+			 */
 			refuse("order", col_text(rel, tup, "order_no"),
-				   "paid without its payment", "apply_payment_result",
-				   "Order %s would be %s with paid_payment_no %s and paid_at %s; a paid order names the succeeded payment that paid it.",
-				   col_text(rel, tup, "order_no"), TextDatumGetCString(status),
-				   col_text(rel, tup, "paid_payment_no"),
-				   col_null(rel, tup, "paid_at") ? "NULL" : "set");
-		if (!refund_status_agrees(status, refunded, amount))
-			refuse("order", col_text(rel, tup, "order_no"),
-				   "a status that disagrees with its refunded amount", "apply_refund_result",
-				   "Order %s would be %s with " INT64_FORMAT " of " INT64_FORMAT " refunded.",
+				   "a refunded amount without the payment that paid it", "apply_refund_result",
+				   "Order %s would be %s with " INT64_FORMAT " of " INT64_FORMAT " refunded and paid_payment_no NULL; only the refunds of the payment that paid an order are its refunded amount.",
 				   col_text(rel, tup, "order_no"), TextDatumGetCString(status), refunded, amount);
+		}
 	}
 	return PointerGetDatum(NULL);
 }
@@ -428,7 +471,8 @@ check_payment(Datum payment_no, bool moved)
 }
 
 /*
- * A paid order's paying payment is a succeeded payment of it, mirrored.  The
+ * A paid order's paying payment is a succeeded payment of it, mirrored (an
+ * order in another status that names its paying payment: mirrored).  The
  * order as it stands (the version the trigger fired for, when no later one
  * replaced it) and its payment by key, without SQL (the first success of
  * every payment comes here), with the snapshot the deferred triggers fire
@@ -444,10 +488,13 @@ check_order(Datum order_no, ItemPointer tid)
 	HeapTuple	q = NULL;
 	Datum		paid_payment_no;
 	bool		isnull;
+	bool		paid;
+	bool		own;
 
 	if (o == NULL)
 		o = payidem_fetch_unique(orel, "order_pkey", 1, &order_no, GetActiveSnapshot());
-	if (o == NULL || !text_in(col(orel, o, "status", &isnull), paid_order))
+	paid = o != NULL && text_in(col(orel, o, "status", &isnull), paid_order);
+	if (o == NULL || (!paid && col_null(orel, o, "paid_payment_no")))
 	{
 		table_close(orel, NoLock);
 		return;
@@ -456,16 +503,29 @@ check_order(Datum order_no, ItemPointer tid)
 	paid_payment_no = col(orel, o, "paid_payment_no", &isnull);
 	if (!isnull)
 		q = payidem_fetch_unique(prel, "payment_pkey", 1, &paid_payment_no, GetActiveSnapshot());
-	if (q == NULL || !payidem_text_equal(col(prel, q, "order_no", &isnull), order_no) ||
-		!text_in(col(prel, q, "status", &isnull), paid_payment))
+	own = q != NULL && payidem_text_equal(col(prel, q, "order_no", &isnull), order_no);
+	if (paid && (!own || !text_in(col(prel, q, "status", &isnull), paid_payment)))
 		refuse("order", TextDatumGetCString(order_no), "paid without its payment", "apply_payment_result",
 			   "Order %s is %s; its paid_payment_no %s is %s.", TextDatumGetCString(order_no),
 			   col_text(orel, o, "status"), col_text(orel, o, "paid_payment_no"),
 			   q == NULL ? "no payment"
-			   : !payidem_text_equal(col(prel, q, "order_no", &isnull), order_no)
+			   : !own
 			   ? psprintf("a payment of order %s", col_text(prel, q, "order_no"))
 			   : psprintf("a payment in status %s", col_text(prel, q, "status")));
-	if (col_int8(orel, o, "refunded_amount") != col_int8(prel, q, "refunded_amount"))
+
+	/*
+	 * Its refunded amount is its paying payment's, in every status (one a
+	 * DBA added after paid keeps it too); none if it names no payment of
+	 * its own.
+	 */
+	if (!own && col_int8(orel, o, "refunded_amount") != 0)
+		refuse("order", TextDatumGetCString(order_no), "a refunded amount without the payment that paid it",
+			   "apply_refund_result",
+			   "Order %s (%s) has refunded_amount %s; its paid_payment_no %s is %s.",
+			   TextDatumGetCString(order_no), col_text(orel, o, "status"),
+			   col_text(orel, o, "refunded_amount"), col_text(orel, o, "paid_payment_no"),
+			   q == NULL ? "no payment" : psprintf("a payment of order %s", col_text(prel, q, "order_no")));
+	if (own && col_int8(orel, o, "refunded_amount") != col_int8(prel, q, "refunded_amount"))
 		refuse("order", TextDatumGetCString(order_no), "a refunded amount that is not its paying payment's",
 			   "apply_refund_result",
 			   "Order %s has refunded_amount %s; payment %s, which paid it, has %s.",
@@ -508,7 +568,9 @@ payidem_ledger_at_commit(PG_FUNCTION_ARGS)
 	/* nothing the rules read changed: done, without a query */
 	if (kind == 'o')
 	{
-		if (!text_in(col(rel, td->tg_newtuple, "status", &isnull), paid_order) ||
+		/* paid, or in another status naming the payment that paid it */
+		if (!(text_in(col(rel, td->tg_newtuple, "status", &isnull), paid_order) ||
+			  !col_null(rel, td->tg_newtuple, "paid_payment_no")) ||
 			!(changed(rel, td, "status") || changed(rel, td, "paid_payment_no") ||
 			  changed(rel, td, "refunded_amount")))
 			return PointerGetDatum(NULL);

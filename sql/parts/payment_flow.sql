@@ -425,6 +425,25 @@ BEGIN
 
 	SELECT x.order_no INTO v_other FROM payidem.payment x WHERE x.payment_no = v_payment_no;
 	IF NOT FOUND THEN
+		-- A success for a number of this shard that names no payment (lost in
+		-- an asynchronous failover, or never made here) is money the channel
+		-- holds without a record: refused, with one anomaly per number and
+		-- transaction id (its unique index: a repeat, or a delivery at the
+		-- same moment, adds none), not an error the channel's retries hit
+		-- until they give up.  Any other report of it is an error.
+		IF v_status = 'succeeded'
+		   AND (SELECT n.shard FROM payidem.order_no_parse(v_payment_no) n) = payidem.shard_id() THEN
+			INSERT INTO payidem.anomaly (kind, amount, detail)
+			VALUES ('unknown_transaction', v_amount,
+					jsonb_build_object('reported_payment_no', v_payment_no, 'transaction_id', v_txn,
+									   'reported_amount', v_amount, 'source', v_source,
+									   'paid_at', coalesce(_apply_payment_result.paid_at, now()),
+									   'action', 'ask the channel which payment this is; refund it at the channel if none of ours was made for it',
+									   'raw', payidem._flow_raw(raw)))
+			ON CONFLICT ((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
+				WHERE kind = 'unknown_transaction' DO NOTHING;
+			RETURN 'rejected';
+		END IF;
 		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
 			ERRCODE = 'PI009',
 			DETAIL = 'payidem.payment has no row with that payment_no.';
@@ -576,7 +595,7 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'payidem_apply_payment_result'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
-	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result: nothing changes but an anomaly row).';
+	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result, and unknown_transaction for a success of a number of this shard that names no payment: nothing changes but an anomaly row). PI009 for another report of an unknown payment.';
 
 CREATE FUNCTION payidem.close_payment(payment_no text)
 RETURNS boolean
@@ -953,6 +972,7 @@ DECLARE
 	v_order_no text;
 	v_refunded bigint;
 	v_order_refunded bigint;
+	v_order_status text;
 	p payidem.payment;
 	r payidem.refund;
 	o payidem."order";
@@ -1011,9 +1031,20 @@ BEGIN
 	-- each row's status with its refunded amount, in one statement: the
 	-- bookkeeping checks across rows see all three written also when they
 	-- run at the end of each statement (SET CONSTRAINTS ... IMMEDIATE).
-	-- status_guard checks and logs each status change.
+	-- status_guard checks and logs each status change.  The order's
+	-- refunded amount always moves: a refund the channel completed is
+	-- recorded whatever the order's status.  Its status becomes
+	-- partially_refunded or refunded where the whitelist allows the move
+	-- (always from paid and partially_refunded); an order in a status a DBA
+	-- added after paid (shipping) without such a transition keeps it.
 	v_refunded := p.refunded_amount + r.amount;
 	v_order_refunded := o.refunded_amount + r.amount;
+	v_order_status := CASE WHEN v_order_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END;
+	IF o.status <> v_order_status AND NOT EXISTS (
+			SELECT 1 FROM payidem.transition t
+			 WHERE t.entity = 'order' AND t.from_status = o.status AND t.to_status = v_order_status) THEN
+		v_order_status := o.status;
+	END IF;
 	WITH refund_done AS (
 		UPDATE payidem.refund x
 		   SET status = 'succeeded', refunded_at = now(), updated_at = now(),
@@ -1027,14 +1058,13 @@ BEGIN
 		 WHERE x.payment_no = p.payment_no
 		RETURNING x.payment_no)
 	UPDATE payidem."order" x
-	   SET refunded_amount = v_order_refunded, updated_at = now(),
-		   status = CASE WHEN v_order_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END
+	   SET refunded_amount = v_order_refunded, updated_at = now(), status = v_order_status
 	 WHERE x.order_no = o.order_no AND o.paid_payment_no = p.payment_no;
 	RETURN 'applied';
 END
 $$;
 COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
-	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order. Returns applied, duplicate or rejected (the other final word came first).';
+	'Apply a channel''s refund result (succeeded|failed) exactly once: succeeded moves the refunded amounts and statuses of the payment and, if that payment paid the order, of the order (an order in a status of a DBA''s, such as shipping, keeps it unless the whitelist allows its move to partially_refunded/refunded; its refunded amount moves). Returns applied, duplicate or rejected (the other final word came first).';
 
 -- Merchant notifications: one event per order.paid, refund.succeeded and
 -- order.closed, written by the status_notify triggers (below) in the

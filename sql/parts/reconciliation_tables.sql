@@ -40,6 +40,14 @@ COMMENT ON TABLE payidem.anomaly IS
 CREATE UNIQUE INDEX anomaly_channel_only_once ON payidem.anomaly
 	(channel_no, (detail ->> 'bill_date'), (detail ->> 'transaction_id'))
 	WHERE kind = 'channel_only';
+-- A success reported for a payment number that names no payment (lost in an
+-- asynchronous failover, or never made here) raises one anomaly per number
+-- and transaction id, however often the channel repeats it, also when two
+-- deliveries arrive at once.  The number is in detail: payment_no and
+-- order_no name rows that exist (foreign keys), and there is none.
+CREATE UNIQUE INDEX anomaly_unknown_transaction_once ON payidem.anomaly
+	((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
+	WHERE kind = 'unknown_transaction';
 COMMENT ON COLUMN payidem.anomaly.kind IS
 	'What went wrong: paid_after_close, duplicate_payment, amount_mismatch, transaction_conflict, unknown_transaction, channel_only, ...';
 COMMENT ON COLUMN payidem.anomaly.amount IS

@@ -205,7 +205,7 @@ RETURNS trigger
 AS 'MODULE_PATHNAME', 'payidem_ledger_row'
 LANGUAGE C;
 COMMENT ON FUNCTION payidem.ledger_row() IS
-	'Trigger on payidem."order" and payidem.payment: a paid order names its payment and has paid_at; a succeeded payment has its transaction id, paid_at and fees; a status agrees with the refunded amount (PI002).';
+	'Trigger on payidem."order" and payidem.payment: a paid order names its payment and has paid_at; an order keeps its merchant, and the payment that paid it once it left pending; a succeeded payment has its transaction id, paid_at and fees; a status agrees with the refunded amount, which an order in another status than paid, partially_refunded or refunded (a DBA''s shipping) has only if it names the payment that paid it (PI002).';
 CREATE FUNCTION payidem.ledger_at_commit()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'payidem_ledger_at_commit'
