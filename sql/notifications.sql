@@ -244,7 +244,7 @@ SELECT count(*) AS counters, count(*) FILTER (WHERE value IS NULL OR value > ser
 -- numbers do): the shard's two digits last, then the per-second sequence
 -- (0 to 49,999), then the second since 2026-01-01 UTC; below 2^53, so a
 -- JavaScript receiver reads them exactly from the payload.
-SELECT count(*) AS events,
+SELECT count(*) > 0 AS has_events,
        bool_and(event_id % 100 = current_setting('payidem.shard_id')::int) AS shard_last,
        bool_and(to_timestamp(1767225600 + event_id / 100 / 50000)
                 BETWEEN date_trunc('second', created_at) - interval '1 second' AND created_at + interval '1 minute') AS second_of_creation,

@@ -239,6 +239,8 @@ order_no_shmem_init(OrderNoShared *state)
 	state->promotion_floor = 0;
 	state->last_second = mark;
 	state->last_seq = -1;
+	state->event_second = 0;
+	state->event_seq = -1;
 	state->last_wall = 0;
 	state->rollbacks = 0;
 	memset(state->slots, 0, sizeof(state->slots));
@@ -593,11 +595,12 @@ reserve(int64 wanted)
 }
 
 /*
- * Issue the next (second, seq), seq at most max_seq (a draw that would pass
- * it moves to the next second).  Fast path: one spinlock round trip, no I/O.
+ * Issue the next (second, seq) of a number, or of an event id (for_event):
+ * both in the logical second, each with a seq of its own.  Fast path: one
+ * spinlock round trip, no I/O.
  */
 static void
-next_number(int max_seq, int64 *second_out, int *seq_out)
+next_number(bool for_event, int64 *second_out, int *seq_out)
 {
 	OrderNoShared *s = &payidem_shared->order_no;
 
@@ -642,12 +645,33 @@ next_number(int max_seq, int64 *second_out, int *seq_out)
 				}
 			}
 
-			if (now > s->last_second)
+			if (for_event)
+			{
+				/* event_second <= last_second: a later second starts at 0 */
+				int64		base = Max(now, s->last_second);
+
+				if (base > s->event_second)
+				{
+					second = base;
+					seq = 0;
+				}
+				else if (s->event_seq < EVENT_ID_PER_SECOND - 1)
+				{
+					second = s->event_second;
+					seq = s->event_seq + 1;
+				}
+				else
+				{
+					second = s->event_second + 1;
+					seq = 0;
+				}
+			}
+			else if (now > s->last_second)
 			{
 				second = now;
 				seq = 0;
 			}
-			else if (s->last_seq < max_seq)
+			else if (s->last_seq < ORDER_NO_SEQ_MAX)
 			{
 				second = s->last_second;
 				seq = s->last_seq + 1;
@@ -660,13 +684,26 @@ next_number(int max_seq, int64 *second_out, int *seq_out)
 
 			if (second < s->slots[my_slot].reserved_until)
 			{
-				borrowed = second > now && seq == 0 && second > s->last_second;
+				borrowed = second > now && second > s->last_second && (for_event || seq == 0);
 				if (rolled_back)
 					s->rollbacks++;
 				if (now != s->last_wall)
 					s->last_wall = now;
-				s->last_second = second;
-				s->last_seq = seq;
+				if (for_event)
+				{
+					s->event_second = second;
+					s->event_seq = seq;
+					if (second > s->last_second)
+					{
+						s->last_second = second;
+						s->last_seq = -1;
+					}
+				}
+				else
+				{
+					s->last_second = second;
+					s->last_seq = seq;
+				}
 			}
 			else
 			{
@@ -740,7 +777,7 @@ payidem_gen_order_no(PG_FUNCTION_ARGS)
 				 errdetail("Issuing numbers records a durable high-water mark from time to time."),
 				 errhint("Call gen_order_no() in a read-write transaction on the primary.")));
 	payidem_require_replication("issuing an order number");
-	next_number(ORDER_NO_SEQ_MAX, &second, &seq);
+	next_number(false, &second, &seq);
 	payidem_count(PAYIDEM_ORDER_NOS_ISSUED);
 
 	memcpy(parts.prefix, VARDATA_ANY(prefix), 2);
@@ -768,7 +805,7 @@ order_no_next_event_id(void)
 
 	payidem_require_shmem("notification events of");
 	payidem_require_replication("recording a notification event");
-	next_number(EVENT_ID_PER_SECOND - 1, &second, &seq);
+	next_number(true, &second, &seq);
 	if (pg_mul_s64_overflow(second - EVENT_ID_EPOCH, EVENT_ID_PER_SECOND, &id) ||
 		pg_add_s64_overflow(id, seq, &id) ||
 		pg_mul_s64_overflow(id, 100, &id) ||

@@ -30,11 +30,11 @@
 #define ORDER_NO_RESERVE_SECONDS	10
 
 /*
- * Notification event ids come from the same (second, seq) as numbers, so
- * they keep every guarantee numbers have, failover included:
- * ((second - EVENT_ID_EPOCH) * EVENT_ID_PER_SECOND + seq) * 100 + shard.
- * A draw for an event id moves to the next second once seq would reach
- * EVENT_ID_PER_SECOND.  The ids stay below 2^53 (a JSON number a JavaScript
+ * Notification event ids come from the same logical second as numbers, so
+ * they keep every guarantee numbers have, failover included, with a seq of
+ * their own: ((second - EVENT_ID_EPOCH) * EVENT_ID_PER_SECOND + seq) * 100 +
+ * shard.  Past EVENT_ID_PER_SECOND events in a second, the next moves the
+ * logical second on (borrowed, as past 1,000,000 numbers).  The ids stay below 2^53 (a JSON number a JavaScript
  * receiver reads exactly) until 2083; the shard's two digits stay last, where
  * the router finds them.
  */
@@ -69,6 +69,8 @@ typedef struct OrderNoShared
 	slock_t		mutex;			/* protects everything below */
 	int64		last_second;	/* logical second of the last number issued */
 	int32		last_seq;		/* its seq (-1: none issued in last_second) */
+	int64		event_second;	/* second of the last event id (<= last_second) */
+	int32		event_seq;		/* its seq, below EVENT_ID_PER_SECOND */
 	int64		last_wall;		/* wall-clock second seen by the last call */
 	uint64		rollbacks;		/* clock rollbacks absorbed (read to notice one
 								 * handled meanwhile; counted in stats() too) */

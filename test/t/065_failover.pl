@@ -21,7 +21,8 @@
 # the workload runs on it.  Acknowledged work of the lost WAL is gone (the
 # mode's nature); but no number and no event id is handed out twice with
 # another meaning, the jump is logged once and counted in stats(), and the
-# promoted server's books are consistent.
+# promoted server's books are consistent; a channel's success for a payment the
+# failover lost is an unknown_transaction anomaly.
 use strict;
 use warnings;
 
@@ -243,6 +244,23 @@ for my $e (log_words("$logdir/events"))
 }
 ok(scalar(keys %meaning) > scalar(@old_events) / 2, scalar(keys %meaning) . ' distinct events handed out');
 is($reused, 0, 'asynchronous: no event id handed out with two meanings');
+# a payment the old primary acknowledged and the failover lost: the channel's
+# success for it is an unknown_transaction anomaly, not an error (DESIGN §7)
+my %in_db = map { $_ => 1 } split ' ',
+  $standby2->safe_psql('postgres', q{SELECT string_agg(payment_no, ' ') FROM payidem.payment});
+my @lost = sort grep { /^PY/ && !$in_db{$_} } keys %$seen;
+ok(@lost > 0, scalar(@lost) . ' acknowledged payments lost with the asynchronous WAL');
+SKIP:
+{
+	skip 'no payment was lost', 3 unless @lost;
+	my $report = qq{SELECT payidem.apply_payment_result('$lost[0]', 'callback', 'succeeded', 'LOST-TXN-1', 500)};
+	is($standby2->safe_psql('postgres', $report), 'rejected', "a success for the lost payment $lost[0] is rejected");
+	is($standby2->safe_psql('postgres', $report), 'rejected', 'and so is the channel\'s retry');
+	is($standby2->safe_psql('postgres', qq{
+		SELECT count(*) FROM payidem.open_anomalies
+		 WHERE kind = 'unknown_transaction' AND detail ->> 'reported_payment_no' = '$lost[0]'}),
+		'1', 'one unknown_transaction anomaly asks a person to follow it up');
+}
 is($standby2->safe_psql('postgres', q{SELECT value FROM payidem.stats() WHERE name = 'promotion_jumps'}),
 	'1', 'the promotion is counted');
 ok($standby2->log_contains(qr/order numbers and event ids of this promoted server start at/),
