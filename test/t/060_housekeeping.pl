@@ -35,7 +35,7 @@ use Time::HiRes qw(time usleep);
 my $t_start = time();
 my $interval = 1;    # payidem.housekeeping_interval, seconds
 
-my $node = payidem_node('housekeeping', conf => qq{
+my $node = payidem_node('housekeeping', housekeeping => 1, conf => qq{
 payidem.housekeeping_interval = ${interval}s
 restart_after_crash = on
 });
