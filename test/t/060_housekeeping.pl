@@ -160,8 +160,18 @@ ok(wait_runs('postgres', 1, 10), 'the worker has run in the database');
 note(sprintf('1. expired orders at %.1f s', time() - $t_start));
 my $order_a = new_order('postgres', 'HK-A', '1 second');
 my $made_a = time();
-my $order_b = new_order('postgres', 'HK-B', '2 seconds');
-my $pay_b = $node->safe_psql('postgres', "SELECT payidem.begin_payment('$order_b', 'HK_WX')");
+# the order and its attempt in one transaction: both see the same now(), so
+# the attempt begins before the expiry however slow the machine (as two
+# calls it would fail with PI008, or the worker close the order first, after
+# a pause of two seconds between them)
+my ($order_b, $pay_b) = split /\n/, $node->safe_psql('postgres', q{
+	BEGIN;
+	SELECT payidem.create_order(merchant_no, 'HK-B', 100, 'hk HK-B', 'https://shop.example/n',
+	                            expire_in => '2 seconds') AS o FROM hk_merchant \gset
+	SELECT :'o';
+	SELECT payidem.begin_payment(:'o', 'HK_WX');
+	COMMIT;
+});
 like($pay_b, qr/^PY\d{24}$/, 'an attempt began on the second order before it expired');
 my $runs_before = stat_of('postgres', 'housekeeping_runs');
 
@@ -235,10 +245,17 @@ my $queued = sub {
 };
 ok(wait_for('hk_other', $queued->($order_c) . ' = 0', 2 * $interval + 2),
 	'the expiry queue lets go of the closed order');
-my $order_paid = new_order('hk_other', 'HK-Q1', '1 second');
-my $pay_paid = $node->safe_psql('hk_other', "SELECT payidem.begin_payment('$order_paid', 'HK_WX')");
-is($node->safe_psql('hk_other', qq{SELECT payidem.apply_payment_result('$pay_paid', 'callback', 'succeeded', 'TX-HK-Q1', 100)}),
-	'applied', 'an order paid before its expiry');
+# made, begun and paid in one transaction (one now()), before its expiry
+# however slow the machine
+my ($order_paid, $applied_paid) = split /\n/, $node->safe_psql('hk_other', q{
+	BEGIN;
+	SELECT payidem.create_order(merchant_no, 'HK-Q1', 100, 'hk HK-Q1', 'https://shop.example/n',
+	                            expire_in => '1 second') AS o FROM hk_merchant \gset
+	SELECT :'o';
+	SELECT payidem.apply_payment_result(payidem.begin_payment(:'o', 'HK_WX'), 'callback', 'succeeded', 'TX-HK-Q1', 100);
+	COMMIT;
+});
+is($applied_paid, 'applied', 'an order paid before its expiry');
 is($node->safe_psql('hk_other', $queued->($order_paid)), '1', '... is still queued, once: its payment wrote nothing there');
 ok(wait_for('hk_other', $queued->($order_paid) . ' = 0', 1 + 2 * $interval + 2),
 	'... and leaves the queue once its time has passed');
@@ -287,12 +304,16 @@ note(sprintf('4. behind a lock at %.1f s', time() - $t_start));
 # shows in pg_stat_activity, gives up at lock_timeout (200 ms) and exits 1; the
 # launcher starts the next one only after an interval, so the log gets one
 # error per round, never a loop.
-# (the order is made first: making one writes status_log too)
-my $order_f = new_order('postgres', 'HK-F', '1 second');
+# (the order is made first: making one writes status_log too.  It expires
+# only once the lock is held: made to expire in a second, a pause of a second
+# before the LOCK would let the worker close it first.  Moving its expire_at
+# writes no status_log row.)
+my $order_f = new_order('postgres', 'HK-F', '1 hour');
 my $locker = $node->background_psql('postgres');
 $locker->query_safe('BEGIN');
 $locker->query_safe('LOCK TABLE payidem.status_log IN SHARE MODE');
 $offset = -s $node->logfile;
+$node->safe_psql('postgres', qq{UPDATE payidem."order" SET expire_at = now() WHERE order_no = '$order_f'});
 ok(wait_for('postgres', q{
 	SELECT count(*) = 1 FROM pg_stat_activity
 	 WHERE backend_type = 'payidem housekeeping' AND application_name = 'payidem housekeeping'
