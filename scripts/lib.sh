@@ -231,9 +231,21 @@ cluster_start() {
 		echo "log_min_messages = warning"
 		echo "lc_messages = 'C'"
 		echo "timezone = 'UTC'"
-		# the suites' results must not depend on when the worker runs (it
-		# would close their expired orders, purge their backdated keys);
-		# test/t/060_housekeeping.pl runs it on a node of its own
+		# The housekeeping worker is off on every cluster made here:
+		# - make test (scripts/test, also pg_regress, isolation and pgTAP):
+		#   the suites' results must not depend on when the worker runs.  It
+		#   would purge the keys sql/idempotency.sql backdates two days before
+		#   its own idem_purge() counts them, and close the order
+		#   sql/payment_flow.sql lets expire without an attempt, at a moment
+		#   of its own choosing.  make
+		#   installcheck asks for the same of the server it is given.  The
+		#   worker is tested by test/t/060_housekeeping.pl on a node of its
+		#   own (the TAP nodes: test/perl/PayidemNode.pm, off there too).
+		# - make demo, scripts/cluster and bench/: what they show or measure
+		#   is the statements they run, not a worker's rounds in between;
+		#   ALTER SYSTEM SET payidem.housekeeping = on and a reload turn it
+		#   on there.
+		# A caller's own lines come after this one and may say otherwise.
 		echo "payidem.housekeeping = off"
 		local line
 		for line in "$@"; do echo "$line"; done

@@ -68,9 +68,14 @@ SELECT * FROM rt_rows WHERE idem_key = 'rt:refund:RF1:apply';
 --
 -- lease expiry: a worker that died is recovered after its lease
 --
-SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990, NULL, '2 seconds');
-SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990, NULL, '2 seconds');
-SELECT pg_sleep(2.2);
+SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990, NULL, '1 hour');
+SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990, NULL, '1 hour');
+-- the lease asked for, from the claim's time
+SELECT locked_until - updated_at = interval '1 hour' AS one_hour FROM payidem.idempotency WHERE idem_key = 'rt:pay:PO2:query';
+-- its time passes (moved, not waited for: a lease of seconds and a pause of
+-- the machine between the two claims above would make the second one reclaim
+-- it; rt:rec:3 below waits for a real one to run out)
+UPDATE payidem.idempotency SET locked_until = clock_timestamp() WHERE idem_key = 'rt:pay:PO2:query';
 SELECT lease FROM rt_rows WHERE idem_key = 'rt:pay:PO2:query';
 SELECT * FROM payidem.idem_claim('rt:pay:PO2:query', 'pay', 'PO2', 'WXPAY_001', 990);
 SELECT * FROM rt_rows WHERE idem_key = 'rt:pay:PO2:query';

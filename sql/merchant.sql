@@ -99,8 +99,12 @@ SELECT secret_version, valid_until IS NULL AS is_current, valid_until > now() AS
   FROM payidem.merchant_secret WHERE merchant_no = :'merchant_no' ORDER BY secret_version;
 -- after the grace window the previous secret is refused
 SELECT payidem.sign(:'merchant_no', 'late') AS sig3 \gset
+-- (the rotation and the check inside its second in one transaction: one
+-- now(), however long the machine pauses between them)
+BEGIN;
 SELECT payidem.rotate_merchant_secret(:'merchant_no', '1 second') IS NOT NULL AS rotated_short;
 SELECT payidem.verify_signature(:'api_key', 'late', :'sig3') AS within_one_second;
+COMMIT;
 SELECT pg_sleep(1.2);
 SELECT payidem.verify_signature(:'api_key', 'late', :'sig3') AS after_grace;
 SELECT payidem.rotate_merchant_secret(:'merchant_no', '-1 hour');

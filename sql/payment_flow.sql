@@ -678,13 +678,18 @@ SELECT o.status, pg_temp.events(o.order_no) AS events,
 ------------------------------------------------- query_due: expired attempts
 -- seed 000, case 3: an order whose attempt is still pending when it expires
 -- is not closed by anyone; query_due() lists it for the application to ask
--- the channel, and the answer is reported as a query (or close) result
+-- the channel, and the answer is reported as a query (or close) result.
+-- (Made, begun and looked at in one transaction: one now(), so the attempt
+-- begins and query_due() looks before the expiry, however long the machine
+-- pauses between the statements.)
+BEGIN;
 SELECT payidem.create_order(:'m1', 'T-0030', 400, 'Slow payer', expire_in => '1 second') AS o30 \gset
 SELECT payidem.begin_payment(:'o30', 'FLOW_WX') AS p30 \gset
 SELECT payidem.create_order(:'m1', 'T-0031', 400, 'Expired, no attempt', expire_in => '1 second') AS o31 \gset
 SELECT payidem.create_order(:'m1', 'T-0032', 400, 'Not expired') AS o32 \gset
 SELECT payidem.begin_payment(:'o32', 'FLOW_WX') AS p32 \gset
 SELECT count(*) AS due_before_expiry FROM payidem.query_due(100) WHERE order_no IN (:'o30', :'o31', :'o32');
+COMMIT;
 SELECT pg_sleep(1.1);
 CREATE TEMP TABLE qdue AS SELECT * FROM payidem.query_due(100);
 SELECT payment_no = :'p30' AS is_p30, order_no = :'o30' AS is_o30, channel_no,

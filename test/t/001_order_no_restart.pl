@@ -9,6 +9,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use PayidemNode;
 use Time::HiRes qw(time);
 
 my $t_start = time();
@@ -137,13 +138,9 @@ sub drop_session
 	return;
 }
 
-my $node = PostgreSQL::Test::Cluster->new('primary');
-$node->init(allows_streaming => 1);
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'payidem'");
 # a killed backend must make the postmaster rebuild shared memory, not stop
-$node->append_conf('postgresql.conf', "restart_after_crash = on");
-$node->append_conf('postgresql.conf', "max_connections = 20");
-$node->start;
+my $node = payidem_node('primary', init => { allows_streaming => 1 },
+	conf => "restart_after_crash = on\nmax_connections = 20\n");
 
 $node->safe_psql('postgres', 'CREATE EXTENSION payidem');
 $node->safe_psql('postgres',

@@ -9,6 +9,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use PayidemNode;
 use Time::HiRes ();
 use POSIX ();
 
@@ -173,9 +174,7 @@ sub count_rollback_warnings
 
 set_clock_offset('+0');
 
-my $node = PostgreSQL::Test::Cluster->new('clock');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'payidem'");
+my $node = payidem_node('clock', start => 0);
 start_faked($node);
 $node->safe_psql('postgres', 'CREATE EXTENSION payidem');
 
@@ -425,9 +424,7 @@ sub second_of
 }
 
 set_clock_offset('+0');
-my $node2 = PostgreSQL::Test::Cluster->new('frozen');
-$node2->init;
-$node2->append_conf('postgresql.conf', "shared_preload_libraries = 'payidem'");
+my $node2 = payidem_node('frozen', start => 0);
 start_faked($node2);
 $node2->safe_psql('postgres', 'CREATE EXTENSION payidem');
 

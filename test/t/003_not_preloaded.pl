@@ -38,7 +38,7 @@ my $bad_date = with_check('PO' . '20261331123456' . '07' . '004711');
 
 my $node = PostgreSQL::Test::Cluster->new('not_preloaded');
 $node->init;
-# deliberately no shared_preload_libraries
+# deliberately no shared_preload_libraries (so no housekeeping worker either)
 $node->start;
 
 is($node->safe_psql('postgres', 'SHOW shared_preload_libraries'),

@@ -8,6 +8,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use PayidemNode;
 use Time::HiRes ();
 
 my $t_start = Time::HiRes::time();
@@ -16,11 +17,7 @@ my $clients = 8;
 my $per_client = 2000;
 my $total = $clients * $per_client;
 
-my $node = PostgreSQL::Test::Cluster->new('concurrent');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'payidem'");
-$node->append_conf('postgresql.conf', "log_statement = none");
-$node->start;
+my $node = payidem_node('concurrent', conf => "log_statement = none\n");
 
 $node->safe_psql(
 	'postgres', q{

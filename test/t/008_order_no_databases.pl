@@ -12,16 +12,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use PayidemNode;
 use Time::HiRes ();
 
 my $t_start = Time::HiRes::time();
 my $databases = 72;
 my $rounds = 2;
 
-my $node = PostgreSQL::Test::Cluster->new('databases');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'payidem'\nfsync = off\npayidem.housekeeping = off\n");
-$node->start;
+my $node = payidem_node('databases', conf => "fsync = off\n");
 
 # a template that never issued a number: its clones start without a mark
 $node->safe_psql('postgres', 'CREATE DATABASE tpl');

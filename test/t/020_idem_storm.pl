@@ -11,19 +11,13 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use PayidemNode;
 
 my $clients      = 16;
 my $transactions = 2000;
 my $keys         = 50;
 
-my $node = PostgreSQL::Test::Cluster->new('idem_storm');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', qq(
-shared_preload_libraries = 'payidem'
-max_connections = 40
-));
-$node->start;
+my $node = payidem_node('idem_storm', conf => "max_connections = 40\n");
 
 $node->safe_psql(
 	'postgres', q(
@@ -151,7 +145,8 @@ cmp_ok($node->safe_psql('postgres', q(SELECT count(*) FROM new_claims)),
 $node->stop;
 
 # idem_claim needs no shared memory: without shared_preload_libraries it
-# works (only the counters of stats() are missing).
+# works (only the counters of stats() are missing).  Not preloaded, this
+# node has no housekeeping worker either.
 my $plain = PostgreSQL::Test::Cluster->new('idem_not_preloaded');
 $plain->init;
 $plain->start;

@@ -35,7 +35,7 @@ use Time::HiRes qw(time usleep);
 my $t_start = time();
 my $interval = 1;    # payidem.housekeeping_interval, seconds
 
-my $node = payidem_node('housekeeping', conf => qq{
+my $node = payidem_node('housekeeping', housekeeping => 1, conf => qq{
 payidem.housekeeping_interval = ${interval}s
 restart_after_crash = on
 });
@@ -62,6 +62,18 @@ sub stat_of
 	$column //= 'value';
 	return $node->safe_psql($db,
 		"SELECT coalesce($column, 0) FROM payidem.stats() WHERE name = '$name'");
+}
+
+# A counter once it has reached $want (or, after 5 s, whatever it is).  The
+# worker counts a closed order or a purged batch just after the commit that
+# a test sees, and a run once it has ended: read at once, the counter may
+# not have caught up with what the test saw.
+sub counted
+{
+	my ($db, $name, $want, $column) = @_;
+	$column //= 'value';
+	wait_for($db, "SELECT coalesce($column, 0) = $want FROM payidem.stats() WHERE name = '$name'", 5);
+	return stat_of($db, $name, $column);
 }
 
 # Wait until $n more housekeeping runs have completed in $db.
@@ -158,12 +170,23 @@ ok(wait_runs('postgres', 1, 10), 'the worker has run in the database');
 
 # ---------------------------------------------------------------- 1. expired orders
 note(sprintf('1. expired orders at %.1f s', time() - $t_start));
+# (counted before order A exists: the run that closes it ends after this)
+my $runs_before = stat_of('postgres', 'housekeeping_runs');
 my $order_a = new_order('postgres', 'HK-A', '1 second');
 my $made_a = time();
-my $order_b = new_order('postgres', 'HK-B', '2 seconds');
-my $pay_b = $node->safe_psql('postgres', "SELECT payidem.begin_payment('$order_b', 'HK_WX')");
+# the order and its attempt in one transaction: both see the same now(), so
+# the attempt begins before the expiry however slow the machine (as two
+# calls it would fail with PI008, or the worker close the order first, after
+# a pause of two seconds between them)
+my ($order_b, $pay_b) = split /\n/, $node->safe_psql('postgres', q{
+	BEGIN;
+	SELECT payidem.create_order(merchant_no, 'HK-B', 100, 'hk HK-B', 'https://shop.example/n',
+	                            expire_in => '2 seconds') AS o FROM hk_merchant \gset
+	SELECT :'o';
+	SELECT payidem.begin_payment(:'o', 'HK_WX');
+	COMMIT;
+});
 like($pay_b, qr/^PY\d{24}$/, 'an attempt began on the second order before it expired');
-my $runs_before = stat_of('postgres', 'housekeeping_runs');
 
 # expiry (1 s) + two intervals, and a second for a slow machine
 ok(wait_for('postgres', closed_sql($order_a), 1 + 2 * $interval + 1),
@@ -172,8 +195,9 @@ note(sprintf('closed %.1f s after it was created', time() - $made_a));
 is($node->safe_psql('postgres', qq{
 	SELECT count(*) FROM payidem.notify_event WHERE order_no = '$order_a' AND event = 'order.closed'}),
 	'1', '... with its order.closed event');
-is(stat_of('postgres', 'housekeeping_orders_closed'), '1', '... counted in housekeeping_orders_closed');
-cmp_ok(stat_of('postgres', 'housekeeping_runs'), '>', $runs_before, 'housekeeping_runs grows');
+is(counted('postgres', 'housekeeping_orders_closed', 1), '1', '... counted in housekeeping_orders_closed');
+ok(wait_for('postgres', "SELECT value > $runs_before FROM payidem.stats() WHERE name = 'housekeeping_runs'", 5),
+	'housekeeping_runs grows');
 
 ok(wait_for('postgres', qq{SELECT expire_at < now() FROM payidem."order" WHERE order_no = '$order_b'}, 5),
 	'the order with a pending attempt has expired');
@@ -212,7 +236,7 @@ ok(wait_for('postgres', q{SELECT count(*) = 0 FROM payidem.idempotency WHERE ide
 	'with payidem.idem_retention = 60s the completed and failed keys 10 minutes old are purged');
 is($node->safe_psql('postgres', $keys_sql), 'hk:old-processing,hk:recent',
 	'a key within the retention and a processing key are kept');
-is(stat_of('postgres', 'housekeeping_keys_purged'), '2', '... and housekeeping_keys_purged counts the two');
+is(counted('postgres', 'housekeeping_keys_purged', 2), '2', '... and housekeeping_keys_purged counts the two');
 # back to the default: keys made early in this test must not age out under it
 reload_with(q{ALTER SYSTEM RESET payidem.idem_retention});
 
@@ -222,8 +246,8 @@ $node->safe_psql('postgres', 'CREATE DATABASE hk_other');
 setup_db('hk_other');
 my $order_c = new_order('hk_other', 'HK-C', '1 second');
 ok(wait_for('hk_other', closed_sql($order_c), 1 + 2 * $interval + 1), 'an expired order in a second database is closed');
-is(stat_of('hk_other', 'housekeeping_orders_closed'), '1', '... counted for that database');
-is(stat_of('hk_other', 'housekeeping_orders_closed', 'server_value'), '2', '... and in the server total');
+is(counted('hk_other', 'housekeeping_orders_closed', 1), '1', '... counted for that database');
+is(counted('hk_other', 'housekeeping_orders_closed', 2, 'server_value'), '2', '... and in the server total');
 is(worker_errors($log_start), 0, 'no housekeeping error so far (the database without payidem is skipped quietly)');
 
 # the expiry queue (payidem.order_expiry): a closed order's row goes once
@@ -235,10 +259,17 @@ my $queued = sub {
 };
 ok(wait_for('hk_other', $queued->($order_c) . ' = 0', 2 * $interval + 2),
 	'the expiry queue lets go of the closed order');
-my $order_paid = new_order('hk_other', 'HK-Q1', '1 second');
-my $pay_paid = $node->safe_psql('hk_other', "SELECT payidem.begin_payment('$order_paid', 'HK_WX')");
-is($node->safe_psql('hk_other', qq{SELECT payidem.apply_payment_result('$pay_paid', 'callback', 'succeeded', 'TX-HK-Q1', 100)}),
-	'applied', 'an order paid before its expiry');
+# made, begun and paid in one transaction (one now()), before its expiry
+# however slow the machine
+my ($order_paid, $applied_paid) = split /\n/, $node->safe_psql('hk_other', q{
+	BEGIN;
+	SELECT payidem.create_order(merchant_no, 'HK-Q1', 100, 'hk HK-Q1', 'https://shop.example/n',
+	                            expire_in => '1 second') AS o FROM hk_merchant \gset
+	SELECT :'o';
+	SELECT payidem.apply_payment_result(payidem.begin_payment(:'o', 'HK_WX'), 'callback', 'succeeded', 'TX-HK-Q1', 100);
+	COMMIT;
+});
+is($applied_paid, 'applied', 'an order paid before its expiry');
 is($node->safe_psql('hk_other', $queued->($order_paid)), '1', '... is still queued, once: its payment wrote nothing there');
 ok(wait_for('hk_other', $queued->($order_paid) . ' = 0', 1 + 2 * $interval + 2),
 	'... and leaves the queue once its time has passed');
@@ -287,12 +318,16 @@ note(sprintf('4. behind a lock at %.1f s', time() - $t_start));
 # shows in pg_stat_activity, gives up at lock_timeout (200 ms) and exits 1; the
 # launcher starts the next one only after an interval, so the log gets one
 # error per round, never a loop.
-# (the order is made first: making one writes status_log too)
-my $order_f = new_order('postgres', 'HK-F', '1 second');
+# (the order is made first: making one writes status_log too.  It expires
+# only once the lock is held: made to expire in a second, a pause of a second
+# before the LOCK would let the worker close it first.  Moving its expire_at
+# writes no status_log row.)
+my $order_f = new_order('postgres', 'HK-F', '1 hour');
 my $locker = $node->background_psql('postgres');
 $locker->query_safe('BEGIN');
 $locker->query_safe('LOCK TABLE payidem.status_log IN SHARE MODE');
 $offset = -s $node->logfile;
+$node->safe_psql('postgres', qq{UPDATE payidem."order" SET expire_at = now() WHERE order_no = '$order_f'});
 ok(wait_for('postgres', q{
 	SELECT count(*) = 1 FROM pg_stat_activity
 	 WHERE backend_type = 'payidem housekeeping' AND application_name = 'payidem housekeeping'
@@ -430,7 +465,7 @@ ok(wait_for('postgres', q{SELECT count(*) = 1 FROM pg_stat_activity WHERE backen
 isnt(launcher_pid(), $pid_before, '... as a new process');
 my $order_i = new_order('postgres', 'HK-I', '1 second');
 ok(wait_for('postgres', closed_sql($order_i), 1 + 2 * $interval + 1), '... and work resumes');
-is(stat_of('postgres', 'housekeeping_orders_closed'), '1', '... counted afresh in the rebuilt shared memory');
+is(counted('postgres', 'housekeeping_orders_closed', 1), '1', '... counted afresh in the rebuilt shared memory');
 
 $node->stop;
 my $log = slurp_file($node->logfile, $log_start);
