@@ -44,6 +44,7 @@
 #include "common/int.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
+#include "commands/dbcommands.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/fd.h"
@@ -235,8 +236,7 @@ order_no_shmem_init(OrderNoShared *state)
 	state->start_mark = mark;
 	state->mark_tli = tli;
 	state->checked_tli = 0;
-	state->promotion_base = 0;
-	state->promotion_floor = 0;
+	state->jumped = false;
 	state->last_second = mark;
 	state->last_seq = -1;
 	state->event_second = 0;
@@ -375,14 +375,50 @@ hwm_owner(Oid seqoid)
 }
 
 /*
+ * Numbers from someone else's WAL.  A server that was promoted (or restored
+ * from a backup, or a standby started as a primary) may hold less than the
+ * old primary issued: the WAL that carried the rest never came (asynchronous
+ * replication, a lagging standby, a backup's end), and the old primary's
+ * clock may run ahead of ours.  Its numbers then start past base +
+ * payidem.promotion_gap, base being the latest second known to have been
+ * used elsewhere (the clock, and the marks that arrived): unique while the
+ * clocks differ by less than the gap and the old primary is fenced.  Called
+ * under the spinlock; true if the logical second moved.
+ */
+static bool
+take_gap(OrderNoShared *s, int64 base)
+{
+	int64		floor = base + payidem_promotion_gap;
+
+	if (s->last_second >= floor)
+		return false;
+	s->last_second = floor;
+	s->last_seq = -1;
+	return true;
+}
+
+/* the jump is counted once in the life of shared memory; logged each time */
+static void
+report_gap(bool first, int64 floor, const char *detail)
+{
+	char		floorbuf[MAXDATELEN + 1];
+
+	if (first)
+		payidem_count(PAYIDEM_PROMOTION_JUMPS);
+	strlcpy(floorbuf, timestamptz_to_str(time_t_to_timestamptz((pg_time_t) floor)), sizeof(floorbuf));
+	ereport(LOG,
+			(errmsg("order numbers and event ids of this promoted server start at %s", floorbuf),
+			 errdetail_internal("%s", detail),
+			 errhint("Numbers stay unique while the old primary is stopped and the hosts' clocks differ by less than payidem.promotion_gap (%d s).",
+					 payidem_promotion_gap)));
+}
+
+/*
  * Once per timeline in the life of shared memory: a server on another
  * timeline than the one its mark file was written on was promoted (or
- * restored from a backup), and the old primary may have issued numbers its
- * WAL never brought here (asynchronous replication, a lagging standby) from
- * a clock ahead of ours.  Numbers then start past max(clock, every mark
- * known here) + payidem.promotion_gap: unique while the clocks differ by
- * less than the gap.  Timeline 1 with no timeline in the file is a server
- * that was never promoted.
+ * restored by archive recovery): its numbers start past max(clock, every
+ * mark it holds) + the gap.  Timeline 1 with no timeline in the file is a
+ * server that was never promoted.
  */
 static void
 check_promotion(void)
@@ -391,9 +427,9 @@ check_promotion(void)
 	uint32		tli = (uint32) GetWALInsertionTimeLine();
 	int64		now = wall_second();
 	int64		base = 0;
-	int64		floor = 0;
 	uint32		file_tli = 0;
-	bool		jumped = false;
+	bool		promoted = false;
+	bool		first = false;
 
 	SpinLockAcquire(&s->mutex);
 	if (s->checked_tli != tli)
@@ -402,33 +438,23 @@ check_promotion(void)
 		file_tli = s->mark_tli;
 		if (tli > 1 && file_tli != tli)
 		{
+			promoted = true;
 			base = Max(Max(now, s->server_mark), s->last_second);
-			floor = base + payidem_promotion_gap;
-			s->promotion_base = base;
-			s->promotion_floor = floor;
-			if (s->last_second < floor)
-			{
-				s->last_second = floor;
-				s->last_seq = -1;
-			}
-			jumped = true;
+			(void) take_gap(s, base);
+			first = !s->jumped;
+			s->jumped = true;
 		}
 	}
 	SpinLockRelease(&s->mutex);
-	if (jumped)
+	if (promoted)
 	{
 		char		basebuf[MAXDATELEN + 1];
-		char		floorbuf[MAXDATELEN + 1];
 
-		payidem_count(PAYIDEM_PROMOTION_JUMPS);
 		strlcpy(basebuf, timestamptz_to_str(time_t_to_timestamptz((pg_time_t) base)), sizeof(basebuf));
-		strlcpy(floorbuf, timestamptz_to_str(time_t_to_timestamptz((pg_time_t) floor)), sizeof(floorbuf));
-		ereport(LOG,
-				(errmsg("order numbers and event ids of this promoted server start at %s", floorbuf),
-				 errdetail("The server is on timeline %u, its high-water mark was written on timeline %u: "
-						   "numbers continue past the later of the clock and the marks (%s) plus payidem.promotion_gap (%d s).",
-						   tli, file_tli, basebuf, payidem_promotion_gap),
-				 errhint("Numbers stay unique while the old primary is stopped and the hosts' clocks differ by less than the gap.")));
+		report_gap(first, base + payidem_promotion_gap,
+				   psprintf("The server is on timeline %u, its high-water mark was written on timeline %u: "
+							"numbers continue past the later of the clock and the marks (%s) plus payidem.promotion_gap.",
+							tli, file_tli, basebuf));
 	}
 }
 
@@ -453,6 +479,8 @@ reserve(int64 wanted)
 	int64		covered;
 	int64		needed;
 	bool		rolled_back = false;
+	bool		foreign = false;
+	bool		foreign_first = false;
 
 	if (!callback_registered)
 	{
@@ -525,20 +553,24 @@ reserve(int64 wanted)
 				s->last_seq = -1;
 			}
 			/*
-			 * On a promoted server, a mark above the promotion's base came
-			 * with the old primary's WAL (this server's own are above the
-			 * floor): that primary may have gone on past it, so this
-			 * database's numbers start the gap above it.
+			 * A mark above everything this server's mark file ever held was
+			 * not written here (each reservation raises the file before it is
+			 * used): it came with WAL or a backup from a server that may have
+			 * gone on past it.  So it is taken the promotion's gap higher,
+			 * also on a server that kept its timeline (a backup or a standby
+			 * started as a primary without archive recovery).
 			 */
-			if (s->promotion_floor > 0 && mark > s->promotion_base &&
-				mark <= s->promotion_floor &&
-				s->last_second < mark + (s->promotion_floor - s->promotion_base))
+			if (mark > s->server_mark)
 			{
-				s->last_second = mark + (s->promotion_floor - s->promotion_base);
-				s->last_seq = -1;
+				foreign = take_gap(s, Max(mark, now));
+				if (foreign)
+				{
+					foreign_first = !s->jumped;
+					s->jumped = true;
+				}
 			}
 			/* behind even the start of the last reservation: a rollback */
-			if (mark > 0 && now < mark - ORDER_NO_RESERVE_SECONDS)
+			if (!foreign && mark > 0 && now < mark - ORDER_NO_RESERVE_SECONDS)
 			{
 				s->rollbacks++;
 				rolled_back = true;
@@ -547,7 +579,17 @@ reserve(int64 wanted)
 				s->last_wall = now;
 		}
 		SpinLockRelease(&s->mutex);
-		if (rolled_back)
+		if (foreign)
+		{
+			char		markbuf[MAXDATELEN + 1];
+
+			strlcpy(markbuf, timestamptz_to_str(time_t_to_timestamptz((pg_time_t) mark)), sizeof(markbuf));
+			report_gap(foreign_first, Max(mark, now) + payidem_promotion_gap,
+					   psprintf("Database \"%s\" holds the high-water mark %s, which this server did not write "
+								"(a promoted standby, a restored backup): numbers continue past it plus payidem.promotion_gap.",
+								get_database_name(MyDatabaseId), markbuf));
+		}
+		else if (rolled_back)
 		{
 			payidem_count(PAYIDEM_CLOCK_ROLLBACKS);
 			warn_rollback(mark - ORDER_NO_RESERVE_SECONDS, now, true);

@@ -78,8 +78,7 @@ typedef struct OrderNoShared
 	int64		start_mark;		/* what it held when shared memory was made */
 	uint32		mark_tli;		/* the timeline it was written on (0: unknown) */
 	uint32		checked_tli;	/* timeline last checked for a promotion */
-	int64		promotion_base; /* a promoted server's max(clock, marks) */
-	int64		promotion_floor;	/* base + payidem.promotion_gap (0: none) */
+	bool		jumped;			/* this lifetime took a promotion's jump */
 	OrderNoDbSlot slots[ORDER_NO_MAX_DATABASES];
 } OrderNoShared;
 

@@ -14,8 +14,11 @@
  * standbys to have flushed the reservation's WAL; a promoted standby then
  * always holds every reservation a number was drawn from.
  *
- * SyncRepWaitForLSN() cannot raise an error: a query cancel or a terminate
- * only ends the wait with a WARNING.  After it returns, the position the
+ * The wait does not depend on the reserving session's synchronous_commit
+ * (a reservation serves every session).  SyncRepWaitForLSN() cannot raise
+ * an error: a query cancel or a terminate only ends the wait with a WARNING
+ * (whose DETAIL, written for a commit, says the transaction committed
+ * locally).  After it returns, the position the
  * synchronous standbys confirmed is read (WalSndCtl, under SyncRepLock) and
  * a reservation they do not hold yet is refused, so no number is drawn from
  * it.
@@ -30,6 +33,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "replication/syncrep.h"
+#include "replication/walsender.h"
 #include "replication/walsender_private.h"
 #include "storage/lwlock.h"
 #include "utils/builtins.h"
@@ -68,15 +72,25 @@ replication_define_gucs(void)
 }
 
 /*
- * Is synchronous replication in force for this session: standbys named and
- * synchronous_commit on or remote_apply (remote_write confirms a write, not
- * a flush, that a standby's crash can lose)?
+ * Are synchronous standbys configured for the server (named, and WAL
+ * senders allowed)?  synchronous_standby_names is set for the whole server
+ * (postgresql.conf), never per session.
+ */
+static bool
+standbys_defined(void)
+{
+	return SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0' && max_wal_senders > 0;
+}
+
+/*
+ * Is synchronous replication in force for this session's commits: standbys
+ * configured and synchronous_commit on or remote_apply (remote_write confirms
+ * a write, not a flush, that a standby's crash can lose)?
  */
 static bool
 synchronous_configured(void)
 {
-	return SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0' &&
-		synchronous_commit >= SYNCHRONOUS_COMMIT_REMOTE_FLUSH;
+	return standbys_defined() && synchronous_commit >= SYNCHRONOUS_COMMIT_REMOTE_FLUSH;
 }
 
 /*
@@ -100,27 +114,47 @@ payidem_require_replication(const char *what)
 
 /*
  * Wait until the synchronous standbys have flushed WAL up to lsn (a
- * reservation's).  Returns at once without synchronous replication.  An
- * error if the wait ended without their confirmation (a cancel, or the
- * standbys were dropped from the configuration meanwhile): the caller must
- * not use what the WAL holds.
+ * reservation's).  Returns at once when the server has no synchronous
+ * standbys.  The session's own synchronous_commit does not matter: a
+ * reservation serves every session, and one made by a session running with
+ * synchronous_commit = off (a batch job, a role's setting) must be on the
+ * standbys before the others draw from it; so the wait runs with
+ * synchronous_commit = on for its duration (a GUC nest level, undone after
+ * it or by the transaction's abort).  An error if the wait ended without
+ * their confirmation (a cancel, the standbys dropped from the configuration
+ * meanwhile): the caller must not use what the WAL holds.
  */
 void
 payidem_wait_for_synchronous_standbys(XLogRecPtr lsn)
 {
 	XLogRecPtr	confirmed;
+	int			nest = -1;
 
-	/* commit = false: their flush is waited for (a promotion replays it), not their apply */
-	if (!synchronous_configured())
+	if (!standbys_defined())
 		return;
+	if (synchronous_commit < SYNCHRONOUS_COMMIT_REMOTE_FLUSH)
+	{
+		nest = NewGUCNestLevel();
+		(void) set_config_option("synchronous_commit", "on", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+	}
+	/*
+	 * commit = false: their flush is waited for (a promotion replays it), not
+	 * their apply.  Interrupts are held, as at a commit: the wait itself
+	 * watches for a cancel or a terminate and ends on either.
+	 */
+	HOLD_INTERRUPTS();
 	SyncRepWaitForLSN(lsn, false);
+	RESUME_INTERRUPTS();
+	if (nest >= 0)
+		AtEOXact_GUC(true, nest);
 	/* a terminate request ended the wait: leave now */
 	CHECK_FOR_INTERRUPTS();
 
 	LWLockAcquire(SyncRepLock, LW_SHARED);
 	confirmed = WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH];
 	LWLockRelease(SyncRepLock);
-	if (confirmed >= lsn || !synchronous_configured())
+	if (confirmed >= lsn || !standbys_defined())
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_QUERY_CANCELED),

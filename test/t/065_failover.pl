@@ -154,7 +154,11 @@ is($primary->safe_psql('postgres', 'SELECT mode FROM payidem.replication_mode()'
 is($standby->safe_psql('postgres', 'SELECT mode FROM payidem.replication_mode()'),
 	'standby', 'replication_mode() of the standby: standby');
 
-my @bare = script('bare', "SELECT payidem.gen_order_no('BN') AS n \\gset\n\\shell echo :n >> $logdir/bare\n", 1);
+# half of the draws in sessions with synchronous_commit = off: a reservation
+# such a session makes must reach the standby before anyone draws from it
+my @bare = (script('bare', "SELECT payidem.gen_order_no('BN') AS n \\gset\n\\shell echo :n >> $logdir/bare\n", 1),
+	script('bare_async', "SET synchronous_commit = off;\nSELECT payidem.gen_order_no('BN') AS n \\gset\n"
+		  . "\\shell echo :n >> $logdir/bare\n", 1));
 my $load  = start_load($primary, 8, 60, @workload);
 my $draws = start_load($primary, 4, 60, @bare);
 Time::HiRes::sleep(3);
@@ -182,14 +186,13 @@ is($standby->safe_psql('postgres', q{SELECT value FROM payidem.stats() WHERE nam
 	'1', 'the promotion is counted once');
 
 ##################################################################### phase 2
-# the promoted server is the primary now: asynchronous, the default gap
-$standby->safe_psql('postgres', 'ALTER SYSTEM RESET payidem.promotion_gap');
-$standby->reload;
+# the promoted server is the primary now: asynchronous; its standby has the
+# default gap (the configuration it copies sets 0)
 my $p2 = $standby;
 $p2->backup('b2');
 my $standby2 = PostgreSQL::Test::Cluster->new('standby2');
 $standby2->init_from_backup($p2, 'b2', has_streaming => 1);
-$standby2->append_conf('postgresql.conf', 'restart_after_crash = on');
+$standby2->append_conf('postgresql.conf', "restart_after_crash = on\npayidem.promotion_gap = '60s'");
 start_behind($standby2, '-20');
 is($p2->safe_psql('postgres', 'SELECT mode FROM payidem.replication_mode()'),
 	'asynchronous', 'replication_mode() of the new primary: asynchronous');
