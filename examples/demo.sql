@@ -163,10 +163,11 @@ SELECT status, refunded_amount FROM payidem."order" WHERE order_no = :'order_no'
 \echo '== 10. Signed notifications to the merchant ================================='
 \echo 'One event per change (paid, each refund, closed), its payload the state at that event.'
 \echo 'A worker POSTs payload as it is, with the signature as a header; the merchant checks'
-\echo 'HMAC-SHA256(secret, "<t>.<payload>") and that t is recent (see docs/notifications.md).'
+\echo 'its v2, HMAC-SHA256(secret, "payidem-notification-v2" NUL "<t>.<payload>"), and that t'
+\echo 'is recent (see docs/notifications.md).'
 SELECT order_no = :'order_no' AS our_order, event, payload::jsonb ->> 'status' AS status,
        payload::jsonb ->> 'refunded_amount' AS refunded, attempt,
-       regexp_replace(signature, 'v1=(.{8}).*', 'v1=\1...') AS signature,
+       regexp_replace(signature, 'v1=(.{8}).*v2=(.{8}).*', 'v1=\1...,v2=\2...') AS signature,
        payidem.verify_notification(:'api_key', payload, signature) AS merchant_can_verify
   FROM payidem.notify_due(10) ORDER BY event_id;
 SELECT payidem.notify_result(event_id, true) FROM payidem.notify_event WHERE order_no = :'order_no';

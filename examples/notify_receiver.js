@@ -6,10 +6,12 @@
 //   PAYIDEM_API_SECRET=... PORT=8080 node notify_receiver.js
 //
 // It reads the raw request body as bytes, checks the Payidem-Signature header
-// against them (HMAC-SHA256 of "<t>.<body>" with the merchant's API secret,
-// compared in constant time, any v1 may match: during a secret rotation there is
-// one per valid secret), refuses a t more than 5 minutes from now (a replay),
-// and only then parses the JSON.  A good notification is answered 200 once your
+// against them (its v2: HMAC-SHA256, with the merchant's API secret, of
+// "payidem-notification-v2", a NUL byte, t, a dot and the body; compared in
+// constant time, any v2 may match: during a secret rotation there is one per
+// valid secret), refuses a t more than 5 minutes from now (a replay), and only
+// then parses the JSON.  The header's v1 (the scheme of payidem 1.0, which a
+// request the merchant signed with payidem.sign() can pass) is not checked.  A good notification is answered 200 once your
 // handler has taken it (a handler that throws is answered 500: payidem retries);
 // a bad one 400.  Deduplicate by event_id in your handler: delivery is at least
 // once.
@@ -23,13 +25,16 @@ const http = require('http');
 
 const DEFAULT_TOLERANCE_SECONDS = 300;
 const MAX_BODY_BYTES = 64 * 1024;
+// what v2 signs before "<t>.<body>": the scheme's name and a NUL byte
+const V2_PREFIX = Buffer.from('payidem-notification-v2\0', 'utf8');
 
-// Parse "t=<unix seconds>,v1=<hex>[,v1=<hex>...]": null unless there is exactly
-// one t and at least one v1.  Other schemes (a future v2=...) are ignored.
+// Parse "t=<unix seconds>,v1=<hex>,v2=<hex>[,v1=<hex>,v2=<hex>...]": null unless
+// there is exactly one t and at least one v2.  Other schemes (v1, and any a
+// later version adds) are ignored.
 function parseSignature(header) {
 	if (typeof header !== 'string' || header.length > 1024) return null;
 	let t = null;
-	const v1 = [];
+	const v2 = [];
 	for (const part of header.split(',')) {
 		const eq = part.indexOf('=');
 		if (eq < 0) continue;
@@ -38,12 +43,12 @@ function parseSignature(header) {
 		if (key === 't') {
 			if (t !== null || !/^[0-9]{1,12}$/.test(value)) return null;
 			t = value;
-		} else if (key === 'v1' && /^[0-9a-f]{64}$/.test(value)) {
-			v1.push(Buffer.from(value, 'hex'));
+		} else if (key === 'v2' && /^[0-9a-f]{64}$/.test(value)) {
+			v2.push(Buffer.from(value, 'hex'));
 		}
 	}
-	if (t === null || v1.length === 0) return null;
-	return { t, v1 };
+	if (t === null || v2.length === 0) return null;
+	return { t, v2 };
 }
 
 // true if header signs rawBody (a Buffer, or a string taken as UTF-8) under
@@ -58,9 +63,10 @@ function verify(secret, rawBody, header, toleranceSeconds = DEFAULT_TOLERANCE_SE
 	const secrets = (Array.isArray(secret) ? secret : [secret]).filter((s) => typeof s === 'string' && s !== '');
 	let ok = false;
 	for (const s of secrets) {
-		const mac = crypto.createHmac('sha256', s).update(sig.t + '.', 'utf8').update(body).digest();
+		const mac = crypto.createHmac('sha256', s).update(V2_PREFIX).update(sig.t + '.', 'utf8')
+			.update(body).digest();
 		// every comparison is made, whichever matches
-		for (const candidate of sig.v1) {
+		for (const candidate of sig.v2) {
 			if (crypto.timingSafeEqual(candidate, mac)) ok = true;
 		}
 	}

@@ -26,7 +26,16 @@ $$;
 CREATE FUNCTION pg_temp.iso(t timestamptz)
 RETURNS text
 LANGUAGE sql AS $$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') $$;
--- what a receiver computes from the raw body and the header's t
+-- what a receiver computes from the raw body and the header's t: v2 is the
+-- HMAC of "payidem-notification-v2", a NUL byte, t, a dot and the body; v1
+-- (kept for receivers written for 1.0) of t, a dot and the body
+CREATE FUNCTION pg_temp.expected_v2(secret text, t text, payload text)
+RETURNS text
+LANGUAGE sql AS $$
+	SELECT encode(hmac(convert_to('payidem-notification-v2', 'UTF8') || '\x00'::bytea
+					   || convert_to(t || '.' || payload, 'UTF8'),
+					   convert_to(secret, 'UTF8'), 'sha256'), 'hex')
+$$;
 CREATE FUNCTION pg_temp.expected_v1(secret text, t text, payload text)
 RETURNS text
 LANGUAGE sql AS $$ SELECT encode(hmac(t || '.' || payload, secret, 'sha256'), 'hex') $$;
@@ -105,12 +114,15 @@ SELECT bool_and(payload::jsonb IS NOT NULL) AS all_parse,
   FROM payidem.notify_event WHERE merchant_no = :'m';
 
 ------------------------------------------------------------------ the signature
--- notify_due hands out each event with a header t=<unix seconds>,v1=<hex>,
--- v1 = HMAC-SHA256(secret, "<t>.<payload>"), recomputed here with pgcrypto
+-- notify_due hands out each event with a header t=<unix seconds>,v1=<hex>,v2=<hex>,
+-- v2 = HMAC-SHA256(secret, "payidem-notification-v2" NUL "<t>.<payload>"),
+-- v1 = HMAC-SHA256(secret, "<t>.<payload>"), both recomputed here with pgcrypto
 CREATE TEMP TABLE handed AS SELECT * FROM payidem.notify_due(100) WHERE merchant_no = :'m';
 SELECT count(*) AS handed, count(DISTINCT event_id) AS distinct_events,
-       bool_and(signature ~ '^t=[0-9]{10},v1=[0-9a-f]{64}$') AS header_shape,
+       bool_and(signature ~ '^t=[0-9]{10},v1=[0-9a-f]{64},v2=[0-9a-f]{64}$') AS header_shape,
        bool_and(abs(substring(signature FROM '^t=([0-9]+)')::bigint - extract(epoch FROM now())) <= 2) AS t_is_now,
+       bool_and(substring(signature FROM 'v2=([0-9a-f]{64})') =
+                pg_temp.expected_v2(:'secret1', substring(signature FROM '^t=([0-9]+)'), payload)) AS v2_recomputed,
        bool_and(substring(signature FROM 'v1=([0-9a-f]{64})') =
                 pg_temp.expected_v1(:'secret1', substring(signature FROM '^t=([0-9]+)'), payload)) AS v1_recomputed,
        bool_and(payload = (SELECT e.payload FROM payidem.notify_event e WHERE e.event_id = handed.event_id)) AS payload_as_stored,
@@ -122,58 +134,78 @@ SELECT event FROM handed ORDER BY event_id;
 SELECT bool_and(payidem.verify_notification(:'k', payload, signature)) AS accepted FROM handed;
 SELECT payload AS pl, signature AS sig FROM handed WHERE event = 'order.paid' \gset
 SELECT floor(extract(epoch FROM now()))::bigint AS now_t, substring(:'sig' FROM '^t=([0-9]+)')::bigint AS sig_t \gset
--- a changed byte anywhere in the body, the header's t or its v1
+-- a changed byte anywhere in the body, the header's t or its v2
 SELECT payidem.verify_notification(:'k', replace(:'pl', '10000', '10001'), :'sig') AS amount_changed,
        payidem.verify_notification(:'k', :'pl' || ' ', :'sig') AS trailing_space,
        payidem.verify_notification(:'k', (:'pl'::jsonb)::text, :'sig') AS reserialised_by_a_parser,
        payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', '^t=([0-9]+)', 't=' || (:sig_t + 1))) AS t_changed,
-       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', '.$', 'x')) AS v1_changed,
+       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', '.$', 'x')) AS v2_changed,
        payidem.verify_notification('no-such-key', :'pl', :'sig') AS unknown_key;
 -- the replay window: a header signed 10 minutes ago (or ahead) is refused
 -- with the default tolerance of 5 minutes, accepted with 15
 SELECT payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t - 600, pg_temp.expected_v1(:'secret1', (:now_t - 600)::text, :'pl'))) AS stale,
+           format('t=%s,v2=%s', :now_t - 600, pg_temp.expected_v2(:'secret1', (:now_t - 600)::text, :'pl'))) AS stale,
        payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t - 600, pg_temp.expected_v1(:'secret1', (:now_t - 600)::text, :'pl')),
+           format('t=%s,v2=%s', :now_t - 600, pg_temp.expected_v2(:'secret1', (:now_t - 600)::text, :'pl')),
            '15 minutes') AS stale_within_15_minutes,
        payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t + 600, pg_temp.expected_v1(:'secret1', (:now_t + 600)::text, :'pl'))) AS ahead,
+           format('t=%s,v2=%s', :now_t + 600, pg_temp.expected_v2(:'secret1', (:now_t + 600)::text, :'pl'))) AS ahead,
        payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t - 200, pg_temp.expected_v1(:'secret1', (:now_t - 200)::text, :'pl'))) AS within_5_minutes;
--- the header's grammar: other schemes are ignored, one t only, any v1 may match
+           format('t=%s,v2=%s', :now_t - 200, pg_temp.expected_v2(:'secret1', (:now_t - 200)::text, :'pl'))) AS within_5_minutes;
+-- the header's grammar: other schemes are ignored (v1 too), one t only, any
+-- v2 may match
 SELECT payidem.verify_notification(:'k', :'pl', :'sig' || ',v0=abc') AS other_scheme_ignored,
+       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', ',v1=[0-9a-f]{64}', ',v1=' || repeat('0', 64))) AS v1_changed_ignored,
+       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', ',v1=[0-9a-f]{64}', '')) AS without_v1,
        payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s,v1=%s', :now_t, repeat('0', 64), pg_temp.expected_v1(:'secret1', :now_t::text, :'pl'))) AS second_v1_matches,
+           format('t=%s,v2=%s,v2=%s', :now_t, repeat('0', 64), pg_temp.expected_v2(:'secret1', :now_t::text, :'pl'))) AS second_v2_matches,
        payidem.verify_notification(:'k', :'pl', :'sig' || ',t=' || :now_t) AS two_timestamps,
-       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', ',v1=.*$', '')) AS no_v1,
+       payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', ',v2=.*$', '')) AS no_v2,
        payidem.verify_notification(:'k', :'pl', regexp_replace(:'sig', '^t=[0-9]+,', '')) AS no_t,
        payidem.verify_notification(:'k', :'pl', upper(:'sig')) AS upper_case;
 
+-------------------------------------------- sign() and a notification apart
+-- v1 is sign()'s HMAC of "<t>.<payload>": a request body of that shape a
+-- merchant had signed with sign() (or anyone able to call sign()) is a valid
+-- v1.  verify_notification() checks v2 only, so it is refused: as v1, as v2,
+-- in a header with both; and a notification's v2 is no sign() signature of
+-- its "<t>.<payload>" either.
+SELECT payidem.sign(:'m', :now_t || '.' || :'pl') AS signed_body \gset
+SELECT :'signed_body' = pg_temp.expected_v1(:'secret1', :now_t::text, :'pl') AS sign_is_a_v1,
+       payidem.verify_notification(:'k', :'pl', format('t=%s,v1=%s', :now_t, :'signed_body')) AS sign_as_v1,
+       payidem.verify_notification(:'k', :'pl', format('t=%s,v2=%s', :now_t, :'signed_body')) AS sign_as_v2,
+       payidem.verify_notification(:'k', :'pl', format('t=%s,v1=%s,v2=%s', :now_t, :'signed_body', :'signed_body')) AS sign_as_both,
+       payidem.verify_notification(:'k', :'pl', format('t=%s,v2=%s', :now_t, pg_temp.expected_v2(:'secret1', :now_t::text, :'pl'))) AS real_v2,
+       payidem.verify_signature(:'k', :sig_t || '.' || :'pl', substring(:'sig' FROM 'v2=([0-9a-f]{64})')) AS v2_as_sign;
+
 -------------------------------------------------------------- a secret rotation
--- during the grace period the header carries a v1 for each secret valid now,
--- the new one first: a receiver that has either secret accepts it
+-- during the grace period the header carries a v1 and a v2 for each secret
+-- valid now, the new secret's first: a receiver that has either secret accepts it
 SELECT payidem.rotate_merchant_secret(:'m', '1 hour') AS secret2 \gset
 UPDATE payidem.notify_event SET next_attempt_at = now() WHERE event_id = (SELECT event_id FROM handed WHERE event = 'order.paid');
 SELECT signature AS sig2 FROM payidem.notify_due(100) WHERE merchant_no = :'m' \gset
-SELECT :'sig2' ~ '^t=[0-9]{10},v1=[0-9a-f]{64},v1=[0-9a-f]{64}$' AS two_v1,
-       split_part(:'sig2', ',', 2) = 'v1=' || pg_temp.expected_v1(:'secret2', substring(:'sig2' FROM '^t=([0-9]+)'), :'pl') AS new_secret_first,
-       split_part(:'sig2', ',', 3) = 'v1=' || pg_temp.expected_v1(:'secret1', substring(:'sig2' FROM '^t=([0-9]+)'), :'pl') AS old_secret_second,
+SELECT :'sig2' ~ '^t=[0-9]{10}(,v1=[0-9a-f]{64},v2=[0-9a-f]{64}){2}$' AS two_pairs,
+       split_part(:'sig2', ',', 2) = 'v1=' || pg_temp.expected_v1(:'secret2', substring(:'sig2' FROM '^t=([0-9]+)'), :'pl') AND
+       split_part(:'sig2', ',', 3) = 'v2=' || pg_temp.expected_v2(:'secret2', substring(:'sig2' FROM '^t=([0-9]+)'), :'pl') AS new_secret_first,
+       split_part(:'sig2', ',', 4) = 'v1=' || pg_temp.expected_v1(:'secret1', substring(:'sig2' FROM '^t=([0-9]+)'), :'pl') AND
+       split_part(:'sig2', ',', 5) = 'v2=' || pg_temp.expected_v2(:'secret1', substring(:'sig2' FROM '^t=([0-9]+)'), :'pl') AS old_secret_second,
        payidem.verify_notification(:'k', :'pl', :'sig2') AS accepted;
 -- a header from either secret alone is accepted during the grace period
 SELECT payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret1', :now_t::text, :'pl'))) AS old_secret_in_grace,
+           format('t=%s,v2=%s', :now_t, pg_temp.expected_v2(:'secret1', :now_t::text, :'pl'))) AS old_secret_in_grace,
        payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret2', :now_t::text, :'pl'))) AS new_secret;
+           format('t=%s,v2=%s', :now_t, pg_temp.expected_v2(:'secret2', :now_t::text, :'pl'))) AS new_secret;
 -- rotated again without grace: the first secret has ended, the second too
 SELECT payidem.rotate_merchant_secret(:'m', '0 seconds') AS secret3 \gset
 SELECT payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret1', :now_t::text, :'pl'))) AS rotated_out_secret,
+           format('t=%s,v2=%s', :now_t, pg_temp.expected_v2(:'secret1', :now_t::text, :'pl'))) AS rotated_out_secret,
        payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret2', :now_t::text, :'pl'))) AS secret_with_no_grace,
+           format('t=%s,v2=%s', :now_t, pg_temp.expected_v2(:'secret2', :now_t::text, :'pl'))) AS secret_with_no_grace,
        payidem.verify_notification(:'k', :'pl',
-           format('t=%s,v1=%s', :now_t, pg_temp.expected_v1(:'secret3', :now_t::text, :'pl'))) AS current_secret;
+           format('t=%s,v2=%s', :now_t, pg_temp.expected_v2(:'secret3', :now_t::text, :'pl'))) AS current_secret;
 UPDATE payidem.notify_event SET next_attempt_at = now() WHERE event_id = (SELECT event_id FROM handed WHERE event = 'order.paid');
-SELECT signature ~ '^t=[0-9]{10},v1=[0-9a-f]{64}$' AS one_v1_again,
+SELECT signature ~ '^t=[0-9]{10},v1=[0-9a-f]{64},v2=[0-9a-f]{64}$' AS one_pair_again,
+       substring(signature FROM 'v2=([0-9a-f]{64})') = pg_temp.expected_v2(:'secret3', substring(signature FROM '^t=([0-9]+)'), payload) AND
        substring(signature FROM 'v1=([0-9a-f]{64})') = pg_temp.expected_v1(:'secret3', substring(signature FROM '^t=([0-9]+)'), payload) AS signed_with_current
   FROM payidem.notify_due(100) WHERE merchant_no = :'m';
 

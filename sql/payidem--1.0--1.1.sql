@@ -905,3 +905,187 @@ COMMENT ON FUNCTION payidem.apply_refund_result(text, text, text) IS
 -- once it left pending (src/ledger.c)
 COMMENT ON FUNCTION payidem.ledger_row() IS
 	'Trigger on payidem."order" and payidem.payment: a paid order names its payment and has paid_at; an order keeps its merchant, and the payment that paid it once it left pending; a succeeded payment has its transaction id, paid_at and fees; a status agrees with the refunded amount, which an order in another status than paid, partially_refunded or refunded (a DBA''s shipping) has only if it names the payment that paid it (PI002).';
+
+-- notifications: a second signature scheme, v2, domain-separated from sign()
+-- (HMAC-SHA256 of "payidem-notification-v2", a NUL byte and "<t>.<payload>",
+-- src/crypto.c), beside v1 in the header; verify_notification() checks v2 only
+-- A notification's v2 signature: HMAC-SHA256 of "payidem-notification-v2", a
+-- NUL byte and the message, which no text (what sign() signs) can hold, so
+-- the two never verify as each other (docs/notifications.md "Signature").
+CREATE FUNCTION payidem._notify_v2_sign(aad text, key_version integer, nonce bytea, ciphertext bytea,
+	auth_tag bytea, message text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_notify_v2_sign'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+CREATE FUNCTION payidem._notify_v2_verify(aad text, key_version integer, nonce bytea, ciphertext bytea,
+	auth_tag bytea, message text, signature text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_notify_v2_verify'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION payidem._notify_v2_sign(text, integer, bytea, bytea, bytea, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._notify_v2_verify(text, integer, bytea, bytea, bytea, text, text) FROM PUBLIC;
+
+-- The signature: t=<unix seconds>,v1=<hex>,v2=<hex>, one v1 and v2 per secret
+-- of the merchant valid now (two pairs during a rotation's grace period, the
+-- current secret's first).  v2 = HMAC-SHA256(secret, "payidem-notification-v2"
+-- NUL "<t>.<payload>") (_notify_v2_sign), which no sign() signature can be;
+-- v1 = HMAC-SHA256(secret, "<t>.<payload>"), which is sign()'s of that text,
+-- is kept for the receivers written for 1.0 and will be retired in a major
+-- version (docs/notifications.md).  The only place a notification is signed.
+CREATE OR REPLACE FUNCTION payidem._sign_notification(p_merchant_no text, p_payload text)
+RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_t text := floor(extract(epoch FROM now()))::bigint::text;
+	v_sig text := 't=' || v_t;
+	s payidem.merchant_secret;
+BEGIN
+	FOR s IN SELECT * FROM payidem._secrets_valid_now(p_merchant_no) ORDER BY secret_version DESC LOOP
+		v_sig := v_sig || ',v1=' || payidem._hmac_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
+														s.key_version, s.nonce, s.ciphertext, s.auth_tag,
+														v_t || '.' || p_payload)
+					   || ',v2=' || payidem._notify_v2_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
+															 s.key_version, s.nonce, s.ciphertext, s.auth_tag,
+															 v_t || '.' || p_payload);
+	END LOOP;
+	RETURN v_sig;
+END
+$$;
+COMMENT ON FUNCTION payidem._sign_notification(text, text) IS
+	'Internal: the signature header of a notification payload, signed now: t, then v1 and v2 of each secret valid now (docs/notifications.md).';
+
+CREATE OR REPLACE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
+RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text,
+			   event text, payload text, signature text, attempt integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_lease constant interval := '60 seconds';
+	v_max_attempts constant integer := 16;		-- notify_result()'s schedule has 15 waits
+	v_given_up bigint;
+	n record;
+BEGIN
+	IF max_rows IS NULL OR max_rows <= 0 THEN
+		RAISE EXCEPTION 'invalid max_rows' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
+			HINT = 'Pass how many events one worker takes at a time, e.g. 100.';
+	END IF;
+	-- a closed merchant's key signs nothing more: its due events are given
+	-- up (failed), not handed out, and never hold up the others; so is an
+	-- event whose last attempt was handed out and never answered
+	WITH gone AS (
+		SELECT e.event_id,
+			   CASE WHEN m.status = 'closed' THEN 'merchant closed' ELSE 'no answer to the last attempt' END AS why
+		  FROM payidem.notify_event e JOIN payidem.merchant m ON m.merchant_no = e.merchant_no
+		 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+		   AND (m.status = 'closed' OR e.attempts >= v_max_attempts)
+		   FOR UPDATE OF e SKIP LOCKED)
+	UPDATE payidem.notify_event e
+	   SET status = 'failed', next_attempt_at = NULL, last_response = gone.why
+	  FROM gone WHERE e.event_id = gone.event_id;
+	GET DIAGNOSTICS v_given_up = ROW_COUNT;
+	IF v_given_up > 0 THEN
+		PERFORM payidem._count('notify_failed', v_given_up);
+	END IF;
+	-- Events another worker holds are skipped.  Handing an event out is its
+	-- next attempt (attempts counts hand-outs; the one handed out is named by
+	-- attempt, and notify_result() takes reports of that one only) and
+	-- leases it: its next_attempt_at moves ahead, so it is not handed out
+	-- again after this transaction ends, until notify_result() or the lease
+	-- runs out (a worker that died: that attempt had no answer).
+	FOR n IN
+		WITH due AS (
+			SELECT e.event_id FROM payidem.notify_event e
+			 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+			   AND e.attempts < v_max_attempts
+			   AND NOT EXISTS (SELECT 1 FROM payidem.merchant m
+								WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
+			 ORDER BY e.next_attempt_at
+			 LIMIT max_rows
+			 FOR UPDATE SKIP LOCKED)
+		UPDATE payidem.notify_event e
+		   SET next_attempt_at = now() + v_lease, attempts = e.attempts + 1, last_attempt_at = now()
+		  FROM due WHERE e.event_id = due.event_id
+		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts
+	LOOP
+		signature := payidem._sign_notification(n.merchant_no, n.payload);
+		IF signature !~ ',v2=' THEN
+			-- no secret of the merchant is valid now: nothing to sign with; the
+			-- event waits (this was no attempt) and is not sent unsigned
+			UPDATE payidem.notify_event e
+			   SET attempts = e.attempts - 1, next_attempt_at = now() + interval '5 minutes',
+				   last_response = 'no valid API secret'
+			 WHERE e.event_id = n.event_id;
+			CONTINUE;
+		END IF;
+		event_id := n.event_id;
+		order_no := n.order_no;
+		merchant_no := n.merchant_no;
+		SELECT x.notify_url INTO notify_url FROM payidem."order" x WHERE x.order_no = n.order_no;
+		event := n.event;
+		payload := n.payload;
+		attempt := n.attempts;
+		RETURN NEXT;
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION payidem.notify_due(integer) IS
+	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each hand-out is the event''s next attempt and leases it for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...,v2=...). Report each with notify_result(). Events of a closed merchant, and those whose 16th attempt went unanswered, are given up (failed), not handed out.';
+
+-- The receiver's check, for tests and for merchants running PostgreSQL: a
+-- signature header of the payload under a secret of api_key valid now, made
+-- at most tolerance ago (or ahead: clocks differ).  Only v2 is checked: v1 is
+-- sign()'s HMAC of "<t>.<payload>", which a merchant's own signed request of
+-- that shape also is.  Other schemes in the header (v1 too) are ignored, as a
+-- receiver should.
+CREATE OR REPLACE FUNCTION payidem.verify_notification(api_key text, payload text, signature text,
+											tolerance interval DEFAULT '5 minutes')
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_part text;
+	v_t text;
+	v_sigs text[] := '{}';
+	v_sig text;
+	s payidem.merchant_secret;
+	ok boolean := false;
+BEGIN
+	IF tolerance IS NULL OR tolerance < interval '0' THEN
+		RAISE EXCEPTION 'invalid tolerance' USING
+			ERRCODE = 'invalid_parameter_value',
+			DETAIL = format('tolerance was %s; it must be zero or more.', coalesce(tolerance::text, 'NULL')),
+			HINT = 'Pass how old a notification may be, e.g. ''5 minutes''.';
+	END IF;
+	IF api_key IS NULL OR payload IS NULL OR signature IS NULL OR length(signature) > 1024 THEN
+		RETURN false;
+	END IF;
+	FOREACH v_part IN ARRAY string_to_array(signature, ',') LOOP
+		IF v_part ~ '^t=[0-9]{1,12}$' THEN
+			IF v_t IS NOT NULL THEN
+				RETURN false;		-- two timestamps: which one was signed?
+			END IF;
+			v_t := substr(v_part, 3);
+		ELSIF v_part ~ '^v2=[0-9a-f]{64}$' THEN
+			v_sigs := v_sigs || substr(v_part, 4);
+		END IF;
+	END LOOP;
+	IF v_t IS NULL OR cardinality(v_sigs) = 0
+	   OR abs(floor(extract(epoch FROM now())) - v_t::numeric) > extract(epoch FROM tolerance) THEN
+		RETURN false;
+	END IF;
+	FOR s IN
+		SELECT v.* FROM payidem.merchant m, payidem._secrets_valid_now(m.merchant_no) v
+		 WHERE m.api_key OPERATOR(pg_catalog.=) verify_notification.api_key
+	LOOP
+		-- no early exit: the time taken does not say which secret or v2 matched
+		FOREACH v_sig IN ARRAY v_sigs LOOP
+			ok := payidem._notify_v2_verify(payidem._secret_aad(s.merchant_no, s.secret_version),
+											s.key_version, s.nonce, s.ciphertext, s.auth_tag,
+											v_t || '.' || payload, v_sig) OR ok;
+		END LOOP;
+	END LOOP;
+	RETURN ok;
+END
+$$;
+COMMENT ON FUNCTION payidem.verify_notification(text, text, text, interval) IS
+	'true if a v2 of the signature header (t=...,v1=...,v2=...) signs its t and the payload under a secret of api_key valid now and t is within tolerance of now; false otherwise (a stale t, a changed byte, a rotated-out secret, a closed merchant, a header with no v2: v1 is not checked, since a sign() signature of "<t>.<payload>" is one).';

@@ -378,9 +378,25 @@ payidem_open(PG_FUNCTION_ARGS)
 	PG_RETURN_BYTEA_P(result);
 }
 
-/* HMAC-SHA256 of payload under the sealed secret, as 64 lowercase hex */
+/*
+ * The label of the notification signature's scheme v2 (docs/notifications.md
+ * "Signature"): v2 is HMAC-SHA256(secret, label NUL "<t>.<payload>"), the
+ * label's terminating NUL byte included.  A text value never holds a NUL byte,
+ * so no message sign(), verify_signature() or a notification's v1 takes (a
+ * text, as it is) is ever a v2 message: a merchant's signed request can never
+ * be presented as a v2-signed notification, nor the other way round.  A later
+ * scheme takes another label of the same form (no NUL in it): the NUL ends the
+ * label, so two labels never make the same message either.
+ */
+static const char notify_v2_label[] = "payidem-notification-v2";
+
+/*
+ * HMAC-SHA256 under the sealed secret (arguments 0 to 4) of prefix
+ * (prefix_len bytes, none if 0) followed by payload (argument 5), as 64
+ * lowercase hex.
+ */
 static void
-hmac_sealed(FunctionCallInfo fcinfo, char *hex)
+hmac_sealed(FunctionCallInfo fcinfo, const char *prefix, size_t prefix_len, char *hex)
 {
 	static const char digits[] = "0123456789abcdef";
 	text	   *payload = PG_GETARG_TEXT_PP(5);
@@ -394,6 +410,7 @@ hmac_sealed(FunctionCallInfo fcinfo, char *hex)
 	int			i;
 
 	ok = ctx != NULL && pg_hmac_init(ctx, secret, len) >= 0 &&
+		(prefix_len == 0 || pg_hmac_update(ctx, (const uint8 *) prefix, prefix_len) >= 0) &&
 		pg_hmac_update(ctx, (uint8 *) VARDATA_ANY(payload), VARSIZE_ANY_EXHDR(payload)) >= 0 &&
 		pg_hmac_final(ctx, mac, sizeof(mac)) >= 0;
 	explicit_bzero(secret, len);
@@ -407,10 +424,40 @@ hmac_sealed(FunctionCallInfo fcinfo, char *hex)
 		hex[2 * i + 1] = digits[mac[i] & 15];
 	}
 	hex[2 * SHA256_LEN] = '\0';
+	explicit_bzero(mac, sizeof(mac));
+}
+
+/*
+ * Whether signature (argument 6) is hmac_sealed()'s hex of the same message;
+ * compared in constant time (for a signature of the right length).
+ */
+static bool
+hmac_sealed_matches(FunctionCallInfo fcinfo, const char *prefix, size_t prefix_len)
+{
+	text	   *sig = PG_GETARG_TEXT_PP(6);
+	const char *s = VARDATA_ANY(sig);
+	char		hex[2 * SHA256_LEN + 1];
+	unsigned int diff = 0;
+	int			i;
+
+	if (VARSIZE_ANY_EXHDR(sig) != 2 * SHA256_LEN)
+		return false;
+	hmac_sealed(fcinfo, prefix, prefix_len, hex);
+	for (i = 0; i < 2 * SHA256_LEN; i++)
+	{
+		/* accept upper-case hex: fold A-F to a-f without branching on secret data */
+		unsigned char c = (unsigned char) s[i];
+
+		c |= (unsigned char) (((c >= 'A') & (c <= 'F')) << 5);
+		diff |= (unsigned int) (c ^ (unsigned char) hex[i]);
+	}
+	explicit_bzero(hex, sizeof(hex));
+	return diff == 0;
 }
 
 /*
  * payidem._hmac_sign(aad, key_version, nonce, ciphertext, auth_tag, payload text) RETURNS text
+ *		HMAC-SHA256(secret, payload): sign(), and a notification's v1.
  */
 PG_FUNCTION_INFO_V1(payidem_hmac_sign);
 Datum
@@ -418,7 +465,7 @@ payidem_hmac_sign(PG_FUNCTION_ARGS)
 {
 	char		hex[2 * SHA256_LEN + 1];
 
-	hmac_sealed(fcinfo, hex);
+	hmac_sealed(fcinfo, NULL, 0, hex);
 	PG_RETURN_TEXT_P(cstring_to_text(hex));
 }
 
@@ -431,25 +478,34 @@ PG_FUNCTION_INFO_V1(payidem_hmac_verify);
 Datum
 payidem_hmac_verify(PG_FUNCTION_ARGS)
 {
-	text	   *sig = PG_GETARG_TEXT_PP(6);
-	const char *s = VARDATA_ANY(sig);
+	PG_RETURN_BOOL(hmac_sealed_matches(fcinfo, NULL, 0));
+}
+
+/*
+ * payidem._notify_v2_sign(aad, key_version, nonce, ciphertext, auth_tag, message text) RETURNS text
+ *		A notification's v2: HMAC-SHA256(secret, "payidem-notification-v2" NUL message),
+ *		message being "<t>.<payload>".
+ */
+PG_FUNCTION_INFO_V1(payidem_notify_v2_sign);
+Datum
+payidem_notify_v2_sign(PG_FUNCTION_ARGS)
+{
 	char		hex[2 * SHA256_LEN + 1];
-	unsigned int diff = 0;
-	int			i;
 
-	if (VARSIZE_ANY_EXHDR(sig) != 2 * SHA256_LEN)
-		PG_RETURN_BOOL(false);
-	hmac_sealed(fcinfo, hex);
-	for (i = 0; i < 2 * SHA256_LEN; i++)
-	{
-		/* accept upper-case hex: fold A-F to a-f without branching on secret data */
-		unsigned char c = (unsigned char) s[i];
+	hmac_sealed(fcinfo, notify_v2_label, sizeof(notify_v2_label), hex);
+	PG_RETURN_TEXT_P(cstring_to_text(hex));
+}
 
-		c |= (unsigned char) (((c >= 'A') & (c <= 'F')) << 5);
-		diff |= (unsigned int) (c ^ (unsigned char) hex[i]);
-	}
-	explicit_bzero(hex, sizeof(hex));
-	PG_RETURN_BOOL(diff == 0);
+/*
+ * payidem._notify_v2_verify(aad, key_version, nonce, ciphertext, auth_tag, message text,
+ *                           signature text) RETURNS boolean
+ *		Whether signature is message's v2; compared in constant time.
+ */
+PG_FUNCTION_INFO_V1(payidem_notify_v2_verify);
+Datum
+payidem_notify_v2_verify(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(hmac_sealed_matches(fcinfo, notify_v2_label, sizeof(notify_v2_label)));
 }
 
 /*

@@ -23,6 +23,19 @@ CREATE FUNCTION payidem._hmac_verify(aad text, key_version integer, nonce bytea,
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'payidem_hmac_verify'
 LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+-- A notification's v2 signature: HMAC-SHA256 of "payidem-notification-v2", a
+-- NUL byte and the message, which no text (what sign() signs) can hold, so
+-- the two never verify as each other (docs/notifications.md "Signature").
+CREATE FUNCTION payidem._notify_v2_sign(aad text, key_version integer, nonce bytea, ciphertext bytea,
+	auth_tag bytea, message text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_notify_v2_sign'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+CREATE FUNCTION payidem._notify_v2_verify(aad text, key_version integer, nonce bytea, ciphertext bytea,
+	auth_tag bytea, message text, signature text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_notify_v2_verify'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 CREATE FUNCTION payidem._random_code(prefix text, len integer)
 RETURNS text
 AS 'MODULE_PATHNAME', 'payidem_random_code'

@@ -1100,9 +1100,13 @@ CREATE TRIGGER status_notify
 	FOR EACH ROW
 	EXECUTE FUNCTION payidem._status_event();
 
--- The signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<payload>")>,
--- one v1 per secret of the merchant valid now (two during a rotation's grace
--- period, the current one first).  The only place a notification is signed.
+-- The signature: t=<unix seconds>,v1=<hex>,v2=<hex>, one v1 and v2 per secret
+-- of the merchant valid now (two pairs during a rotation's grace period, the
+-- current secret's first).  v2 = HMAC-SHA256(secret, "payidem-notification-v2"
+-- NUL "<t>.<payload>") (_notify_v2_sign), which no sign() signature can be;
+-- v1 = HMAC-SHA256(secret, "<t>.<payload>"), which is sign()'s of that text,
+-- is kept for the receivers written for 1.0 and will be retired in a major
+-- version (docs/notifications.md).  The only place a notification is signed.
 CREATE FUNCTION payidem._sign_notification(p_merchant_no text, p_payload text)
 RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -1114,13 +1118,16 @@ BEGIN
 	FOR s IN SELECT * FROM payidem._secrets_valid_now(p_merchant_no) ORDER BY secret_version DESC LOOP
 		v_sig := v_sig || ',v1=' || payidem._hmac_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
 														s.key_version, s.nonce, s.ciphertext, s.auth_tag,
-														v_t || '.' || p_payload);
+														v_t || '.' || p_payload)
+					   || ',v2=' || payidem._notify_v2_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
+															 s.key_version, s.nonce, s.ciphertext, s.auth_tag,
+															 v_t || '.' || p_payload);
 	END LOOP;
 	RETURN v_sig;
 END
 $$;
 COMMENT ON FUNCTION payidem._sign_notification(text, text) IS
-	'Internal: the signature header of a notification payload, signed now (docs/notifications.md).';
+	'Internal: the signature header of a notification payload, signed now: t, then v1 and v2 of each secret valid now (docs/notifications.md).';
 
 CREATE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
 RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text,
@@ -1177,7 +1184,7 @@ BEGIN
 		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts
 	LOOP
 		signature := payidem._sign_notification(n.merchant_no, n.payload);
-		IF signature !~ ',v1=' THEN
+		IF signature !~ ',v2=' THEN
 			-- no secret of the merchant is valid now: nothing to sign with; the
 			-- event waits (this was no attempt) and is not sent unsigned
 			UPDATE payidem.notify_event e
@@ -1198,7 +1205,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
-	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each hand-out is the event''s next attempt and leases it for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...). Report each with notify_result(). Events of a closed merchant, and those whose 16th attempt went unanswered, are given up (failed), not handed out.';
+	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each hand-out is the event''s next attempt and leases it for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...,v2=...). Report each with notify_result(). Events of a closed merchant, and those whose 16th attempt went unanswered, are given up (failed), not handed out.';
 
 CREATE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL,
 									 attempt integer DEFAULT NULL)
@@ -1260,8 +1267,10 @@ COMMENT ON FUNCTION payidem.notify_result(bigint, boolean, text, integer) IS
 
 -- The receiver's check, for tests and for merchants running PostgreSQL: a
 -- signature header of the payload under a secret of api_key valid now, made
--- at most tolerance ago (or ahead: clocks differ).  Unknown schemes in the
--- header (anything but t and v1) are ignored, as a receiver should.
+-- at most tolerance ago (or ahead: clocks differ).  Only v2 is checked: v1 is
+-- sign()'s HMAC of "<t>.<payload>", which a merchant's own signed request of
+-- that shape also is.  Other schemes in the header (v1 too) are ignored, as a
+-- receiver should.
 CREATE FUNCTION payidem.verify_notification(api_key text, payload text, signature text,
 											tolerance interval DEFAULT '5 minutes')
 RETURNS boolean
@@ -1271,6 +1280,7 @@ DECLARE
 	v_t text;
 	v_sigs text[] := '{}';
 	v_sig text;
+	s payidem.merchant_secret;
 	ok boolean := false;
 BEGIN
 	IF tolerance IS NULL OR tolerance < interval '0' THEN
@@ -1288,7 +1298,7 @@ BEGIN
 				RETURN false;		-- two timestamps: which one was signed?
 			END IF;
 			v_t := substr(v_part, 3);
-		ELSIF v_part ~ '^v1=[0-9a-f]{64}$' THEN
+		ELSIF v_part ~ '^v2=[0-9a-f]{64}$' THEN
 			v_sigs := v_sigs || substr(v_part, 4);
 		END IF;
 	END LOOP;
@@ -1296,14 +1306,22 @@ BEGIN
 	   OR abs(floor(extract(epoch FROM now())) - v_t::numeric) > extract(epoch FROM tolerance) THEN
 		RETURN false;
 	END IF;
-	FOREACH v_sig IN ARRAY v_sigs LOOP
-		ok := payidem.verify_signature(api_key, v_t || '.' || payload, v_sig) OR ok;
+	FOR s IN
+		SELECT v.* FROM payidem.merchant m, payidem._secrets_valid_now(m.merchant_no) v
+		 WHERE m.api_key OPERATOR(pg_catalog.=) verify_notification.api_key
+	LOOP
+		-- no early exit: the time taken does not say which secret or v2 matched
+		FOREACH v_sig IN ARRAY v_sigs LOOP
+			ok := payidem._notify_v2_verify(payidem._secret_aad(s.merchant_no, s.secret_version),
+											s.key_version, s.nonce, s.ciphertext, s.auth_tag,
+											v_t || '.' || payload, v_sig) OR ok;
+		END LOOP;
 	END LOOP;
 	RETURN ok;
 END
 $$;
 COMMENT ON FUNCTION payidem.verify_notification(text, text, text, interval) IS
-	'true if the signature header (t=...,v1=...) signs the payload under a secret of api_key valid now and its t is within tolerance of now; false otherwise (a stale t, a changed byte, a rotated-out secret, a closed merchant).';
+	'true if a v2 of the signature header (t=...,v1=...,v2=...) signs its t and the payload under a secret of api_key valid now and t is within tolerance of now; false otherwise (a stale t, a changed byte, a rotated-out secret, a closed merchant, a header with no v2: v1 is not checked, since a sign() signature of "<t>.<payload>" is one).';
 
 -- Attempts past their order's expiry: the application asks the channel and
 -- reports with apply_payment_result(..., 'query' | 'close', ...).  A lease

@@ -12,9 +12,11 @@
 // both workers; every body byte for byte notify_event.payload and verified by the
 // receiver and by payidem.verify_notification(); each payload the state at its
 // event; the retry schedule (pending, attempts 1, next attempt 15 s later, then
-// sent); a secret rotation's two v1; the worker's CLI stopping on SIGTERM with
-// every POST it made reported; and the receiver refusing a changed byte, a
-// re-serialised body and a stale or future t.  TAP on stdout; exit 1 on failure.
+// sent); each header's v1 and v2 recomputed here; a secret rotation's two v1/v2
+// pairs; the worker's CLI stopping on SIGTERM with every POST it made reported;
+// and the receiver refusing a changed byte, a re-serialised body, a stale or
+// future t, and a body "<t>.<payload>" signed with payidem.sign() presented as a
+// notification (which a receiver checking v1 accepts).  TAP on stdout; exit 1 on failure.
 //
 // Run by scripts/test (TESTS=notify); by hand: test/client/run.sh notify.
 
@@ -120,8 +122,13 @@ function postRaw(url, body, headers) {
 	});
 }
 
+// a header's v1 (payidem 1.0's scheme, which sign() of "<t>.<body>" also is)
+// and v2 (what a receiver checks), computed here independently of the example
 const hmacHex = (secret, t, body) =>
 	crypto.createHmac('sha256', secret).update(`${t}.`).update(body).digest('hex');
+const v2Hex = (secret, t, body) =>
+	crypto.createHmac('sha256', secret).update('payidem-notification-v2').update(Buffer.from([0]))
+		.update(`${t}.`).update(body).digest('hex');
 
 // ------------------------------------------------------------------ the test
 async function main() {
@@ -267,7 +274,8 @@ async function main() {
 
 		// ---------------------------------------------------------- a secret rotation
 		// merchant 2 rotates with an hour's grace; its receiver still has the old
-		// secret (it is told the new one later): the header carries both v1
+		// secret (it is told the new one later): the header carries a v1 and a v2
+		// of each, the new secret's first
 		const m2 = merchants[1];
 		const { rows: [{ secret }] } = await su.query(
 			"SELECT payidem.rotate_merchant_secret($1, '1 hour') AS secret", [m2.merchant_no]);
@@ -276,8 +284,10 @@ async function main() {
 		const rotEvents = [...round3[0].events, ...round3[1].events];
 		is(rotEvents.length, 1, 'after the rotation: the new event handed out');
 		const rot = rotEvents[0] || { signature: '', payload: '' };
-		ok(/^t=[0-9]{10},v1=[0-9a-f]{64},v1=[0-9a-f]{64}$/.test(rot.signature), 'during the grace period: two v1',
-			rot.signature);
+		const rotT = (/^t=([0-9]+)/.exec(rot.signature) || [])[1];
+		is(rot.signature, `t=${rotT},v1=${hmacHex(secret, rotT, rot.payload)},v2=${v2Hex(secret, rotT, rot.payload)}` +
+			`,v1=${hmacHex(m2.api_secret, rotT, rot.payload)},v2=${v2Hex(m2.api_secret, rotT, rot.payload)}`,
+		'during the grace period: a v1/v2 pair per secret, the new one first');
 		ok(verify(secret, rot.payload, rot.signature) && verify(m2.api_secret, rot.payload, rot.signature) &&
 			!verify(merchants[0].api_secret, rot.payload, rot.signature),
 			'either secret verifies it, another merchant\'s does not');
@@ -353,6 +363,16 @@ async function main() {
 		'headers: Payidem-Event-Id, Payidem-Event, Content-Type application/json, Content-Length');
 		ok(accepted.every((x) => verify(x.receiver.secret, x.rawBody, x.signature)),
 			'verify() of the example accepts each as received');
+		// each header as notify_due() made it: t=<t>, then v1=<hex>,v2=<hex> of each
+		// secret valid then (the rotated merchant's new and old one for ROT-1),
+		// both recomputed here
+		const wrongHeaders = accepted.filter((x) => {
+			const [, ht] = /^t=([0-9]{10}),/.exec(x.signature) || [];
+			const secrets = x.body.order_no === rotated ? [secret, m2.api_secret] : [x.receiver.secret];
+			return x.signature !== `t=${ht}` + secrets.map((k) =>
+				`,v1=${hmacHex(k, ht, x.rawBody)},v2=${v2Hex(k, ht, x.rawBody)}`).join('');
+		});
+		is(wrongHeaders.length, 0, 'each header is t, then v1 = HMAC(secret, "<t>.<body>") and v2 = HMAC(secret, "payidem-notification-v2" NUL "<t>.<body>") per secret, recomputed here');
 
 		// the same check in SQL, as a merchant running PostgreSQL makes it (the application role)
 		const { rows: [sqlCheck] } = await app.query(
@@ -436,8 +456,8 @@ async function main() {
 		ok(!verify(sampleSecret, sample.rawBody, sample.signature, 300, t - 301), 'a t 5 minutes and 1 s ahead: refused');
 		// and a header signed 10 minutes ago with the right secret
 		const now = Math.floor(Date.now() / 1000);
-		const stale = `t=${now - 600},v1=${hmacHex(sampleSecret, now - 600, sample.rawBody)}`;
-		const fresh = `t=${now},v1=${hmacHex(sampleSecret, now, sample.rawBody)}`;
+		const stale = `t=${now - 600},v2=${v2Hex(sampleSecret, now - 600, sample.rawBody)}`;
+		const fresh = `t=${now},v2=${v2Hex(sampleSecret, now, sample.rawBody)}`;
 		ok(!verify(sampleSecret, sample.rawBody, stale) && verify(sampleSecret, sample.rawBody, fresh),
 			'signed 10 minutes ago: refused; the same signed now: accepted');
 		const { rows: [sqlRefuse] } = await app.query(
@@ -449,13 +469,34 @@ async function main() {
 			'verify_notification in SQL agrees: stale and changed refused, fresh accepted', sqlRefuse);
 		// the header's grammar
 		const [, v1] = /v1=([0-9a-f]{64})/.exec(sample.signature);
+		const [, v2] = /v2=([0-9a-f]{64})/.exec(sample.signature);
 		ok(!verify(sampleSecret, sample.rawBody, undefined) && !verify(sampleSecret, sample.rawBody, `t=${t}`) &&
-			!verify(sampleSecret, sample.rawBody, `v1=${v1}`) &&
-			!verify(sampleSecret, sample.rawBody, `t=${t},t=${t},v1=${v1}`, 300, t) &&
+			!verify(sampleSecret, sample.rawBody, `v2=${v2}`) &&
+			!verify(sampleSecret, sample.rawBody, `t=${t},v1=${v1}`, 300, t) &&
+			!verify(sampleSecret, sample.rawBody, `t=${t},t=${t},v2=${v2}`, 300, t) &&
 			!verify(sampleSecret, sample.rawBody, sample.signature.toUpperCase(), 300, t) &&
-			verify(sampleSecret, sample.rawBody, `${sample.signature},v2=abc`, 300, t) &&
-			verify(sampleSecret, sample.rawBody, `t=${t},v1=${'0'.repeat(64)},v1=${v1}`, 300, t),
-		'header: no header, no v1, no t, two t, upper case refused; v2 ignored, any v1 may match');
+			verify(sampleSecret, sample.rawBody, `${sample.signature},v3=abc`, 300, t) &&
+			verify(sampleSecret, sample.rawBody, `t=${t},v1=${'0'.repeat(64)},v2=${v2}`, 300, t) &&
+			verify(sampleSecret, sample.rawBody, `t=${t},v2=${'0'.repeat(64)},v2=${v2}`, 300, t),
+		'header: no header, no t, two t, upper case, only v1 refused; v1 and v3 ignored, any v2 may match');
+
+		// sign() and a notification apart: a request body "<t>.<payload>" the
+		// merchant's secret signed with payidem.sign() is a valid v1 of that payload
+		// (a receiver written for 1.0 takes it), never a valid v2
+		const forgedT = Math.floor(Date.now() / 1000);
+		const forgedBody = sample.rawBody.toString('utf8').replace('"amount":10000', '"amount":1');
+		const { rows: [{ signed }] } = await app.query('SELECT payidem.sign($1, $2) AS signed',
+			[sampleMerchant.merchant_no, `${forgedT}.${forgedBody}`]);
+		is(signed, hmacHex(sampleSecret, forgedT, forgedBody), 'sign() of "<t>.<body>" is that body\'s v1');
+		ok(!verify(sampleSecret, forgedBody, `t=${forgedT},v1=${signed}`) &&
+			!verify(sampleSecret, forgedBody, `t=${forgedT},v2=${signed}`) &&
+			!verify(sampleSecret, forgedBody, `t=${forgedT},v1=${signed},v2=${signed}`),
+		'verify() of the example refuses it as v1, as v2 and as both');
+		const { rows: [sqlForged] } = await app.query(
+			`SELECT payidem.verify_notification($1, $2, format('t=%s,v1=%s', $3::text, $4::text)) AS as_v1,
+			        payidem.verify_notification($1, $2, format('t=%s,v2=%s', $3::text, $4::text)) AS as_v2`,
+			[sampleMerchant.api_key, forgedBody, forgedT, signed]);
+		ok(!sqlForged.as_v1 && !sqlForged.as_v2, 'verify_notification in SQL refuses it too', sqlForged);
 		ok(!verify(receivers.find((r) => r !== sample.receiver).secret, sample.rawBody, sample.signature, 300, t),
 			'another merchant\'s secret: refused');
 
