@@ -172,6 +172,20 @@ SET ROLE regress_payidem_report;
 SELECT code, message FROM pg_temp.try($$SELECT payidem.get_order('PO202611290000000000051227')$$, :'m1', :'m2');
 RESET ROLE;
 REVOKE regress_payidem_mapped_app FROM regress_payidem_report;
+-- get_order() and find_order() alone are scoped: a reporting role may have
+-- them (and reads its merchant's orders with them), until it is given more
+GRANT EXECUTE ON FUNCTION payidem.get_order(text), payidem.find_order(text, text) TO regress_payidem_report;
+SET ROLE regress_payidem_report;
+SELECT payidem.get_order('PO202611290000000000051227') ->> 'out_trade_no' AS report_reads_its_order;
+SELECT code FROM pg_temp.try($$SELECT payidem.get_order('PO202611290000000000061315')$$, :'m1', :'m2') AS report_reads_another;
+RESET ROLE;
+SELECT payidem.map_merchant_role('regress_payidem_report', :'m1');
+GRANT EXECUTE ON FUNCTION payidem.notify_due(integer) TO regress_payidem_report;
+SET ROLE regress_payidem_report;
+SELECT code, detail FROM pg_temp.try($$SELECT payidem.get_order('PO202611290000000000051227')$$, :'m1', :'m2');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION payidem.get_order(text), payidem.find_order(text, text), payidem.notify_due(integer)
+	FROM regress_payidem_report;
 -- separate again, each reads as before
 SET ROLE regress_payidem_mapped_app;
 SELECT payidem.get_order('PO202611290000000000061315') ->> 'out_trade_no' AS app_reads_any_order;

@@ -912,21 +912,24 @@ COMMENT ON FUNCTION payidem.ledger_row() IS
 -- GRANT of membership, or by 1.0)
 
 -- A role that both reads a merchant's rows (map_merchant_role(), itself or
--- through a role whose privileges it has) and may execute an API function:
--- the API is not scoped to a merchant (notify_due(), sign(), close_order(),
--- ... act for every merchant), so such a role would be scoped in get_order()
--- and not in the rest.  grant_app() and map_merchant_role() refuse to make
--- one; a role that became one by a GRANT of membership made later (or before
--- 1.1) is refused by get_order() and find_order().  Superusers and BYPASSRLS
--- roles read every row anyway.  of_role: only that role's rows.
+-- through a role whose privileges it has) and may execute an API function
+-- other than get_order() and find_order(): the rest of the API is not scoped
+-- to a merchant (notify_due(), sign(), close_order(), ... act for every
+-- merchant), so such a role would be scoped in get_order() and not in the
+-- rest.  (A reporting role given EXECUTE on get_order() and find_order()
+-- alone is scoped in both.)  grant_app() and map_merchant_role() refuse to
+-- make one; a role that became one by a GRANT made later (or before 1.1) is
+-- refused by get_order() and find_order().  Superusers and BYPASSRLS roles
+-- read every row anyway.  of_role: only that role's rows.
 CREATE FUNCTION payidem._app_merchant_roles(of_role regrole DEFAULT NULL)
 RETURNS TABLE (role regrole, mapped_role regrole, merchant_no text, app_function regprocedure)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
 	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
-		   LATERAL (SELECT x AS f FROM payidem.app_functions() x
-					 WHERE pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
+		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order')
+					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
 					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
 	 WHERE m.oid = r.role::oid
 	   AND NOT (c.rolsuper OR c.rolbypassrls)
@@ -935,7 +938,7 @@ BEGIN ATOMIC
 	 ORDER BY c.rolname COLLATE "C", m.rolname COLLATE "C", r.merchant_no COLLATE "C";
 END;
 COMMENT ON FUNCTION payidem._app_merchant_roles(regrole) IS
-	'Internal: roles that read a merchant''s rows (map_merchant_role(), themselves or as a member of mapped_role) and may execute an API function (app_function, one of them) — a combination grant_app() and map_merchant_role() refuse to make, and get_order()/find_order() refuse to serve.';
+	'Internal: roles that read a merchant''s rows (map_merchant_role(), themselves or as a member of mapped_role) and may execute an API function other than get_order()/find_order() (app_function, one of them) — a combination grant_app() and map_merchant_role() refuse to make, and get_order()/find_order() refuse to serve.';
 
 -- The refusal of such a role: by grant_app() or map_merchant_role() (by_call
 -- names it; 22023, as _check_role's refusals of a role), or at a call of the
@@ -997,7 +1000,8 @@ COMMENT ON FUNCTION payidem.grant_app(regrole) IS
 	'Let an application role call payidem''s API functions (payidem.app_functions()); it gets no direct access to any table. Refused (22023) for a role that reads a merchant''s rows (map_merchant_role), itself, through a role it is a member of or through a member.';
 
 -- Refused (22023, nothing mapped) if the role, a member of it or a role it is
--- a member of may execute an API function: see _app_merchant_roles().
+-- a member of may execute an API function other than get_order() and
+-- find_order(): see _app_merchant_roles().
 CREATE OR REPLACE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -1022,7 +1026,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
-	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security). Refused (22023) for a role that may execute an API function (grant_app), itself, through a role it is a member of or through a member.';
+	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security). Refused (22023) for a role that may execute an API function other than get_order/find_order (grant_app), itself, through a role it is a member of or through a member.';
 
 -- Who reads what: a caller row-level security does not apply to, or one
 -- without SELECT on "order" (an application role), reads every order; a
