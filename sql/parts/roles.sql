@@ -156,7 +156,7 @@ BEGIN ATOMIC
 	 ORDER BY c.rolname COLLATE "C", m.rolname COLLATE "C", r.merchant_no COLLATE "C";
 END;
 COMMENT ON FUNCTION payidem._app_merchant_roles(regrole) IS
-	'Internal: roles that read a merchant''s rows (map_merchant_role(), themselves or as a member of mapped_role) and may execute an API function other than get_order()/find_order() (app_function, one of them) — a combination grant_app() and map_merchant_role() refuse to make, and get_order()/find_order() refuse to serve.';
+	'Internal: roles that read a merchant''s rows (map_merchant_role(), themselves or as a member of mapped_role) and may execute an API function other than get_order()/find_order() (app_function, one of them): a combination grant_app() and map_merchant_role() refuse to make, and get_order()/find_order() refuse to serve.';
 
 -- The refusal of such a role: by grant_app() or map_merchant_role() (by_call
 -- names it; 22023, as _check_role's refusals of a role), or at a call of the
