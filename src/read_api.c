@@ -14,10 +14,15 @@
  *     superuser, BYPASSRLS), or one without SELECT on "order" (an
  *     application role: grant_app grants functions only), reads every
  *     order;
- *   - any other caller — a role given SELECT on the tables (an auditor, a
- *     merchant-mapped role, a member of one, one whose mapping was removed)
- *     — reads exactly the orders its row-level security shows it
- *     (payidem._row_visible(), the policies' own rule): fail closed.
+ *   - a caller that reads a merchant's rows (mapped itself, or a member of
+ *     a mapped role) is refused with 42501: the rest of the API acts for
+ *     every merchant, so it would be scoped here and nowhere else
+ *     (grant_app and map_merchant_role refuse to make such a role; a GRANT
+ *     of membership made later, or a role 1.0 let be both, is caught here);
+ *   - any other caller — a role given SELECT on the tables (an auditor, one
+ *     whose mapping was removed) — reads exactly the orders its row-level
+ *     security shows it (payidem._row_visible(), the policies' own rule):
+ *     fail closed.
  *
  * An order the caller may not read is PI009, as one that does not exist.
  *

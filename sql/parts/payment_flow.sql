@@ -1434,16 +1434,27 @@ COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
 	'Internal to get_order() and find_order(): the order, its attempts and its refunds as one JSON object (times in UTC ISO 8601).';
 
 -- Who reads what: a caller row-level security does not apply to, or one
--- without SELECT on "order" (an application role), reads every order; any
--- other reads what its row-level security shows it (the policies' rule,
--- _row_visible): a merchant-mapped role, a member of one, one unmapped.
+-- without SELECT on "order" (an application role), reads every order; a
+-- caller that reads a merchant's rows (mapped itself or as a member of a
+-- mapped role: a combination grant_app() and map_merchant_role() refuse, made
+-- by a later GRANT of membership or before 1.1) is refused (42501), as the
+-- rest of the API would act for every merchant for it; any other reads what
+-- its row-level security shows it (the policies' rule, _row_visible): an
+-- auditor everything, a role unmapped nothing.
 CREATE FUNCTION payidem._read_order(order_no text, merchant_no text, out_trade_no text,
 	caller regrole, scoped boolean)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	o payidem."order";
+	a record;
 BEGIN
+	IF scoped THEN
+		SELECT * INTO a FROM payidem._app_merchant_roles(caller) LIMIT 1;
+		IF FOUND THEN
+			PERFORM payidem._refuse_app_merchant_role(a.role, a.mapped_role, a.merchant_no, a.app_function, NULL);
+		END IF;
+	END IF;
 	IF _read_order.merchant_no IS NULL AND _read_order.out_trade_no IS NULL THEN
 		PERFORM payidem._check_number('order', _read_order.order_no);
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
@@ -1476,14 +1487,14 @@ RETURNS jsonb
 AS 'MODULE_PATHNAME', 'payidem_get_order'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.get_order(text) IS
-	'The order with its payment attempts and refunds, as JSON (times in UTC ISO 8601). PI009 unknown (or one the caller''s row-level security hides), 22023 malformed number.';
+	'The order with its payment attempts and refunds, as JSON (times in UTC ISO 8601). PI009 unknown (or one the caller''s row-level security hides), 22023 malformed number, 42501 for a caller that also reads a merchant''s rows (map_merchant_role).';
 
 CREATE FUNCTION payidem.find_order(merchant_no text, out_trade_no text)
 RETURNS jsonb
 AS 'MODULE_PATHNAME', 'payidem_find_order'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.find_order(text, text) IS
-	'The order a merchant created with out_trade_no, as get_order() shows it. PI009 if there is none (or the caller''s row-level security hides it).';
+	'The order a merchant created with out_trade_no, as get_order() shows it. PI009 if there is none (or the caller''s row-level security hides it), 42501 for a caller that also reads a merchant''s rows (map_merchant_role).';
 
 -- (end of payment-flow functions)
 

@@ -129,21 +129,91 @@ END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
 
+-- A role that both reads a merchant's rows (map_merchant_role(), itself or
+-- through a role whose privileges it has) and may execute an API function
+-- other than get_order() and find_order(): the rest of the API is not scoped
+-- to a merchant (notify_due(), sign(), close_order(), ... act for every
+-- merchant), so such a role would be scoped in get_order() and not in the
+-- rest.  (A reporting role given EXECUTE on get_order() and find_order()
+-- alone is scoped in both.)  grant_app() and map_merchant_role() refuse to
+-- make one; a role that became one by a GRANT made later (or before 1.1) is
+-- refused by get_order() and find_order().  Superusers and BYPASSRLS roles
+-- read every row anyway.  of_role: only that role's rows.
+CREATE FUNCTION payidem._app_merchant_roles(of_role regrole DEFAULT NULL)
+RETURNS TABLE (role regrole, mapped_role regrole, merchant_no text, app_function regprocedure)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
+	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
+		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order')
+					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
+					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
+	 WHERE m.oid = r.role::oid
+	   AND NOT (c.rolsuper OR c.rolbypassrls)
+	   AND (_app_merchant_roles.of_role IS NULL OR c.oid = _app_merchant_roles.of_role::oid)
+	   AND pg_catalog.pg_has_role(c.oid, m.oid, 'USAGE')
+	 ORDER BY c.rolname COLLATE "C", m.rolname COLLATE "C", r.merchant_no COLLATE "C";
+END;
+COMMENT ON FUNCTION payidem._app_merchant_roles(regrole) IS
+	'Internal: roles that read a merchant''s rows (map_merchant_role(), themselves or as a member of mapped_role) and may execute an API function other than get_order()/find_order() (app_function, one of them): a combination grant_app() and map_merchant_role() refuse to make, and get_order()/find_order() refuse to serve.';
+
+-- The refusal of such a role: by grant_app() or map_merchant_role() (by_call
+-- names it; 22023, as _check_role's refusals of a role), or at a call of the
+-- API (by_call NULL; 42501); warn_only: a WARNING instead (the update to 1.1
+-- names the roles 1.0 let be both).
+CREATE FUNCTION payidem._refuse_app_merchant_role(role regrole, mapped_role regrole, merchant_no text,
+	app_function regprocedure, by_call text, warn_only boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_via text := CASE WHEN mapped_role = role THEN '' ELSE format(' as a member of role %s', mapped_role) END;
+	v_detail text := CASE WHEN by_call IS NULL
+		THEN format('Role %s reads the rows of merchant %s%s and may execute %s and the other API functions, which are not scoped to a merchant.',
+					role, quote_literal(merchant_no), v_via, app_function)
+		ELSE format('After %s, role %s would read the rows of merchant %s%s and execute %s and the other API functions, which are not scoped to a merchant.',
+					by_call, role, quote_literal(merchant_no), v_via, app_function) END;
+	v_hint constant text := 'Use separate roles: one for the application (grant_app) and one per merchant for reporting (map_merchant_role), neither a member of the other.';
+BEGIN
+	IF warn_only THEN
+		RAISE WARNING 'role % is both an application role and a reporting role of a merchant', role USING
+			DETAIL = v_detail, HINT = v_hint;
+	ELSE
+		RAISE EXCEPTION 'role % cannot be both an application role and a reporting role of a merchant', role USING
+			ERRCODE = CASE WHEN by_call IS NULL THEN 'insufficient_privilege' ELSE 'invalid_parameter_value' END,
+			DETAIL = v_detail, HINT = v_hint;
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._refuse_app_merchant_role(regrole, regrole, text, regprocedure, text, boolean) IS
+	'Internal: the error (22023 from grant_app()/map_merchant_role(), 42501 at a call) for a role that would be or is both an application role and a merchant''s reporting role.';
+
+-- Refused (22023, nothing granted) if the role, a member of it or a role it
+-- is a member of reads a merchant's rows: see _app_merchant_roles().
 CREATE FUNCTION payidem.grant_app(role regrole)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	f regprocedure;
 	v_role name := payidem._check_role(role);
+	a record;
 BEGIN
 	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
 	FOR f IN SELECT * FROM payidem.app_functions() LOOP
 		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, v_role);
 	END LOOP;
+	-- (after the grants, so that one test says what a role can do; an error
+	-- takes them back)
+	SELECT * INTO a FROM payidem._app_merchant_roles() x
+	 WHERE pg_catalog.pg_has_role(x.role::oid, grant_app.role::oid, 'USAGE') LIMIT 1;
+	IF FOUND THEN
+		PERFORM payidem._refuse_app_merchant_role(a.role, a.mapped_role, a.merchant_no, a.app_function,
+												  format('grant_app(%s)', grant_app.role));
+	END IF;
 END
 $$;
 COMMENT ON FUNCTION payidem.grant_app(regrole) IS
-	'Let an application role call payidem''s API functions (payidem.app_functions()); it gets no direct access to any table.';
+	'Let an application role call payidem''s API functions (payidem.app_functions()); it gets no direct access to any table. Refused (22023) for a role that reads a merchant''s rows (map_merchant_role), itself, through a role it is a member of or through a member.';
 
 -- The tables and views a reading role gets SELECT on, in one place: those
 -- row-level security filters by merchant (what map_merchant_role() grants,
@@ -235,11 +305,15 @@ $$;
 COMMENT ON FUNCTION payidem.revoke_auditor(regrole) IS
 	'Undo grant_auditor(): the role no longer sees every merchant''s rows (a merchant mapping it has stays); a role left with no mapping keeps no payidem grant grant_auditor() gave.';
 
+-- Refused (22023, nothing mapped) if the role, a member of it or a role it is
+-- a member of may execute an API function other than get_order() and
+-- find_order(): see _app_merchant_roles().
 CREATE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_role name := payidem._check_role(role);
+	a record;
 BEGIN
 	PERFORM payidem._open_merchant_for_update(map_merchant_role.merchant_no, 'is mapped to no reporting role');
 	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
@@ -248,10 +322,17 @@ BEGIN
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.merchant_role (role, merchant_no)
 	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
+	-- (after the mapping, as in grant_app(); an error takes it back)
+	SELECT * INTO a FROM payidem._app_merchant_roles() x
+	 WHERE x.mapped_role = map_merchant_role.role AND x.merchant_no = map_merchant_role.merchant_no LIMIT 1;
+	IF FOUND THEN
+		PERFORM payidem._refuse_app_merchant_role(a.role, a.mapped_role, a.merchant_no, a.app_function,
+												  'map_merchant_role()');
+	END IF;
 END
 $$;
 COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
-	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security).';
+	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security). Refused (22023) for a role that may execute an API function other than get_order/find_order (grant_app), itself, through a role it is a member of or through a member.';
 
 CREATE FUNCTION payidem.unmap_merchant_role(role regrole, merchant_no text)
 RETURNS void

@@ -123,6 +123,28 @@ is($node->safe_psql('upgraded', q{SELECT outcome FROM payidem.idem_claim('bk:ope
 ok($node->safe_psql('upgraded', q{SELECT substr(payidem.gen_order_no('PO'), 3, 22)}) gt $max_before,
 	'upgraded: new numbers are above every number from before');
 
+# a role 1.0 let be both an application role and a merchant's reporting role:
+# the update refuses nothing retroactively, names it in a WARNING, and
+# get_order() refuses it from then on (42501)
+$node->safe_psql('postgres', 'CREATE DATABASE both_roles');
+$node->safe_psql('postgres', 'CREATE ROLE up_both');
+$node->safe_psql('both_roles', qq{CREATE EXTENSION payidem VERSION '$first';
+	SELECT count(*) FROM payidem.create_merchant('Both', 'retail', 0.006);
+	SELECT payidem.grant_app('up_both');
+	SELECT payidem.map_merchant_role('up_both', (SELECT merchant_no FROM payidem.merchant));});
+my ($both_rc, $both_out, $both_err) = $node->psql('both_roles', 'ALTER EXTENSION payidem UPDATE');
+is($both_rc, 0, 'a role that is both: the update goes through');
+like($both_err, qr/WARNING:  role up_both is both an application role and a reporting role of a merchant\nDETAIL:  Role up_both reads the rows of merchant '[^']+' and may execute payidem\.\w+\(/,
+	'... and names the role in a WARNING');
+is($node->safe_psql('both_roles', q{SELECT count(*) FROM payidem.merchant_role WHERE role = 'up_both'::regrole}),
+	'1', '... whose mapping it keeps');
+my $both_order = $node->safe_psql('both_roles',
+	q{SELECT payidem.create_order(merchant_no, 'BOTH-1', 100, 'both') FROM payidem.merchant});
+($both_rc, $both_out, $both_err) = $node->psql('both_roles',
+	qq{\\set VERBOSITY verbose\nSET ROLE up_both;\nSELECT payidem.get_order('$both_order');});
+like($both_err, qr/ERROR:  42501: role up_both cannot be both an application role and a reporting role of a merchant/,
+	'... and get_order() refuses it');
+
 # ---------------------------------------------------------------- 4. the same schema as a fresh install
 $node->safe_psql('upgraded', 'DROP TABLE bk_merchant, bk_order, bk_payment');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
