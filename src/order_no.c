@@ -17,8 +17,10 @@
  * mark is > S and the WAL record that set it is flushed; reservations reach
  * ORDER_NO_RESERVE_SECONDS ahead, so the I/O happens about once per that many
  * seconds and never under the spinlock.  When shared memory is new (server
- * start, or rebuilt after a crashed backend) the first call in a database
- * reads the mark and moves the logical second up to it, so numbers continue
+ * start, or rebuilt after a crashed backend) the logical second starts at
+ * the server-wide mark below; the first call in a database reads its mark,
+ * and one the server never wrote moves the logical second past it and
+ * payidem.promotion_gap (a promotion, a restored backup), so numbers continue
  * above everything issued before, committed or not.  Every reservation also
  * raises a server-wide mark, the file ORDER_NO_MARK_FILE in the data
  * directory (written and fsynced before any number under it is used), which
@@ -233,7 +235,6 @@ order_no_shmem_init(OrderNoShared *state)
 	SpinLockInit(&state->mutex);
 	/* every number issued before in this data directory is below the mark */
 	state->server_mark = mark;
-	state->start_mark = mark;
 	state->mark_tli = tli;
 	state->checked_tli = 0;
 	state->jumped = false;
@@ -537,28 +538,18 @@ reserve(int64 wanted)
 			s->slots[slot].seqoid = seqoid;
 			s->slots[slot].reserved_until = mark;
 			/*
-			 * Every earlier number of this database is below its mark.  If
-			 * the server-wide mark shared memory started from covers it, so
-			 * does the logical second already (numbers of this lifetime are
-			 * below it too): moving it up would only put the time part ahead
-			 * of the clock.  A higher mark moves it up: one from outside
-			 * this lifetime (a promoted standby: the file is not replicated;
-			 * a restored dump), but also this database's own reservation if
-			 * its slot was recycled (ORDER_NO_MAX_DATABASES), or the
-			 * reservation of the database it was cloned from.
-			 */
-			if (s->last_second < mark && mark > s->start_mark)
-			{
-				s->last_second = mark;
-				s->last_seq = -1;
-			}
-			/*
-			 * A mark above everything this server's mark file ever held was
-			 * not written here (each reservation raises the file before it is
-			 * used): it came with WAL or a backup from a server that may have
-			 * gone on past it.  So it is taken the promotion's gap higher,
-			 * also on a server that kept its timeline (a backup or a standby
-			 * started as a primary without archive recovery).
+			 * Every earlier number of this database is below its mark.  A
+			 * mark this server's mark file covers needs no move: the numbers
+			 * of this lifetime are below the logical second, those of earlier
+			 * ones below the file's mark it started from (this database's own
+			 * reservation when its slot was recycled, a database cloned from
+			 * another, a new installation's first mark).  A mark above
+			 * everything the file ever held was not written here (each
+			 * reservation raises the file before it is used): it came with
+			 * WAL or a backup from a server that may have gone on past it (a
+			 * promoted standby, a restored backup, a standby started as a
+			 * primary without archive recovery, a dump restored on another
+			 * server), so numbers go on past it and the promotion's gap.
 			 */
 			if (mark > s->server_mark)
 			{

@@ -13,10 +13,8 @@
 /*
  * Databases whose reservation shared memory keeps at once (16 bytes each);
  * beyond that the oldest reservation's slot is recycled.  A database that
- * lost its slot reloads its mark and, not knowing it as its own, moves the
- * logical second up to it: the time part of the server's numbers then runs
- * ahead of the clock, the further the more databases reload in quick
- * succession (and a reload can take the lead for a clock rollback).  The
+ * lost its slot reloads its mark, which the server-wide mark covers, and
+ * goes on from the logical second.  The
  * slots are looked up under the spinlock by reserve() only (a reservation,
  * about once per 10 s per database, and a backend's first number), from the
  * database's home slot (order_no.c): one or a few are read while fewer
@@ -75,7 +73,6 @@ typedef struct OrderNoShared
 	uint64		rollbacks;		/* clock rollbacks absorbed (read to notice one
 								 * handled meanwhile; counted in stats() too) */
 	int64		server_mark;	/* what ORDER_NO_MARK_FILE durably holds */
-	int64		start_mark;		/* what it held when shared memory was made */
 	uint32		mark_tli;		/* the timeline it was written on (0: unknown) */
 	uint32		checked_tli;	/* timeline last checked for a promotion */
 	bool		jumped;			/* this lifetime took a promotion's jump */
