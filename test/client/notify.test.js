@@ -217,8 +217,14 @@ async function main() {
 
 		// ---------------------------------------------------------- two workers at once
 		const workerOptions = { batch: 4, concurrency: 3, timeoutMs: 5000 };
+		// pool.end() resolves once its clients are told to end, before their
+		// connections are closed: the clean-up's DROP DATABASE ... WITH (FORCE)
+		// can terminate one still closing, whose error no pool listens to any
+		// more (an unhandled 'error' event ends the process).  Each client gets
+		// a listener of its own for that moment.
 		const newPool = () => {
 			const pool = new Pool({ ...appConfig, max: 4 });
+			pool.on('connect', (client) => client.on('error', () => {}));
 			pools.push(pool);
 			return pool;
 		};
