@@ -20,13 +20,13 @@ EXTVERSION = $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*
 MODULE_big = payidem
 
 # Each part of payidem lists its own objects and tests on its own lines.
-OBJS_CORE      = src/payidem.o src/shmem.o src/housekeeping.o src/write.o
+OBJS_CORE      = src/payidem.o src/shmem.o src/util.o src/inval.o src/catalog.o src/direct.o src/housekeeping.o
 OBJS_ORDER_NO  = src/order_no.o src/order_no_codec.o src/replication.o
 OBJS_IDEM      = src/idem.o
 OBJS_STATE     = src/state_machine.o src/ledger.o
 OBJS_MERCHANT  = src/crypto.o
 OBJS_RECON     = src/recon.o
-OBJS_FLOW      = src/flow.o src/read_api.o src/notify.o
+OBJS_FLOW      = src/flow.o src/payment_keys.o src/read_api.o src/notify.o
 OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_FLOW)
 
 # The install script of the version in development is assembled from its
@@ -91,7 +91,7 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # the version the library reports is the control file's
-src/payidem.o: payidem.control
+src/util.o: payidem.control
 
 $(BUILT_SQL): $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) Makefile
 	cat $(addprefix sql/parts/,$(addsuffix .sql,$(PARTS))) > $@.tmp

@@ -34,6 +34,7 @@
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/hmac.h"
+#include "compat.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
@@ -47,7 +48,9 @@
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
-#include "payidem.h"
+#include "crypto.h"
+#include "errcodes.h"
+#include "util.h"
 
 #define MASTER_KEY_LEN	32
 #define GCM_NONCE_LEN	12

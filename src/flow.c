@@ -55,6 +55,7 @@
 #include "common/hashfn.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
+#include "compat.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
@@ -77,39 +78,23 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "catalog.h"
+#include "direct.h"
+#include "errcodes.h"
+#include "flow.h"
+#include "inval.h"
+#include "ledger.h"
 #include "order_no_codec.h"
-#include "payidem.h"
-
-#define FLOW_MAX_COLUMNS 8
-
-/* what one of the two functions writes, and what it keeps between calls */
-typedef struct FlowTarget
-{
-	const char *relname;		/* in schema payidem */
-	const char *keycol;			/* its key: checked against the caller's */
-	const char *columns[FLOW_MAX_COLUMNS];	/* the columns it may set */
-	int			ncolumns;
-
-	/* built on first use, dropped by an invalidation of the relation */
-	bool		valid;
-	Oid			relid;
-	MemoryContext context;
-	int			natts;
-	AttrNumber	keyattno;
-	AttrNumber	attnos[FLOW_MAX_COLUMNS];
-	bool		isdomain[FLOW_MAX_COLUMNS];
-	void	   *domain_extra[FLOW_MAX_COLUMNS];	/* domain_check()'s cache */
-	PayidemExprs exprs;			/* its CHECKs and index predicates (write.c) */
-	GeneratedColumnsCompat *generated;	/* for 15's extraUpdatedCols */
-	bool		indexes_lazy;	/* indexes opened only if the update is not HOT */
-} FlowTarget;
+#include "replication.h"
+#include "shmem.h"
+#include "util.h"
 
 enum
 {
 	PAY_STATUS, PAY_UPDATED_AT, PAY_TRANSACTION_ID, PAY_PAID_AT, PAY_FEE, PAY_COST
 };
-static FlowTarget payment_target = {
-	"payment", "payment_no",
+static PayidemUpdate payment_target = {
+	PAYIDEM_PAYMENT, "payment_no",
 	{"status", "updated_at", "transaction_id", "paid_at", "fee_amount", "cost_amount"}, 6
 };
 
@@ -117,281 +102,26 @@ enum
 {
 	ORD_STATUS, ORD_UPDATED_AT, ORD_PAID_PAYMENT_NO, ORD_PAID_AT
 };
-static FlowTarget order_target = {
-	"order", "order_no",
+static PayidemUpdate order_target = {
+	PAYIDEM_ORDER, "order_no",
 	{"status", "updated_at", "paid_payment_no", "paid_at"}, 4
 };
-
-static bool callbacks_registered = false;
-static uint64 flow_inval_count = 0;	/* bumped by every invalidation below */
-
-static void
-flow_relcache_callback(Datum arg, Oid relid)
-{
-	if (relid == InvalidOid || relid == payment_target.relid ||
-		relid == order_target.relid)
-	{
-		if (relid == InvalidOid || relid == payment_target.relid)
-			payment_target.valid = false;
-		if (relid == InvalidOid || relid == order_target.relid)
-			order_target.valid = false;
-		flow_inval_count++;
-	}
-}
-
-/* a changed function: a CHECK may have inlined or folded it */
-static void
-flow_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
-{
-	payment_target.valid = false;
-	order_target.valid = false;
-	flow_inval_count++;
-}
-
-static AttrNumber
-column_attno(Relation rel, const char *name)
-{
-	TupleDesc	desc = RelationGetDescr(rel);
-	int			i;
-
-	for (i = 0; i < desc->natts; i++)
-	{
-		Form_pg_attribute att = TupleDescAttr(desc, i);
-
-		if (!att->attisdropped && strcmp(NameStr(att->attname), name) == 0)
-			return i + 1;
-	}
-	ereport(ERROR,
-			(errcode(ERRCODE_UNDEFINED_COLUMN),
-			 errmsg("column \"%s\" of relation payidem.%s does not exist",
-					name, RelationGetRelationName(rel))));
-	return InvalidAttrNumber;	/* keep the compiler quiet */
-}
-
-/* (re)build what t keeps, from the relation as it is now (we hold a lock) */
-static void
-flow_target_prepare(FlowTarget *t, Relation rel)
-{
-	TupleDesc	desc = RelationGetDescr(rel);
-	uint64		before = flow_inval_count;
-	MemoryContext oldcxt;
-	int			i;
-
-	if (rel->rd_rel->relkind != RELKIND_RELATION)
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("payidem.%s is not a plain table", t->relname),
-				 errhint("apply_payment_result() writes payidem.%s row by row; it cannot be partitioned or replaced by a view.",
-						 t->relname)));
-	/*
-	 * What was built before may still be in use by a flow_update() further
-	 * up the stack (a trigger that applies another payment): it goes when
-	 * the transaction ends, not now.
-	 */
-	if (t->context != NULL)
-		MemoryContextSetParent(t->context, TopTransactionContext);
-	t->context = AllocSetContextCreate(CacheMemoryContext, "payidem flow update",
-									   ALLOCSET_SMALL_SIZES);
-	t->valid = false;
-
-	oldcxt = MemoryContextSwitchTo(t->context);
-	t->natts = desc->natts;
-	t->keyattno = column_attno(rel, t->keycol);
-	for (i = 0; i < t->ncolumns; i++)
-	{
-		Oid			typid;
-
-		t->attnos[i] = column_attno(rel, t->columns[i]);
-		typid = TupleDescAttr(desc, t->attnos[i] - 1)->atttypid;
-		t->isdomain[i] = get_typtype(typid) == TYPTYPE_DOMAIN;
-		t->domain_extra[i] = NULL;
-	}
-	t->generated = GeneratedColumnsOfCompat(rel);
-	MemoryContextSwitchTo(oldcxt);
-	t->indexes_lazy = payidem_indexes_lazy_ok(rel);
-	payidem_exprs_plan(&t->exprs, rel, t->context, 0, NULL);
-	/* an invalidation that arrived meanwhile: build again next time */
-	t->valid = (before == flow_inval_count);
-}
-
-/*
- * May the current user update rel (t's table) row by row, as a SQL UPDATE
- * would?  Not if it has statement-level UPDATE triggers, transition tables,
- * rules or row-level security that applies, or the user lacks UPDATE.
- */
-static bool
-flow_target_plain(FlowTarget *t, Relation rel)
-{
-	return !((rel->trigdesc &&
-			  (rel->trigdesc->trig_update_before_statement ||
-			   rel->trigdesc->trig_update_after_statement ||
-			   rel->trigdesc->trig_update_old_table ||
-			   rel->trigdesc->trig_update_new_table)) ||
-			 rel->rd_rules != NULL ||
-			 check_enable_rls(RelationGetRelid(rel), InvalidOid, false) == RLS_ENABLED ||
-			 pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), ACL_UPDATE) != ACLCHECK_OK);
-}
-
-/*
- * Update the row of payidem.<t->relname> at tid, whose key column must equal
- * key: the columns of t with set[i] take values[i]/nulls[i] (of type
- * types[i]: a column of a domain type is checked against its domain unless
- * the value already has that type), the others keep their value.  A column
- * with keep_null[i] is set only to a non-NULL value; the UPDATE names it
- * anyway, as SET col = coalesce(value, col) would.  The caller holds the
- * row's lock (SELECT ... FOR UPDATE in this transaction), so the version at
- * tid is the latest and nobody else can update it first.
- *
- * Returns false, having changed nothing, when the table has what a row-by-row
- * update cannot reproduce (flow_target_plain()), unless the caller checked
- * that already in this transaction (checked): the caller then runs the
- * UPDATE in SQL (which does all that, or refuses).
- */
-static bool
-flow_update(FlowTarget *t, ItemPointer tid, text *key,
-			const bool *set, Datum *values, const bool *nulls, const Oid *types,
-			const bool *keep_null, bool checked)
-{
-	Relation	rel;
-	TupleDesc	desc;
-	EState	   *estate;
-	ResultRelInfo *rri;
-	EPQState	epqstate;
-	TupleTableSlot *oldslot;
-	TupleTableSlot *newslot;
-	Snapshot	snapshot;
-	Bitmapset  *updated = NULL;
-	Datum		oldkey;
-	bool		isnull;
-	bool		attached;
-	int			i;
-
-	if (!callbacks_registered)
-	{
-		payidem_register_relcache_callback(flow_relcache_callback, (Datum) 0);
-		payidem_register_syscache_callback(PROCOID, flow_proc_callback, (Datum) 0);
-		callbacks_registered = true;
-	}
-	if (!t->valid)
-	{
-		t->relid = get_relname_relid(t->relname, get_namespace_oid("payidem", false));
-		if (!OidIsValid(t->relid))
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_TABLE),
-					 errmsg("relation payidem.%s does not exist", t->relname)));
-	}
-	rel = table_open(t->relid, RowExclusiveLock);
-	/* the lock has processed any pending invalidation */
-	if (!t->valid || t->natts != RelationGetDescr(rel)->natts)
-		flow_target_prepare(t, rel);
-	desc = RelationGetDescr(rel);
-	if (!checked && !flow_target_plain(t, rel))
-	{
-		table_close(rel, NoLock);
-		return false;
-	}
-
-	estate = CreateExecutorState();
-	estate->es_output_cid = GetCurrentCommandId(true);
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	estate->es_snapshot = snapshot;
-
-	/* the row, and that it is the one the caller means */
-	oldslot = table_slot_create(rel, &estate->es_tupleTable);
-	if (!table_tuple_fetch_row_version(rel, tid, snapshot, oldslot))
-		elog(ERROR, "payidem: the locked row of payidem.%s at (%u,%u) is gone",
-			 t->relname, ItemPointerGetBlockNumber(tid), ItemPointerGetOffsetNumber(tid));
-	oldkey = slot_getattr(oldslot, t->keyattno, &isnull);
-	if (isnull || !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, oldkey, PointerGetDatum(key))))
-		elog(ERROR, "payidem: the row of payidem.%s at (%u,%u) is not %s",
-			 t->relname, ItemPointerGetBlockNumber(tid), ItemPointerGetOffsetNumber(tid),
-			 text_to_cstring(key));
-
-	/* the new version: the old one with the columns set */
-	newslot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
-	ExecClearTuple(newslot);
-	slot_getallattrs(oldslot);
-	memcpy(newslot->tts_values, oldslot->tts_values, sizeof(Datum) * desc->natts);
-	memcpy(newslot->tts_isnull, oldslot->tts_isnull, sizeof(bool) * desc->natts);
-	for (i = 0; i < t->ncolumns; i++)
-	{
-		AttrNumber	attno = t->attnos[i];
-
-		if (!set[i])
-			continue;
-		/* kept, but named by the UPDATE as well (for UPDATE OF triggers) */
-		updated = bms_add_member(updated, attno - FirstLowInvalidHeapAttributeNumber);
-		if (keep_null != NULL && keep_null[i] && nulls[i])
-			continue;
-		/* a value of the column's domain type was checked when it was made */
-		if (t->isdomain[i] && types[i] != TupleDescAttr(desc, attno - 1)->atttypid)
-			domain_check(values[i], nulls[i], TupleDescAttr(desc, attno - 1)->atttypid,
-						 &t->domain_extra[i], t->context);
-		newslot->tts_values[attno - 1] = values[i];
-		newslot->tts_isnull[attno - 1] = nulls[i];
-	}
-	ExecStoreVirtualTuple(newslot);
-	ItemPointerSetInvalid(&newslot->tts_tid);	/* until the update makes it */
-
-	/*
-	 * what a one-row UPDATE of those columns would set up; the updated
-	 * columns are for UPDATE OF triggers and the indexes' unchanged hints
-	 */
-	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_UPDATE, NULL, updated,
-										t->generated);
-	rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	/* the trigger machinery finds it here instead of opening its own */
-	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);
-	if (!t->indexes_lazy)
-		ExecOpenIndices(rri, false);
-	EvalPlanQualInitCompat(&epqstate, estate);
-
-	(void) payidem_exprs_attach(&t->exprs, rri, estate, &attached);
-	PG_TRY();
-	{
-		AfterTriggerBeginQuery();
-		ExecSimpleRelationUpdate(rri, estate, &epqstate, oldslot, newslot);
-		if (t->indexes_lazy)
-			payidem_update_index_entries(rri, newslot, estate);
-		/* for the look-ups by key of this transaction's triggers */
-		payidem_remember_version(rel, &newslot->tts_tid);
-		AfterTriggerEndQuery(estate);	/* the status guard runs here */
-	}
-	PG_FINALLY();
-	{
-		payidem_exprs_detach(&t->exprs, attached);
-	}
-	PG_END_TRY();
-
-	EvalPlanQualEnd(&epqstate);
-	ExecCloseResultRelations(estate);	/* its indexes, and any a trigger opened */
-	ExecCloseRangeTableRelations(estate);
-	ExecResetTupleTable(estate->es_tupleTable, false);
-	UnregisterSnapshot(snapshot);
-	FreeExecutorState(estate);
-	table_close(rel, NoLock);
-
-	/* what runs next sees the new version, as after a statement */
-	CommandCounterIncrement();
-	return true;
-}
 
 /*
  * The locked payment at tid (key payment_no) becomes succeeded, with paid_at,
  * the fees, updated_at = now() and — unless txn_null — the channel's
- * transaction id txn (of type txn_type).  False: not done (see flow_update).
+ * transaction id txn (of type txn_type).  False: not done (see payidem_update).
  */
 static bool
 record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_null, Oid txn_type,
 					   TimestampTz paid_at, Datum fee, bool fee_null, Datum cost, bool cost_null,
 					   bool checked)
 {
-	bool		set[FLOW_MAX_COLUMNS] = {false};
-	Datum		values[FLOW_MAX_COLUMNS];
-	bool		nulls[FLOW_MAX_COLUMNS] = {false};
-	bool		keep_null[FLOW_MAX_COLUMNS] = {false};
-	Oid			types[FLOW_MAX_COLUMNS] = {InvalidOid};
+	bool		set[PAYIDEM_UPDATE_MAX_COLUMNS] = {false};
+	Datum		values[PAYIDEM_UPDATE_MAX_COLUMNS];
+	bool		nulls[PAYIDEM_UPDATE_MAX_COLUMNS] = {false};
+	bool		keep_null[PAYIDEM_UPDATE_MAX_COLUMNS] = {false};
+	Oid			types[PAYIDEM_UPDATE_MAX_COLUMNS] = {InvalidOid};
 
 	set[PAY_STATUS] = true;
 	values[PAY_STATUS] = CStringGetTextDatum("succeeded");
@@ -411,7 +141,7 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
 	values[PAY_COST] = cost;
 	nulls[PAY_COST] = cost_null;
 
-	return flow_update(&payment_target, tid, payment_no, set, values, nulls, types, keep_null,
+	return payidem_update(&payment_target, tid, payment_no, set, values, nulls, types, keep_null,
 					   checked);
 }
 
@@ -419,16 +149,16 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
  * The locked order at tid (key order_no) becomes paid by payment_no (of type
  * payment_no_type) at paid_at (updated_at = now()); its order.paid event is
  * written by the row trigger status_notify, as for any writer.  False:
- * not done (see flow_update).
+ * not done (see payidem_update).
  */
 static bool
 record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment_no_type,
 				  TimestampTz paid_at, bool checked)
 {
-	bool		set[FLOW_MAX_COLUMNS] = {false};
-	Datum		values[FLOW_MAX_COLUMNS];
-	bool		nulls[FLOW_MAX_COLUMNS] = {false};
-	Oid			types[FLOW_MAX_COLUMNS] = {InvalidOid};
+	bool		set[PAYIDEM_UPDATE_MAX_COLUMNS] = {false};
+	Datum		values[PAYIDEM_UPDATE_MAX_COLUMNS];
+	bool		nulls[PAYIDEM_UPDATE_MAX_COLUMNS] = {false};
+	Oid			types[PAYIDEM_UPDATE_MAX_COLUMNS] = {InvalidOid};
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
 	set[ORD_STATUS] = true;
@@ -441,7 +171,7 @@ record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment
 	set[ORD_PAID_AT] = true;
 	values[ORD_PAID_AT] = TimestampTzGetDatum(paid_at);
 
-	return flow_update(&order_target, tid, order_no, set, values, nulls, types, NULL,
+	return payidem_update(&order_target, tid, order_no, set, values, nulls, types, NULL,
 					   checked);
 }
 
@@ -759,7 +489,7 @@ apply_allowed(void)
 	{
 		Relation	rel = table_open(apply.payment, AccessShareLock);
 
-		ok = flow_target_plain(&payment_target, rel) &&
+		ok = payidem_update_plain(rel) &&
 			pg_class_aclcheck(apply.payment, user, ACL_SELECT) == ACLCHECK_OK;
 		table_close(rel, NoLock);
 	}
@@ -767,7 +497,7 @@ apply_allowed(void)
 	{
 		Relation	rel = table_open(apply.order, AccessShareLock);
 
-		ok = flow_target_plain(&order_target, rel) &&
+		ok = payidem_update_plain(rel) &&
 			pg_class_aclcheck(apply.order, user, ACL_SELECT) == ACLCHECK_OK;
 		table_close(rel, NoLock);
 	}
@@ -1351,523 +1081,4 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 	else if (text_is(result, "rejected"))
 		payidem_count(PAYIDEM_PAYMENT_REJECTED);
 	PG_RETURN_DATUM(result);
-}
-
-/*
- * payidem._payment_keys() -- trigger status_keys, AFTER INSERT OR UPDATE OR
- * DELETE ... FOR EACH ROW on payment: the payment's keys that change when it
- * is paid or ends, kept beside it so that no index of payment names status,
- * transaction_id or paid_at (the update that records a success is HOT).
- *
- *   payidem.payment_pending (order_no, payment_no): a row while the attempt
- *     is pending; its primary key is the one-pending-attempt-per-order rule.
- *   payidem.payment_paid (payment_no, channel_no, transaction_id, paid_at):
- *     a row while the payment has a transaction id or a paid_at; its unique
- *     key is the transaction id's uniqueness per channel, its other index
- *     reconciliation's look-up by the time paid (and the trigger's, for a
- *     payment without a transaction id).
- *
- * An event whose old and new versions have the same keys changes nothing.
- * Any other makes the keys those of the payment as it stands now -- not of
- * the event's new version, which a later write may have replaced already (a
- * trigger of the application that updated the payment again, whose own
- * event came first): the payment's rows under the keys of the event's old
- * and new versions and of the current one are removed unless they are the
- * current version's, which are then added where missing.  A row left under
- * a key of another version is removed by that version's own event (every
- * version but the last is the old one of an event), so in whatever order
- * the events come, once all have come the keys are those of the last
- * version; and a key of the current version is looked for before it is
- * added, so a row of the payment itself is never taken for another's.  Written as the keys' owner, with direct
- * inserts and deletes (no SQL), seeing what the statement wrote; a key
- * another payment holds is the unique violation its constraint names.
- */
-typedef struct PaymentKeys
-{
-	bool		exists;
-	bool		pending;		/* a payment_pending row is needed */
-	bool		paid;			/* a payment_paid row is needed */
-	Datum		payment_no;
-	Datum		order_no;
-	Datum		channel_no;
-	Datum		txn;
-	bool		txn_null;
-	Datum		paid_at;
-	bool		paid_at_null;
-} PaymentKeys;
-
-static Datum
-payment_col(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
-{
-	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
-
-	if (attnum <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_COLUMN),
-				 errmsg("column \"%s\" of relation payidem.%s does not exist",
-						name, RelationGetRelationName(rel))));
-	return heap_getattr(tuple, attnum, RelationGetDescr(rel), isnull);
-}
-
-static void
-payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
-{
-	bool		isnull;
-	Datum		status;
-
-	memset(k, 0, sizeof(*k));
-	if (tuple == NULL)
-		return;
-	k->payment_no = payment_col(rel, tuple, "payment_no", &isnull);
-	if (isnull)
-		return;					/* refused by its NOT NULL */
-	k->exists = true;
-	k->order_no = payment_col(rel, tuple, "order_no", &isnull);
-	k->pending = !isnull;
-	k->channel_no = payment_col(rel, tuple, "channel_no", &isnull);
-	k->paid = !isnull;
-	status = payment_col(rel, tuple, "status", &isnull);
-	k->pending = k->pending && !isnull && text_is(status, "pending");
-	k->txn = payment_col(rel, tuple, "transaction_id", &k->txn_null);
-	k->paid_at = payment_col(rel, tuple, "paid_at", &k->paid_at_null);
-	k->paid = k->paid && !(k->txn_null && k->paid_at_null);
-}
-
-static bool
-datum_same(Datum a, bool a_null, Datum b, bool b_null, bool is_text)
-{
-	if (a_null || b_null)
-		return a_null && b_null;
-	return is_text ? payidem_text_equal(a, b) : DatumGetTimestampTz(a) == DatumGetTimestampTz(b);
-}
-
-static bool
-same_pending_key(const PaymentKeys *a, const PaymentKeys *b)
-{
-	if (!a->pending || !b->pending)
-		return a->pending == b->pending;
-	return payidem_text_equal(a->order_no, b->order_no) && payidem_text_equal(a->payment_no, b->payment_no);
-}
-
-static bool
-same_paid_key(const PaymentKeys *a, const PaymentKeys *b)
-{
-	if (!a->paid || !b->paid)
-		return a->paid == b->paid;
-	return payidem_text_equal(a->payment_no, b->payment_no) &&
-		payidem_text_equal(a->channel_no, b->channel_no) &&
-		datum_same(a->txn, a->txn_null, b->txn, b->txn_null, true) &&
-		datum_same(a->paid_at, a->paid_at_null, b->paid_at, b->paid_at_null, false);
-}
-
-/*
- * Payment payment_no's pending row under order order_no: removed unless cur
- * (the payment as it stands) is pending under that order; true if it is
- * there and stays.
- */
-static bool
-sync_pending_row(Datum order_no, Datum payment_no, const PaymentKeys *cur)
-{
-	Relation	rel = table_open(payidem_relid("payment_pending"), RowExclusiveLock);
-	HeapTuple	tuple = payidem_fetch_unique(rel, "payment_one_pending_per_order", 1, &order_no,
-											 GetActiveSnapshot());
-	bool		isnull;
-	bool		kept = false;
-
-	if (tuple != NULL && payidem_text_equal(payment_col(rel, tuple, "payment_no", &isnull), payment_no))
-	{
-		if (cur->pending && payidem_text_equal(cur->order_no, order_no) &&
-			payidem_text_equal(cur->payment_no, payment_no))
-			kept = true;
-		else
-			payidem_delete_row(rel, &tuple->t_self);
-	}
-	table_close(rel, NoLock);
-	return kept;
-}
-
-/*
- * The paid rows of the payment whose keys v holds, found by those keys (its
- * transaction id: one row at most; else its paid_at: every row of the
- * payment there): removed, but for one that is cur's (the payment as it
- * stands); true if one is there and stays.
- */
-typedef struct SeenRows
-{
-	int			n;
-	ItemPointerData tid[8];		/* rows kept or removed by this event */
-} SeenRows;
-
-static bool
-sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur, SeenRows *seen)
-{
-	Relation	rel = table_open(payidem_relid("payment_paid"), RowExclusiveLock);
-	List	   *rows = NIL;
-	ListCell   *lc;
-	bool		kept = false;
-
-	if (!v->txn_null)
-	{
-		Datum		keys[2] = {v->channel_no, v->txn};
-		HeapTuple	tuple = payidem_fetch_unique(rel, "payment_transaction_key", 2, keys, GetActiveSnapshot());
-		bool		isnull;
-
-		/* another payment's row: its key, not ours to change */
-		if (tuple != NULL && payidem_text_equal(payment_col(rel, tuple, "payment_no", &isnull), v->payment_no))
-			rows = list_make1(tuple);
-	}
-	else
-	{
-		Datum		keys[2] = {v->channel_no, v->paid_at};
-
-		rows = payidem_fetch_all_key_where(rel, "payment_channel_paid", 2, keys, GetActiveSnapshot(),
-										   "payment_no", v->payment_no);
-	}
-	foreach(lc, rows)
-	{
-		HeapTuple	tuple = (HeapTuple) lfirst(lc);
-		PaymentKeys there;
-		bool		isnull;
-		int			i;
-
-		/*
-		 * a row an earlier look-up of this event kept or removed (one
-		 * removed by this command is still visible to its snapshot)
-		 */
-		for (i = 0; i < seen->n; i++)
-			if (ItemPointerEquals(&seen->tid[i], &tuple->t_self))
-				break;
-		if (i < seen->n)
-			continue;
-		if (seen->n == lengthof(seen->tid))
-			elog(ERROR, "payidem: payment %s has more than %d rows in payidem.payment_paid",
-				 TextDatumGetCString(v->payment_no), (int) lengthof(seen->tid));
-		seen->tid[seen->n++] = tuple->t_self;
-		memset(&there, 0, sizeof(there));
-		there.paid = true;
-		there.payment_no = payment_col(rel, tuple, "payment_no", &isnull);
-		there.channel_no = payment_col(rel, tuple, "channel_no", &isnull);
-		there.txn = payment_col(rel, tuple, "transaction_id", &there.txn_null);
-		there.paid_at = payment_col(rel, tuple, "paid_at", &there.paid_at_null);
-		if (!kept && same_paid_key(&there, cur))
-			kept = true;
-		else
-			payidem_delete_row(rel, &tuple->t_self);
-	}
-	table_close(rel, NoLock);
-	return kept;
-}
-
-/*
- * True while add_pending_row() or add_paid_row() writes a key row in a
- * logical-replication worker: what payidem._payment_keys_received() lets
- * through there.  Reset however the write ends: an error a trigger catches does not
- * end the worker.
- */
-static bool keys_writing = false;
-
-/* a key row inserted; flagged only where the flag is read, off the hot path */
-static void
-insert_key_row(PayidemInsert *ins, const Datum *values, const bool *nulls)
-{
-	bool		was_writing = keys_writing;
-
-	if (!IsLogicalWorker())
-	{
-		payidem_insert(ins, values, nulls);
-		return;
-	}
-	keys_writing = true;
-	PG_TRY();
-	{
-		payidem_insert(ins, values, nulls);
-	}
-	PG_FINALLY();
-	{
-		/* as it was: this write may be nested in another key row's (a DBA's trigger) */
-		keys_writing = was_writing;
-	}
-	PG_END_TRY();
-}
-
-/* the rows of the keys k holds (the payment as it stands), added */
-static void
-add_pending_row(const PaymentKeys *k)
-{
-	static const char *const columns[] = {"order_no", "payment_no"};
-	static const Oid types[] = {TEXTOID, TEXTOID};
-	static PayidemInsert *pending_insert = NULL;
-	Datum		values[2] = {k->order_no, k->payment_no};
-	bool		nulls[2] = {false, false};
-
-	if (pending_insert == NULL)
-		pending_insert = payidem_insert_define("payment_pending", 2, columns, types);
-	insert_key_row(pending_insert, values, nulls);
-}
-
-static void
-add_paid_row(const PaymentKeys *k)
-{
-	static const char *const columns[] = {"payment_no", "channel_no", "transaction_id", "paid_at"};
-	static const Oid types[] = {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID};
-	static PayidemInsert *paid_insert = NULL;
-	Datum		values[4] = {k->payment_no, k->channel_no, k->txn, k->paid_at};
-	bool		nulls[4] = {false, false, k->txn_null, k->paid_at_null};
-
-	if (paid_insert == NULL)
-		paid_insert = payidem_insert_define("payment_paid", 4, columns, types);
-	insert_key_row(paid_insert, values, nulls);
-}
-
-PG_FUNCTION_INFO_V1(payidem_payment_keys);
-
-Datum
-payidem_payment_keys(PG_FUNCTION_ARGS)
-{
-	TriggerData *td = (TriggerData *) fcinfo->context;
-	Relation	rel;
-	HeapTuple	old_tuple = NULL;
-	HeapTuple	new_tuple = NULL;
-	HeapTuple	cur_tuple;
-	PaymentKeys old;
-	PaymentKeys new;
-	PaymentKeys cur;
-	Datum		payment_no;
-	bool		pending_there = false;
-	bool		paid_there = false;
-	bool		new_is_current;
-	SeenRows	seen = {0};
-	PayidemAsOwner as_owner;
-
-	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(td->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("payidem._payment_keys() must be an AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger")));
-	rel = td->tg_relation;
-	if (TRIGGER_FIRED_BY_INSERT(td->tg_event))
-		new_tuple = td->tg_trigtuple;
-	else if (TRIGGER_FIRED_BY_UPDATE(td->tg_event))
-	{
-		old_tuple = td->tg_trigtuple;
-		new_tuple = td->tg_newtuple;
-	}
-	else if (TRIGGER_FIRED_BY_DELETE(td->tg_event))
-		old_tuple = td->tg_trigtuple;
-	payment_keys_of(rel, old_tuple, &old);
-	payment_keys_of(rel, new_tuple, &new);
-	if (same_pending_key(&old, &new) && same_paid_key(&old, &new))
-		return PointerGetDatum(NULL);	/* nothing the keys hold changed */
-	if (RelationGetRelid(rel) != payidem_relid("payment"))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("payidem._payment_keys() is the trigger of payidem.payment only"),
-				 errdetail("It was fired on %s.", RelationGetRelationName(rel))));
-
-	payidem_begin_as_owner(payidem_relation_owner(payidem_relid("payment_paid")), &as_owner);
-
-	/* the payment as it stands: the event's new version, unless replaced */
-	cur_tuple = new_tuple == NULL ? NULL :
-		payidem_fetch_version(rel, &new_tuple->t_self, GetActiveSnapshot());
-	new_is_current = cur_tuple != NULL;
-	if (cur_tuple == NULL)
-	{
-		payment_no = new.exists ? new.payment_no : old.payment_no;
-		cur_tuple = payidem_fetch_unique(rel, "payment_pkey", 1, &payment_no, GetActiveSnapshot());
-	}
-	payment_keys_of(rel, cur_tuple, &cur);
-
-	/* its pending rows under the order numbers the event names */
-	if (old.exists)
-		pending_there = sync_pending_row(old.order_no, old.payment_no, &cur);
-	if (new.exists && !(old.exists && payidem_text_equal(old.order_no, new.order_no)))
-		pending_there = sync_pending_row(new.order_no, new.payment_no, &cur) || pending_there;
-	if (cur.pending && !pending_there &&
-		!(old.exists && payidem_text_equal(old.order_no, cur.order_no)) &&
-		!(new.exists && payidem_text_equal(new.order_no, cur.order_no)))
-		pending_there = sync_pending_row(cur.order_no, cur.payment_no, &cur);
-
-	/*
-	 * its paid rows under the keys the event's versions and the current one
-	 * have (a row another payment holds under the current keys is left: the
-	 * insert below is then the unique violation)
-	 */
-	if (old.paid)
-		paid_there = sync_paid_row(&old, &cur, &seen);
-	/*
-	 * Not looked for when the event gave paid keys to a payment whose old
-	 * version had none and was written by an earlier transaction, and
-	 * nothing replaced the new version since (a first success): every event
-	 * of that transaction came before it ended, so the payment has no paid
-	 * row.  An old version of this transaction may be a nested write's,
-	 * whose outer event, with the payment's earlier keys, is still to come.
-	 */
-	if (new.paid && !same_paid_key(&old, &new) &&
-		(old.paid || !new_is_current || !old.exists ||
-		 TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(old_tuple->t_data))))
-		paid_there = sync_paid_row(&new, &cur, &seen) || paid_there;
-	if (cur.paid && !paid_there && !same_paid_key(&cur, &old) && !same_paid_key(&cur, &new))
-		paid_there = sync_paid_row(&cur, &cur, &seen);
-
-	if (cur.pending && !pending_there)
-		add_pending_row(&cur);
-	if (cur.paid && !paid_there)
-		add_paid_row(&cur);
-	payidem_end_as_owner(&as_owner);
-	return PointerGetDatum(NULL);
-}
-
-/* every row of a key table removed (as the owner, the caller set up) */
-static void
-empty_key_table(const char *relname)
-{
-	Relation	rel = table_open(payidem_relid(relname), RowExclusiveLock);
-	TableScanDesc scan = table_beginscan_compat(rel, GetActiveSnapshot());
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-
-	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
-	{
-		CHECK_FOR_INTERRUPTS();
-		payidem_delete_row(rel, &slot->tts_tid);
-	}
-	table_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	table_close(rel, NoLock);
-}
-
-/*
- * The keys of every payment, as the trigger makes them, added to
- * payment_pending (pending) and payment_paid (paid), each emptied first if
- * empty; how many rows were added.  The rows are removed below the executor
- * (payidem_delete_row), as the trigger removes them: a publication that
- * includes the key tables, which have no replica identity, sends no DELETE
- * for them and refuses none.
- */
-static int64
-fill_keys(bool pending, bool paid, bool empty)
-{
-	Relation	rel = table_open(payidem_relid("payment"), AccessShareLock);
-	TableScanDesc scan;
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	PayidemAsOwner as_owner;
-	int64		added = 0;
-
-	payidem_begin_as_owner(payidem_relation_owner(payidem_relid("payment_paid")), &as_owner);
-	if (empty && pending)
-		empty_key_table("payment_pending");
-	if (empty && paid)
-		empty_key_table("payment_paid");
-	if (empty)
-		CommandCounterIncrement();
-	scan = table_beginscan_compat(rel, GetActiveSnapshot());
-	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
-	{
-		bool		should_free;
-		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
-		PaymentKeys k;
-
-		CHECK_FOR_INTERRUPTS();
-		payment_keys_of(rel, tuple, &k);
-		if (pending && k.pending)
-		{
-			add_pending_row(&k);
-			added++;
-		}
-		if (paid && k.paid)
-		{
-			add_paid_row(&k);
-			added++;
-		}
-		if (should_free)
-			heap_freetuple(tuple);
-	}
-	table_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	payidem_end_as_owner(&as_owner);
-	table_close(rel, NoLock);
-	return added;
-}
-
-/*
- * payidem._payment_keys_fill() RETURNS bigint (rebuild_payment_keys()):
- * payment_pending and payment_paid emptied and made again from every
- * payment; how many rows they hold.
- */
-PG_FUNCTION_INFO_V1(payidem_payment_keys_fill);
-
-Datum
-payidem_payment_keys_fill(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_INT64(fill_keys(true, true, true));
-}
-
-/*
- * payidem._payment_keys_truncated(): the AFTER TRUNCATE trigger
- * keys_truncated of payment_pending and payment_paid, ENABLE REPLICA.  A
- * logical-replication worker that applies a TRUNCATE of a key table (a
- * publication with the key tables, a TRUNCATE of them on the publisher)
- * would leave the subscriber's payments without their keys, and its rules
- * unenforced: the truncated table is made again from the subscriber's
- * payments at once, in the same transaction.  (With the payments truncated
- * too, the AFTER triggers fire once all are empty, and nothing is added.)
- */
-PG_FUNCTION_INFO_V1(payidem_payment_keys_truncated);
-
-Datum
-payidem_payment_keys_truncated(PG_FUNCTION_ARGS)
-{
-	TriggerData *td = (TriggerData *) fcinfo->context;
-	Oid			relid;
-
-	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(td->tg_event) ||
-		!TRIGGER_FIRED_BY_TRUNCATE(td->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("payidem._payment_keys_truncated() must be an AFTER TRUNCATE trigger")));
-	if (IsLogicalWorker())
-	{
-		relid = RelationGetRelid(td->tg_relation);
-		(void) fill_keys(relid == payidem_relid("payment_pending"), relid == payidem_relid("payment_paid"), false);
-	}
-	return PointerGetDatum(NULL);
-}
-
-/*
- * payidem._payment_keys_received(): the BEFORE row trigger keys_received of
- * payment_pending and payment_paid, ENABLE REPLICA (outside
- * session_replication_role = replica the executor only checks that it does
- * not fire).  A logical-replication worker
- * that applies a publication naming these tables (FOR ALL TABLES, TABLES IN
- * SCHEMA payidem) would write keys that the subscriber's own status_keys
- * makes from the payments it receives: the same rows twice, a unique
- * violation, and the apply stopped.  Its changes of the key tables are
- * skipped (its initial copy too), so that the keys stay what the
- * subscriber's payments make them.  Every other writer in replica mode (a
- * restore's load, a DBA) writes as usual.
- */
-PG_FUNCTION_INFO_V1(payidem_payment_keys_received);
-
-Datum
-payidem_payment_keys_received(PG_FUNCTION_ARGS)
-{
-	TriggerData *td = (TriggerData *) fcinfo->context;
-
-	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(td->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(td->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("payidem._payment_keys_received() must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger")));
-	if (IsLogicalWorker() && !keys_writing)
-	{
-		Oid			relid = RelationGetRelid(td->tg_relation);
-
-		/* nothing but the keys is skipped, whatever a trigger is attached to */
-		if (relid != payidem_relid("payment_pending") && relid != payidem_relid("payment_paid"))
-			ereport(ERROR,
-					(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-					 errmsg("payidem._payment_keys_received() is the trigger of payidem.payment_pending and payidem.payment_paid only"),
-					 errdetail("It was fired on %s.", RelationGetRelationName(td->tg_relation))));
-		return PointerGetDatum(NULL);
-	}
-	return PointerGetDatum(TRIGGER_FIRED_BY_UPDATE(td->tg_event) ? td->tg_newtuple : td->tg_trigtuple);
 }

@@ -84,6 +84,7 @@
 #include "commands/extension.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
+#include "compat.h"
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
 #include "nodes/value.h"
@@ -105,7 +106,11 @@
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
-#include "payidem.h"
+#include "catalog.h"
+#include "errcodes.h"
+#include "housekeeping.h"
+#include "shmem.h"
+#include "util.h"
 
 /* One run in one database: at most this many orders looked at ... */
 #define HOUSEKEEPING_MAX_CLOSES			1000
@@ -803,8 +808,7 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 	HeapTuple	tuple;
 	TimestampTz expire_at;
 	TimestampTz old_expire_at;
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 	Oid			types[2] = {TIMESTAMPTZOID, TEXTOID};
 	Datum		values[2];
 	bool		isnull;
@@ -826,7 +830,7 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 			return PointerGetDatum(NULL);	/* queued at that time already */
 	}
 	/* (checked only before a write: a payment's update returns above, no look-up) */
-	if (RelationGetRelid(rel) != payidem_relid("order"))
+	if (RelationGetRelid(rel) != payidem_relation(PAYIDEM_ORDER))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("payidem._queue_expiry() is the trigger of payidem.\"order\" only"),
@@ -836,9 +840,7 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 	values[1] = heap_getattr(tuple, SPI_fnumber(RelationGetDescr(rel), "order_no"), RelationGetDescr(rel), &isnull);
 	if (isnull)
 		return PointerGetDatum(NULL);	/* refused by its NOT NULL */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(payidem_relation_owner(payidem_relid("order_expiry")),
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	payidem_become_owner(payidem_owner(PAYIDEM_ORDER_EXPIRY), 0, &as_owner);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	payidem_saved_plan(&queue_plan,
@@ -849,6 +851,6 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "payidem: queueing the expiry of an order failed: %s", SPI_result_code_string(rc));
 	SPI_finish();
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_become_caller(&as_owner);
 	return PointerGetDatum(NULL);
 }

@@ -68,6 +68,7 @@
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
+#include "compat.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "nodes/makefuncs.h"
@@ -86,7 +87,12 @@
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
-#include "payidem.h"
+#include "catalog.h"
+#include "errcodes.h"
+#include "inval.h"
+#include "replication.h"
+#include "shmem.h"
+#include "util.h"
 
 /* longest key, in characters (the table's idempotency_key_length check) */
 #define IDEM_KEY_MAX_CHARS		255
@@ -109,9 +115,8 @@ static SPIPlanPtr purge_plan = NULL;
 /* idem_claim()'s result row, built once per backend from its OUT parameters */
 static TupleDesc claim_desc = NULL;
 
-/* payidem.idempotency and its owner; relid reset by the relcache callback */
+/* payidem.idempotency as last used; reset by the relcache callback */
 static Oid	idem_relid = InvalidOid;
-static Oid	idem_owner = InvalidOid;
 static bool idem_callback_registered = false;
 /* bumped by the relcache callback: what is derived from the table's shape
  * (lookup_desc, the direct insert's state) is rebuilt when it moves */
@@ -225,6 +230,15 @@ static const char *const purge_sql =
 "         FOR UPDATE SKIP LOCKED) AS old"
 " WHERE i.idem_key OPERATOR(pg_catalog.=) old.idem_key";
 
+/* the outcomes of a claim, as returned and as counted in payidem.stats() */
+typedef enum IdemOutcome
+{
+	IDEM_CLAIMED,
+	IDEM_IN_PROGRESS,
+	IDEM_REPLAY,
+	IDEM_RECLAIMED
+} IdemOutcome;
+
 static const char *const outcome_names[] = {
 	"claimed", "in_progress", "replay", "reclaimed"
 };
@@ -234,10 +248,7 @@ static const PayidemCounter outcome_counters[] = {
 	PAYIDEM_IDEM_REPLAY, PAYIDEM_IDEM_RECLAIMED
 };
 
-/*
- * Forget the cached table OID and owner when payidem.idempotency changes
- * (ALTER ... OWNER, DROP EXTENSION) or on a full relcache reset.
- */
+/* payidem.idempotency changed (ALTER TABLE, DROP EXTENSION), or a full reset */
 static void
 idem_relcache_callback(Datum arg, Oid relid)
 {
@@ -253,45 +264,6 @@ static void
 idem_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
 	idem_generation++;
-}
-
-/*
- * Owner of payidem.idempotency, looked up by OID without search_path and
- * cached per backend.  The statements below run as this role.
- */
-static Oid
-idem_table_owner(void)
-{
-	Oid			nsp;
-	Oid			relid;
-	HeapTuple	tup;
-
-	if (OidIsValid(idem_relid))
-		return idem_owner;
-
-	if (!idem_callback_registered)
-	{
-		payidem_register_relcache_callback(idem_relcache_callback, (Datum) 0);
-		payidem_register_syscache_callback(PROCOID, idem_proc_callback, (Datum) 0);
-		idem_callback_registered = true;
-	}
-
-	nsp = get_namespace_oid("payidem", true);
-	relid = OidIsValid(nsp) ? get_relname_relid("idempotency", nsp) : InvalidOid;
-	if (!OidIsValid(relid))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("extension payidem is not installed in this database"),
-				 errdetail("The table payidem.idempotency does not exist."),
-				 errhint("Run CREATE EXTENSION payidem.")));
-
-	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "cache lookup failed for relation %u", relid);
-	idem_owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
-	ReleaseSysCache(tup);
-	idem_relid = relid;
-	return idem_owner;
 }
 
 /*
@@ -621,7 +593,7 @@ direct_insert(Oid relid, Datum *values, bool *isnull)
 
 /*
  * Become the table's owner and return the table's OID; the previous identity
- * is left in *save_userid / *save_sec_context for end_as_owner().  The OID is
+ * is left in *save for end_as_owner().  The OID is
  * the caller's to keep for the call: an invalidation processed on the way
  * (any lock taken accepts them) may reset the cached one.  SPI is connected only when a
  * statement needs it (connect_spi()): a claim answered by the index probe or
@@ -630,15 +602,18 @@ direct_insert(Oid relid, Datum *values, bool *isnull)
  * closes SPI.
  */
 static Oid
-begin_as_owner(Oid *save_userid, int *save_sec_context)
+begin_as_owner(PayidemAsOwner *save)
 {
-	Oid			owner = idem_table_owner();
-	Oid			relid = idem_relid;
+	Oid			relid = payidem_relation(PAYIDEM_IDEMPOTENCY);
 
-	GetUserIdAndSecContext(save_userid, save_sec_context);
-	SetUserIdAndSecContext(owner,
-						   *save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
+	if (!idem_callback_registered)
+	{
+		payidem_register_relcache_callback(idem_relcache_callback, (Datum) 0);
+		payidem_register_syscache_callback(PROCOID, idem_proc_callback, (Datum) 0);
+		idem_callback_registered = true;
+	}
+	payidem_become_owner(payidem_owner(PAYIDEM_IDEMPOTENCY), SECURITY_RESTRICTED_OPERATION, save);
+	idem_relid = relid;
 	return relid;
 }
 
@@ -655,11 +630,11 @@ connect_spi(bool *connected)
 
 /* Close SPI if it was connected and become the caller again. */
 static void
-end_as_owner(Oid save_userid, int save_sec_context, bool spi_connected)
+end_as_owner(const PayidemAsOwner *save, bool spi_connected)
 {
 	if (spi_connected && SPI_finish() != SPI_OK_FINISH)
 		elog(ERROR, "SPI_finish failed");
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_become_caller(save);
 }
 
 /*
@@ -899,8 +874,7 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 	Oid			reclaim_types[3] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Oid			finish_types[4] = {TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID};
 	Datum		status_value = CStringGetTextDatum(complete ? "completed" : "processing");
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 	IdemOutcome outcome = IDEM_CLAIMED;
 	Oid			relid;
 	bool		spi = false;
@@ -909,7 +883,7 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 	int			tries;
 	int			i;
 
-	relid = begin_as_owner(&save_userid, &save_sec_context);
+	relid = begin_as_owner(&as_owner);
 
 	for (i = 0; i < 6; i++)
 	{
@@ -1101,7 +1075,7 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 		/* copies the values out of SPI's memory */
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
-	end_as_owner(save_userid, save_sec_context, spi);
+	end_as_owner(&as_owner, spi);
 
 	payidem_count(outcome_counters[outcome]);
 	return outcome;
@@ -1184,8 +1158,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 	char		paramnulls[4] = {' ', ' ', ' ', ' '};
 	Oid			finish_types[4] = {TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID};
 	Oid			select_types[1] = {TEXTOID};
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 	bool		spi = false;
 	int			rc;
 
@@ -1219,7 +1192,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 		params[2] = PG_GETARG_DATUM(2);
 	params[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 
-	(void) begin_as_owner(&save_userid, &save_sec_context);
+	(void) begin_as_owner(&as_owner);
 	connect_spi(&spi);
 	rc = SPI_execute_plan(payidem_saved_plan(&finish_plan, finish_sql, 4, finish_types),
 						  params, paramnulls, false, 0);
@@ -1252,7 +1225,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 															 SEL_STATUS, &isnull))),
 				 errhint("A finished key stays finished; to try a failed key again, claim it (the claim reclaims it).")));
 	}
-	end_as_owner(save_userid, save_sec_context, spi);
+	end_as_owner(&as_owner, spi);
 	PG_RETURN_VOID();
 }
 
@@ -1271,8 +1244,7 @@ purge(FunctionCallInfo fcinfo, int64 max_rows)
 	Datum		params[2];
 	char		nulls[2] = {' ', ' '};
 	Oid			purge_types[2] = {TIMESTAMPTZOID, INT8OID};
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 	bool		spi = false;
 	int			rc;
 	int64		deleted;
@@ -1294,14 +1266,14 @@ purge(FunctionCallInfo fcinfo, int64 max_rows)
 	if (max_rows < 0)
 		nulls[1] = 'n';
 
-	(void) begin_as_owner(&save_userid, &save_sec_context);
+	(void) begin_as_owner(&as_owner);
 	connect_spi(&spi);
 	rc = SPI_execute_plan(payidem_saved_plan(&purge_plan, purge_sql, 2, purge_types),
 						  params, nulls, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "idempotency purge failed: %s", SPI_result_code_string(rc));
 	deleted = (int64) SPI_processed;
-	end_as_owner(save_userid, save_sec_context, spi);
+	end_as_owner(&as_owner, spi);
 	return deleted;
 }
 

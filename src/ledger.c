@@ -61,7 +61,11 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
-#include "payidem.h"
+#include "catalog.h"
+#include "direct.h"
+#include "errcodes.h"
+#include "ledger.h"
+#include "util.h"
 
 /* the statuses the rules speak of */
 static bool
@@ -481,7 +485,7 @@ check_payment(Datum payment_no, bool moved)
 static void
 check_order(Datum order_no, ItemPointer tid)
 {
-	Relation	orel = table_open(payidem_relid("order"), AccessShareLock);
+	Relation	orel = table_open(payidem_relation(PAYIDEM_ORDER), AccessShareLock);
 	/* the version the trigger fired for, if it still stands; else by key */
 	HeapTuple	o = payidem_fetch_version(orel, tid, GetActiveSnapshot());
 	Relation	prel;
@@ -492,17 +496,17 @@ check_order(Datum order_no, ItemPointer tid)
 	bool		own;
 
 	if (o == NULL)
-		o = payidem_fetch_unique(orel, "order_pkey", 1, &order_no, GetActiveSnapshot());
+		o = payidem_fetch_unique(orel, PAYIDEM_ORDER_PKEY, 1, &order_no, GetActiveSnapshot());
 	paid = o != NULL && text_in(col(orel, o, "status", &isnull), paid_order);
 	if (o == NULL || (!paid && col_null(orel, o, "paid_payment_no")))
 	{
 		table_close(orel, NoLock);
 		return;
 	}
-	prel = table_open(payidem_relid("payment"), AccessShareLock);
+	prel = table_open(payidem_relation(PAYIDEM_PAYMENT), AccessShareLock);
 	paid_payment_no = col(orel, o, "paid_payment_no", &isnull);
 	if (!isnull)
-		q = payidem_fetch_unique(prel, "payment_pkey", 1, &paid_payment_no, GetActiveSnapshot());
+		q = payidem_fetch_unique(prel, PAYIDEM_PAYMENT_PKEY, 1, &paid_payment_no, GetActiveSnapshot());
 	own = q != NULL && payidem_text_equal(col(prel, q, "order_no", &isnull), order_no);
 	if (paid && (!own || !text_in(col(prel, q, "status", &isnull), paid_payment)))
 		refuse("order", TextDatumGetCString(order_no), "paid without its payment", "apply_payment_result",

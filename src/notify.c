@@ -48,7 +48,11 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
-#include "payidem.h"
+#include "catalog.h"
+#include "direct.h"
+#include "errcodes.h"
+#include "order_no.h"
+#include "util.h"
 
 /* n as `width` decimal digits (n >= 0, < 10^width) at out */
 static void
@@ -275,9 +279,9 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		r_refund_no = tuple_col(rel, tuple, "refund_no");
 		r_amount = tuple_col(rel, tuple, "amount");
 		/* at the end of the statement: the order with this refund counted */
-		order_rel = table_open(payidem_relid("order"), AccessShareLock);
+		order_rel = table_open(payidem_relation(PAYIDEM_ORDER), AccessShareLock);
 		order = isnull ? NULL :
-			payidem_fetch_unique(order_rel, "order_pkey", 1, &order_no, GetActiveSnapshot());
+			payidem_fetch_unique(order_rel, PAYIDEM_ORDER_PKEY, 1, &order_no, GetActiveSnapshot());
 		if (order != NULL)
 			(void) tuple_datum(order_rel, order, "notify_url", &isnull);
 		if (order == NULL || isnull)
@@ -307,8 +311,8 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	o_status = tuple_col(order_rel, order, "status");
 	if (!payment_key_null)
 	{
-		Relation	payment_rel = table_open(payidem_relid("payment"), AccessShareLock);
-		HeapTuple	payment = payidem_fetch_unique(payment_rel, "payment_pkey", 1, &payment_key,
+		Relation	payment_rel = table_open(payidem_relation(PAYIDEM_PAYMENT), AccessShareLock);
+		HeapTuple	payment = payidem_fetch_unique(payment_rel, PAYIDEM_PAYMENT_PKEY, 1, &payment_key,
 												   GetActiveSnapshot());
 
 		if (payment != NULL)
@@ -369,7 +373,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		TimestampTz now = GetCurrentTransactionStartTimestamp();
 
 		if (event_insert == NULL)
-			event_insert = payidem_insert_define("notify_event", lengthof(columns), columns, types);
+			event_insert = payidem_insert_define(PAYIDEM_NOTIFY_EVENT, lengthof(columns), columns, types);
 		values[0] = Int64GetDatum(event_id);
 		values[1] = CStringGetTextDatum(event);
 		values[2] = CStringGetTextDatum(o_order_no);

@@ -62,11 +62,17 @@
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
+#include "catalog.h"
+#include "errcodes.h"
+#include "inval.h"
+#include "order_no.h"
 #include "order_no_codec.h"
-#include "payidem.h"
+#include "replication.h"
+#include "shmem.h"
+#include "util.h"
 
 /* payidem.shard_id: the two shard digits of every number issued here */
-int			payidem_shard_id = 0;
+static int	payidem_shard_id = 0;
 
 /* slot of this backend's database in the shared array, -1 = look it up */
 static int	my_slot = -1;
@@ -334,21 +340,6 @@ warn_rollback(int64 from, int64 to, bool at_start)
 			 errhint("Numbers stay unique and increasing; their time part runs ahead of the clock until it catches up. Check the server's time synchronisation.")));
 }
 
-/* OID of payidem.order_no_hwm in this database */
-static Oid
-hwm_sequence(void)
-{
-	Oid			nsp = get_namespace_oid("payidem", true);
-	Oid			seq = OidIsValid(nsp) ? get_relname_relid("order_no_hwm", nsp) : InvalidOid;
-
-	if (!OidIsValid(seq))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("extension payidem is not installed in this database"),
-				 errhint("Run CREATE EXTENSION payidem.")));
-	return seq;
-}
-
 /*
  * Owner of the sequence; refuses a sequence created by the current
  * transaction: a mark written there would vanish if the transaction rolled
@@ -469,9 +460,7 @@ reserve(int64 wanted)
 {
 	OrderNoShared *s = &payidem_shared->order_no;
 	Oid			seqoid;
-	Oid			owner;
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 	int			slot;
 	bool		loaded;
 	int64		now;
@@ -497,18 +486,14 @@ reserve(int64 wanted)
 	 */
 	for (;;)
 	{
-		seqoid = hwm_sequence();
+		seqoid = payidem_relation(PAYIDEM_ORDER_NO_HWM);
 		LockRelationOid(seqoid, ShareUpdateExclusiveLock);
-		if (hwm_sequence() == seqoid)
+		if (payidem_relation(PAYIDEM_ORDER_NO_HWM) == seqoid)
 			break;
 		UnlockRelationOid(seqoid, ShareUpdateExclusiveLock);
 	}
-	owner = hwm_owner(seqoid);
-
 	/* the sequence belongs to the extension's owner, not to the caller */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
+	payidem_become_owner(hwm_owner(seqoid), SECURITY_RESTRICTED_OPERATION, &as_owner);
 
 	/* a slot loaded from another sequence (extension re-created) must reload */
 	SpinLockAcquire(&s->mutex);
@@ -621,7 +606,7 @@ reserve(int64 wanted)
 		payidem_count(PAYIDEM_ORDER_NO_RESERVATIONS);
 	}
 
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_become_caller(&as_owner);
 	UnlockRelationOid(seqoid, ShareUpdateExclusiveLock);
 	my_slot = slot;
 	my_seqoid = seqoid;

@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * order_no.h
- *		Shared-memory state of the order-number generator (order_no.c).
+ *		The order-number generator (order_no.c): its shared-memory state,
+ *		its GUCs, and the notification event ids it issues.
  *
  *-------------------------------------------------------------------------
  */
@@ -81,5 +82,7 @@ typedef struct OrderNoShared
 
 extern void order_no_shmem_init(OrderNoShared *state);
 extern void order_no_define_gucs(void);
+/* a notification event id, unique across failovers as numbers are */
+extern int64 order_no_next_event_id(void);
 
 #endif							/* PAYIDEM_ORDER_NO_H */

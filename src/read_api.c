@@ -43,7 +43,9 @@
 #include "utils/rls.h"
 #include "utils/syscache.h"
 
-#include "payidem.h"
+#include "catalog.h"
+#include "errcodes.h"
+#include "util.h"
 
 static SPIPlanPtr read_plan = NULL;
 
@@ -52,18 +54,15 @@ read_order(FunctionCallInfo fcinfo, Datum order_no, bool order_no_null,
 		   Datum merchant_no, bool merchant_no_null, Datum out_trade_no, bool out_trade_no_null)
 {
 	Oid			caller = GetUserId();
-	Oid			order_rel = get_relname_relid("order", get_namespace_oid("payidem", false));
+	Oid			order_rel = payidem_relation(PAYIDEM_ORDER);
 	bool		scoped;
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 	Datum		values[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 	Oid			types[5] = {TEXTOID, TEXTOID, TEXTOID, REGROLEOID, BOOLOID};
 	Datum		result;
 	bool		isnull;
 
-	if (!OidIsValid(order_rel))
-		elog(ERROR, "payidem: relation payidem.\"order\" does not exist");
 	scoped = check_enable_rls(order_rel, caller, true) == RLS_ENABLED &&
 		pg_class_aclcheck(order_rel, caller, ACL_SELECT) == ACLCHECK_OK;
 
@@ -76,9 +75,7 @@ read_order(FunctionCallInfo fcinfo, Datum order_no, bool order_no_null,
 	values[3] = ObjectIdGetDatum(caller);
 	values[4] = BoolGetDatum(scoped);
 
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(payidem_relation_owner(order_rel),
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), SECURITY_NOFORCE_RLS, &as_owner);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	payidem_saved_plan(&read_plan, "SELECT payidem._read_order($1, $2, $3, $4, $5)", 5, types);
@@ -87,7 +84,7 @@ read_order(FunctionCallInfo fcinfo, Datum order_no, bool order_no_null,
 	result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	result = isnull ? (Datum) 0 : SPI_datumTransfer(result, false, -1);
 	SPI_finish();
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_become_caller(&as_owner);
 	if (isnull)
 		PG_RETURN_NULL();
 	PG_RETURN_DATUM(result);

@@ -19,7 +19,8 @@
 #include "pgtime.h"
 #include "utils/guc.h"
 
-#include "payidem.h"
+#include "errcodes.h"
+#include "recon.h"
 
 /* payidem.bill_timezone: the zone in which channels cut their bill days */
 static char *payidem_bill_timezone = NULL;

@@ -40,10 +40,11 @@
 #include "utils/guc.h"
 #include "utils/tuplestore.h"
 
-#include "payidem.h"
+#include "errcodes.h"
+#include "replication.h"
 
 /* payidem.require_synchronous_standby: refuse writes without sync replication */
-bool		payidem_require_sync_standby = false;
+static bool payidem_require_sync_standby = false;
 
 /* payidem.promotion_gap (seconds): how far a promoted server's numbers jump */
 int			payidem_promotion_gap = 60;

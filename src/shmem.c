@@ -26,12 +26,13 @@
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
 
-#include "payidem.h"
+#include "shmem.h"
 
 PayidemShared *payidem_shared = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static void (*init_order_no) (OrderNoShared *state) = NULL;
 
 /* names shown by payidem.stats(), in PayidemCounter order */
 static const char *const payidem_counter_names[PAYIDEM_NUM_COUNTERS] = {
@@ -86,7 +87,7 @@ payidem_shmem_startup(void)
 	payidem_shared = ShmemInitStruct("payidem", sizeof(PayidemShared), &found);
 	if (!found)
 	{
-		order_no_shmem_init(&payidem_shared->order_no);
+		init_order_no(&payidem_shared->order_no);
 		SpinLockInit(&payidem_shared->slots_mutex);
 		for (i = 0; i < PAYIDEM_DB_SLOTS; i++)
 		{
@@ -98,10 +99,14 @@ payidem_shmem_startup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
-/* Install the hooks; called from _PG_init only while preloading. */
+/*
+ * Install the hooks; called from _PG_init only while preloading, with the
+ * order-number generator's initialiser of its part of the struct.
+ */
 void
-payidem_shmem_init(void)
+payidem_shmem_init(void (*order_no_init) (OrderNoShared *state))
 {
+	init_order_no = order_no_init;
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = payidem_shmem_request;
 	prev_shmem_startup_hook = shmem_startup_hook;

@@ -87,8 +87,14 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
+#include "catalog.h"
+#include "direct.h"
+#include "errcodes.h"
+#include "inval.h"
 #include "order_no_codec.h"
-#include "payidem.h"
+#include "replication.h"
+#include "shmem.h"
+#include "util.h"
 
 /* one status of an entity */
 typedef struct WhitelistState
@@ -242,16 +248,15 @@ whitelist_load(void)
 	MemoryContext buildcxt;
 	MemoryContext oldcxt;
 	WhitelistCache *cache;
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 	uint64		nstates;
 	uint64		ntrans;
 	uint64		i;
 	int			e;
 
-	state_relid = payidem_relid("state");
-	transition_relid = payidem_relid("transition");
-	whitelist_owner = payidem_relation_owner(state_relid);
+	state_relid = payidem_relation(PAYIDEM_STATE);
+	transition_relid = payidem_relation(PAYIDEM_TRANSITION);
+	whitelist_owner = payidem_owner(PAYIDEM_STATE);
 
 	buildcxt = AllocSetContextCreate(CurrentMemoryContext,
 									 "payidem whitelist",
@@ -268,9 +273,7 @@ whitelist_load(void)
 			"SELECT entity, from_status, to_status FROM payidem.transition"
 			" ORDER BY entity COLLATE \"C\", from_status COLLATE \"C\", to_status COLLATE \"C\"", 0, NULL);
 
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(whitelist_owner,
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	payidem_become_owner(whitelist_owner, SECURITY_NOFORCE_RLS, &as_owner);
 
 	/* statuses: count the entities first (rows are ordered by entity) */
 	if (SPI_execute_snapshot(load_states_plan, NULL, NULL, GetLatestSnapshot(),
@@ -312,7 +315,7 @@ whitelist_load(void)
 							 InvalidSnapshot, true, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "reading payidem.transition failed");
 	ntrans = SPI_processed;
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_become_caller(&as_owner);
 
 	oldcxt = MemoryContextSwitchTo(buildcxt);
 	for (e = 0; e < cache->nentities; e++)
@@ -492,7 +495,7 @@ text_datum_cstring(Datum d, int *len)
 }
 
 /*
- * Append one row to payidem.status_log, a direct insert (src/write.c): NOT
+ * Append one row to payidem.status_log, a direct insert (src/direct.c): NOT
  * NULL and CHECK constraints, index entries (the key ends in log_id) and stored
  * generated columns are handled by the executor, with no SQL, plan or
  * snapshot per row.  The known columns are filled here -- log_id from its
@@ -516,8 +519,8 @@ append_status_log(const char *entity, Datum entity_no, Datum from_status,
 	bool		nulls[lengthof(columns)] = {false, false, false, false, false, false, false, false};
 
 	if (log_insert == NULL)
-		log_insert = payidem_insert_define("status_log", lengthof(columns), columns, types);
-	values[0] = Int64GetDatum(nextval_internal(payidem_relid("status_log_log_id_seq"), false));
+		log_insert = payidem_insert_define(PAYIDEM_STATUS_LOG, lengthof(columns), columns, types);
+	values[0] = Int64GetDatum(nextval_internal(payidem_relation(PAYIDEM_STATUS_LOG_LOG_ID_SEQ), false));
 	values[1] = CStringGetTextDatum(entity);
 	values[2] = entity_no;
 	values[3] = from_status;
@@ -813,14 +816,14 @@ payidem_whitelist_changed(PG_FUNCTION_ARGS)
  * the table's owner, row-level security not forced (it must see every row).
  */
 static bool
-status_rows_exist(Oid relid, Datum status)
+status_rows_exist(PayidemRelation table, Datum status)
 {
+	Oid			relid = payidem_relation(table);
 	StringInfoData query;
 	Oid			argtypes[1] = {TEXTOID};
 	Datum		values[1];
 	SPIPlanPtr	plan;
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 	bool		found;
 
 	initStringInfo(&query);
@@ -828,9 +831,7 @@ status_rows_exist(Oid relid, Datum status)
 					 "SELECT 1 FROM %s t WHERE t.status OPERATOR(pg_catalog.=) $1 LIMIT 1",
 					 quote_qualified_identifier("payidem", get_rel_name(relid)));
 	values[0] = status;
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(payidem_relation_owner(relid),
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	payidem_become_owner(payidem_owner(table), SECURITY_NOFORCE_RLS, &as_owner);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	plan = SPI_prepare(query.data, 1, argtypes);
@@ -841,7 +842,7 @@ status_rows_exist(Oid relid, Datum status)
 		elog(ERROR, "reading payidem.%s failed", get_rel_name(relid));
 	found = SPI_processed > 0;
 	SPI_finish();
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_become_caller(&as_owner);
 	pfree(query.data);
 	return found;
 }
@@ -863,20 +864,23 @@ Datum
 payidem_status_in_use(PG_FUNCTION_ARGS)
 {
 	char	   *entity;
-	Oid			relid;
+	PayidemRelation table;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		PG_RETURN_BOOL(false);
 	entity = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	if (strcmp(entity, "order") == 0 || strcmp(entity, "payment") == 0 ||
-		strcmp(entity, "refund") == 0)
-		relid = payidem_relid(entity);
+	if (strcmp(entity, "order") == 0)
+		table = PAYIDEM_ORDER;
+	else if (strcmp(entity, "payment") == 0)
+		table = PAYIDEM_PAYMENT;
+	else if (strcmp(entity, "refund") == 0)
+		table = PAYIDEM_REFUND;
 	else
 		PG_RETURN_BOOL(false);
-	if (status_rows_exist(relid, PG_GETARG_DATUM(1)))
+	if (status_rows_exist(table, PG_GETARG_DATUM(1)))
 		PG_RETURN_BOOL(true);
-	LockRelationOid(relid, ShareLock);
-	PG_RETURN_BOOL(status_rows_exist(relid, PG_GETARG_DATUM(1)));
+	LockRelationOid(payidem_relation(table), ShareLock);
+	PG_RETURN_BOOL(status_rows_exist(table, PG_GETARG_DATUM(1)));
 }
 
 /*
@@ -975,8 +979,7 @@ transit(FunctionCallInfo fcinfo, int which)
 	Datum		values[3];
 	char	   *current = NULL;
 	int			attempt;
-	Oid			save_userid;
-	int			save_sec_context;
+	PayidemAsOwner as_owner;
 
 	/* not STRICT: a NULL argument is an error, never a silent NULL result */
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
@@ -1029,9 +1032,7 @@ transit(FunctionCallInfo fcinfo, int which)
 	 * log still records the calling role (GetOuterUserId).  An error restores
 	 * the identity with the transaction.
 	 */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(whitelist_owner,
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_NOFORCE_RLS);
+	payidem_become_owner(whitelist_owner, SECURITY_NOFORCE_RLS, &as_owner);
 
 	for (attempt = 0;; attempt++)
 	{
@@ -1047,7 +1048,7 @@ transit(FunctionCallInfo fcinfo, int which)
 			elog(ERROR, "%s: UPDATE failed: %s", target->funcname, SPI_result_code_string(rc));
 		if (SPI_processed > 0)
 		{
-			SetUserIdAndSecContext(save_userid, save_sec_context);
+			payidem_become_caller(&as_owner);
 			SPI_finish();
 			PG_RETURN_BOOL(true);
 		}
@@ -1066,7 +1067,7 @@ transit(FunctionCallInfo fcinfo, int which)
 		current = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 		if (strcmp(current, to_s) == 0)
 		{
-			SetUserIdAndSecContext(save_userid, save_sec_context);
+			payidem_become_caller(&as_owner);
 			SPI_finish();
 			PG_RETURN_BOOL(false);
 		}
@@ -1087,7 +1088,7 @@ transit(FunctionCallInfo fcinfo, int which)
 		if (!may_retry || attempt >= TRANSIT_MAX_RETRIES)
 			break;
 	}
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	payidem_become_caller(&as_owner);
 
 	cache = whitelist_get();
 	ent = find_entity_in(cache, target->entity);

@@ -1,9 +1,11 @@
 /*-------------------------------------------------------------------------
  *
- * write.c
- *		Direct inserts: one row into one of payidem's tables without SQL,
- *		for the rows its triggers append on every change — a status_log row
- *		(state_machine.c) and a notification event (notify.c).
+ * direct.c
+ *		Reads and writes of payidem's tables below SQL: a row fetched by key
+ *		(with the hint of a version this transaction wrote) or by tid, a row
+ *		inserted (the status_log row of state_machine.c, the notification
+ *		event of notify.c, the payment keys' rows), a row deleted by tid, and
+ *		the CHECKs, defaults and domains those writes evaluate.
  *
  * An insert through SPI plans nothing per row but still builds and tears
  * down a whole executor (the plan's nodes, its result relation and indexes,
@@ -30,7 +32,7 @@
  * being written with it further up the stack.
  *
  * payidem_delete_row() is the delete of a row found by TID that the payment
- * keys' trigger (flow.c) makes: with the result a DELETE statement gives,
+ * keys' trigger makes: with the result a DELETE statement gives,
  * 40001 for a row changed after a REPEATABLE READ snapshot.
  *
  * Trusted code writing on the tables' owner's behalf: no privilege is
@@ -47,23 +49,36 @@
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_proc.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
-#include "storage/bufmgr.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
+#include "storage/bufmgr.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/rls.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
-#include "payidem.h"
+#include "catalog.h"
+#include "direct.h"
+#include "inval.h"
+#include "util.h"
+
+static void exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int ndefault,
+					   Expr **defaults);
+static ExprState **exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached);
+static void exprs_detach(PayidemExprs *x, bool attached);
+static bool indexes_lazy_ok(Relation rel);
+static void update_index_entries(ResultRelInfo *rri, TupleTableSlot *slot, EState *estate);
 
 /* what one column of the table gets */
 #define COL_NULL		(-1)	/* dropped, generated, or no default: NULL */
@@ -71,6 +86,7 @@
 
 struct PayidemInsert
 {
+	PayidemRelation table;
 	const char *relname;		/* payidem.<relname> */
 	int			ncols;
 	const char *const *columns; /* the names the caller's values are for */
@@ -90,45 +106,79 @@ struct PayidemInsert
 };
 
 static PayidemInsert *inserts = NULL;	/* every one made, for the callbacks */
+static PayidemUpdate *updates = NULL;	/* every one used */
+static uint64 update_inval_count = 0;	/* bumped by every invalidation of one */
 static bool callbacks_registered = false;
 
 static void
-write_relcache_callback(Datum arg, Oid relid)
+direct_relcache_callback(Datum arg, Oid relid)
 {
 	PayidemInsert *ins;
+	PayidemUpdate *t;
 
 	for (ins = inserts; ins != NULL; ins = ins->next)
 		if (relid == InvalidOid || relid == ins->relid)
 			ins->relid = InvalidOid;
+	for (t = updates; t != NULL; t = t->next)
+		if (relid == InvalidOid || relid == t->relid)
+		{
+			t->valid = false;
+			update_inval_count++;
+		}
 }
 
+/* a changed function: a default or CHECK may have inlined or folded it */
 static void
-write_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
+direct_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
 	PayidemInsert *ins;
+	PayidemUpdate *t;
 
 	for (ins = inserts; ins != NULL; ins = ins->next)
 		ins->relid = InvalidOid;
+	for (t = updates; t != NULL; t = t->next)
+		t->valid = false;
+	update_inval_count++;
+}
+
+static void
+register_callbacks(void)
+{
+	if (callbacks_registered)
+		return;
+	payidem_register_relcache_callback(direct_relcache_callback, (Datum) 0);
+	payidem_register_syscache_callback(PROCOID, direct_proc_callback, (Datum) 0);
+	callbacks_registered = true;
+}
+
+/* the number of column name of rel, which must be there */
+static AttrNumber
+column_attno(Relation rel, const char *name)
+{
+	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
+
+	if (attnum <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" of relation payidem.%s does not exist",
+						name, RelationGetRelationName(rel))));
+	return attnum;
 }
 
 /*
- * The cache of an insert into payidem.<relname> of values for columns[]
+ * The cache of an insert into table of values for columns[]
  * (ncols of them), each of types[] (the column's type, or the base type of
  * its domain).  Made once, at the call site's first use, and kept for the
  * backend.
  */
 PayidemInsert *
-payidem_insert_define(const char *relname, int ncols, const char *const *columns, const Oid *types)
+payidem_insert_define(PayidemRelation table, int ncols, const char *const *columns, const Oid *types)
 {
 	PayidemInsert *ins = MemoryContextAllocZero(TopMemoryContext, sizeof(PayidemInsert));
 
-	if (!callbacks_registered)
-	{
-		payidem_register_relcache_callback(write_relcache_callback, (Datum) 0);
-		payidem_register_syscache_callback(PROCOID, write_proc_callback, (Datum) 0);
-		callbacks_registered = true;
-	}
-	ins->relname = relname;
+	register_callbacks();
+	ins->table = table;
+	ins->relname = payidem_relation_name(table);
 	ins->ncols = ncols;
 	ins->columns = columns;
 	ins->types = types;
@@ -183,7 +233,7 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 			Node	   *def = build_column_default(rel, i + 1);
 
 			if (def != NULL)
-				ins->defaults[i] = (Expr *) def;	/* planned by payidem_exprs_plan */
+				ins->defaults[i] = (Expr *) def;	/* planned by exprs_plan */
 			else
 			{
 				/* an INSERT checks the NULL it puts there against the domain too */
@@ -229,17 +279,17 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 				 errdetail("payidem appends its rows one at a time, without an INSERT statement."),
 				 errhint("Use a FOR EACH ROW trigger without a REFERENCING clause.")));
 	MemoryContextSwitchTo(oldcxt);
-	payidem_exprs_plan(&ins->exprs, rel, ins->context, desc->natts, ins->defaults);
+	exprs_plan(&ins->exprs, rel, ins->context, desc->natts, ins->defaults);
 	ins->relid = RelationGetRelid(rel);
 }
 
 /*
- * The expressions of a direct write (PayidemExprs, payidem.h).  Left to the
+ * The expressions of a direct write (PayidemExprs, direct.h).  Left to the
  * executor, a write that builds its ResultRelInfo per row would read every
  * CHECK back from the catalog and plan it, and plan and compile each partial
  * index's predicate, for every row.  Here the CHECKs (and the defaults the
  * caller gives) are planned when the holder's cache is built
- * (payidem_exprs_plan, in context, the holder's memory, freed with it), and
+ * (exprs_plan, in context, the holder's memory, freed with it), and
  * they and the predicates are compiled at their first use and kept: an
  * ExprState built without a parent keeps nothing of the query that
  * evaluates it (its results go in that query's expression context).
@@ -338,8 +388,8 @@ planned(Expr *e, bool replan)
 	return replan ? expression_planner((Expr *) copyObject(e)) : e;
 }
 
-void
-payidem_exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int ndefault, Expr **defaults)
+static void
+exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int ndefault, Expr **defaults)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	MemoryContext oldcxt = MemoryContextSwitchTo(context);
@@ -402,11 +452,11 @@ exprs_cover_indexes(PayidemExprs *x, ResultRelInfo *rri)
 /*
  * Give rri, whose indexes are open, the compiled CHECKs and predicates, and
  * return the compiled defaults (one per column, NULL where none).  *attached
- * is true if they are x's own, to be given back with payidem_exprs_detach
+ * is true if they are x's own, to be given back with exprs_detach
  * once the write is done (also when it fails: the caller's PG_FINALLY).
  */
-ExprState **
-payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached)
+static ExprState **
+exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached)
 {
 	bool		own = x->keepable && !x->in_use;
 	ExprState **check_states;
@@ -500,8 +550,8 @@ payidem_exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *
 	return default_states;
 }
 
-void
-payidem_exprs_detach(PayidemExprs *x, bool attached)
+static void
+exprs_detach(PayidemExprs *x, bool attached)
 {
 	if (attached)
 		x->in_use = false;
@@ -515,7 +565,7 @@ payidem_exprs_detach(PayidemExprs *x, bool attached)
 void
 payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 {
-	Relation	rel = table_open(payidem_relid(ins->relname), RowExclusiveLock);
+	Relation	rel = table_open(payidem_relation(ins->table), RowExclusiveLock);
 	TupleDesc	desc = RelationGetDescr(rel);
 	EState	   *estate;
 	ResultRelInfo *rri;
@@ -537,7 +587,7 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	ExecOpenIndices(rri, false);
 	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
 	ExecClearTuple(slot);
-	default_states = payidem_exprs_attach(&ins->exprs, rri, estate, &attached);
+	default_states = exprs_attach(&ins->exprs, rri, estate, &attached);
 	PG_TRY();
 	{
 		/* the domains of the values written, as a cast to the column's type checks them */
@@ -578,7 +628,7 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	}
 	PG_FINALLY();
 	{
-		payidem_exprs_detach(&ins->exprs, attached);
+		exprs_detach(&ins->exprs, attached);
 	}
 	PG_END_TRY();
 	ExecCloseResultRelations(estate);	/* what the AFTER triggers opened */
@@ -587,6 +637,217 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	ExecResetTupleTable(estate->es_tupleTable, false);
 	FreeExecutorState(estate);
 	table_close(rel, NoLock);
+}
+
+/*
+ * Versions of rows this backend wrote directly in its current transaction
+ * (flow.c's updates): where a later look-up by key in the same transaction
+ * (the event, the bookkeeping at commit) may find the row without an index
+ * descent.  Only a hint: a look-up takes it only if the version at that tid
+ * is the one its snapshot sees and has the key asked for -- an MVCC snapshot
+ * sees at most one row with a key of a unique index -- and otherwise
+ * descends the index.  Kept for the transaction and relfilenode it was
+ * written in, and forgotten when the subtransaction that wrote it aborts: so
+ * the block exists (a TRUNCATE makes a new file; VACUUM cannot shorten a
+ * table while the write's RowExclusiveLock is held, which an aborted
+ * subtransaction releases).
+ */
+#define RECENT_VERSIONS 4
+typedef struct RecentVersion
+{
+	Oid			relid;
+	Oid			relfilenode;
+	TransactionId xid;
+	SubTransactionId subid;		/* of the write, or of the parent it passed to */
+	ItemPointerData tid;
+} RecentVersion;
+static RecentVersion recent_versions[RECENT_VERSIONS];
+static int	recent_next;
+static bool recent_callback_registered = false;
+
+static void
+recent_versions_subxact(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	int			i;
+
+	for (i = 0; i < RECENT_VERSIONS; i++)
+	{
+		if (recent_versions[i].subid != mySubid || !OidIsValid(recent_versions[i].relid))
+			continue;
+		if (event == SUBXACT_EVENT_ABORT_SUB)
+			recent_versions[i].relid = InvalidOid;
+		else if (event == SUBXACT_EVENT_COMMIT_SUB)
+			recent_versions[i].subid = parentSubid;
+	}
+}
+
+void
+payidem_remember_version(Relation heap, ItemPointer tid)
+{
+	TransactionId xid = GetTopTransactionIdIfAny();
+	RecentVersion *r = NULL;
+	int			i;
+
+	if (!TransactionIdIsValid(xid) || !ItemPointerIsValid(tid))
+		return;
+	if (!recent_callback_registered)
+	{
+		RegisterSubXactCallback(recent_versions_subxact, NULL);
+		recent_callback_registered = true;
+	}
+	for (i = 0; i < RECENT_VERSIONS && r == NULL; i++)
+		if (recent_versions[i].relid == RelationGetRelid(heap))
+			r = &recent_versions[i];
+	if (r == NULL)
+	{
+		r = &recent_versions[recent_next];
+		recent_next = (recent_next + 1) % RECENT_VERSIONS;
+	}
+	r->relid = RelationGetRelid(heap);
+	r->relfilenode = heap->rd_rel->relfilenode;
+	r->xid = xid;
+	r->subid = GetCurrentSubTransactionId();
+	r->tid = *tid;
+}
+
+/* the remembered version of heap with key keys[] in irel, visible to snapshot */
+static HeapTuple
+fetch_remembered(Relation heap, Relation irel, const ScanKeyData *skey, int nkeys,
+				 Snapshot snapshot, TupleTableSlot *slot)
+{
+	TransactionId xid = GetTopTransactionIdIfAny();
+	int			i;
+	int			k;
+
+	if (!TransactionIdIsValid(xid) || !IsMVCCSnapshot(snapshot))
+		return NULL;
+	for (i = 0; i < RECENT_VERSIONS; i++)
+	{
+		RecentVersion *r = &recent_versions[i];
+		bool		same = true;
+
+		if (r->relid != RelationGetRelid(heap) || r->relfilenode != heap->rd_rel->relfilenode ||
+			!TransactionIdEquals(r->xid, xid))
+			continue;
+		if (!table_tuple_fetch_row_version(heap, &r->tid, snapshot, slot))
+			return NULL;
+		for (k = 0; k < nkeys && same; k++)
+		{
+			bool		isnull;
+			Datum		v = slot_getattr(slot, irel->rd_index->indkey.values[k], &isnull);
+
+			same = !isnull &&
+				DatumGetBool(FunctionCall2Coll(unconstify(FmgrInfo *, &skey[k].sk_func),
+											   skey[k].sk_collation, v, skey[k].sk_argument));
+		}
+		return same ? ExecCopySlotHeapTuple(slot) : NULL;
+	}
+	return NULL;
+}
+
+/*
+ * The row of heap whose key in heap's btree index payidem.<index> is keys[]
+ * (one per key column), visible to snapshot, and -- if filter is a column
+ * name -- whose text column filter equals filter_value: a copy, or NULL (and,
+ * if all is given, every such row appended to *all).  A
+ * look-up by key without SQL, with the index's own equality operators and
+ * collations; no plan, and no privilege or row-security check: for code that
+ * reads as the tables' owner.  heap is open and locked by the caller.  For a
+ * unique index without a filter, a version this transaction wrote and
+ * remembered (payidem_remember_version) is tried first.
+ */
+static HeapTuple
+fetch_by_key(Relation heap, PayidemRelation index, int nkeys, const Datum *keys, Snapshot snapshot,
+			 bool unique, const char *filter, Datum filter_value, List **all)
+{
+	Relation	irel = index_open(payidem_relation(index), AccessShareLock);
+	ScanKeyData skey[INDEX_MAX_KEYS];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	HeapTuple	tuple = NULL;
+	int			filter_attnum = 0;
+	int			i;
+
+	if (irel->rd_rel->relam != BTREE_AM_OID || (unique && !irel->rd_index->indisunique) ||
+		irel->rd_index->indrelid != RelationGetRelid(heap) ||
+		IndexRelationGetNumberOfKeyAttributes(irel) != nkeys)
+		elog(ERROR, "payidem: index payidem.%s is not the %sbtree index of %d columns of %s expected",
+			 payidem_relation_name(index), unique ? "unique " : "", nkeys, RelationGetRelationName(heap));
+	if (filter != NULL && (filter_attnum = payidem_attnum(RelationGetDescr(heap), filter)) <= 0)
+		elog(ERROR, "payidem: column %s of %s is missing", filter, RelationGetRelationName(heap));
+	for (i = 0; i < nkeys; i++)
+	{
+		Oid			op = get_opfamily_member(irel->rd_opfamily[i], irel->rd_opcintype[i],
+											 irel->rd_opcintype[i], BTEqualStrategyNumber);
+
+		if (!OidIsValid(op) || irel->rd_index->indkey.values[i] == 0)
+			elog(ERROR, "payidem: no equality operator for column %d of index payidem.%s", i + 1,
+				 payidem_relation_name(index));
+		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
+							   irel->rd_indcollation[i], get_opcode(op), keys[i]);
+	}
+	slot = table_slot_create(heap, NULL);
+	if (unique && filter == NULL)
+		tuple = fetch_remembered(heap, irel, skey, nkeys, snapshot, slot);
+	if (tuple == NULL)
+	{
+		scan = index_beginscan_compat(heap, irel, snapshot, nkeys);
+		index_rescan(scan, skey, nkeys, NULL, 0);
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+
+			if (filter_attnum > 0 &&
+				!(payidem_text_equal(slot_getattr(slot, filter_attnum, &isnull), filter_value) && !isnull))
+				continue;
+			tuple = ExecCopySlotHeapTuple(slot);
+			if (all == NULL)
+				break;
+			*all = lappend(*all, tuple);	/* and go on */
+		}
+		index_endscan(scan);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(irel, NoLock);	/* locked until the transaction ends, as a query's */
+	return tuple;
+}
+
+/* the row of heap whose key in its unique btree index payidem.<index> is keys[] */
+HeapTuple
+payidem_fetch_unique(Relation heap, PayidemRelation index, int nkeys, const Datum *keys, Snapshot snapshot)
+{
+	return fetch_by_key(heap, index, nkeys, keys, snapshot, true, NULL, (Datum) 0, NULL);
+}
+
+/* every row of heap with key keys[] in btree index payidem.<index> and text column column = value */
+List *
+payidem_fetch_all_key_where(Relation heap, PayidemRelation index, int nkeys, const Datum *keys,
+							Snapshot snapshot, const char *column, Datum value)
+{
+	List	   *all = NIL;
+
+	(void) fetch_by_key(heap, index, nkeys, keys, snapshot, false, column, value, &all);
+	return all;
+}
+
+/*
+ * The version of a row at tid, if it is the one snapshot sees: a copy, or
+ * NULL (a later version, or none, is visible).  An MVCC snapshot sees one
+ * version of a row at most, so a version it sees is the row as it stands:
+ * a trigger's tuple checked this way costs a page read, not an index
+ * descent.
+ */
+HeapTuple
+payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot)
+{
+	TupleTableSlot *slot = table_slot_create(heap, NULL);
+	HeapTuple	tuple = NULL;
+
+	if (table_tuple_fetch_row_version(heap, tid, snapshot, slot))
+		tuple = ExecCopySlotHeapTuple(slot);
+	ExecDropSingleTupleTableSlot(slot);
+	return tuple;
 }
 
 /*
@@ -629,6 +890,210 @@ payidem_delete_row(Relation rel, ItemPointer tid)
 	}
 }
 
+/* (re)build what t keeps, from the relation as it is now (we hold a lock) */
+static void
+update_prepare(PayidemUpdate *t, Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	uint64		before = update_inval_count;
+	MemoryContext oldcxt;
+	int			i;
+
+	if (rel->rd_rel->relkind != RELKIND_RELATION)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("payidem.%s is not a plain table", payidem_relation_name(t->table)),
+				 errhint("apply_payment_result() writes payidem.%s row by row; it cannot be partitioned or replaced by a view.",
+						 payidem_relation_name(t->table))));
+	/*
+	 * What was built before may still be in use by a payidem_update() further
+	 * up the stack (a trigger that applies another payment): it goes when
+	 * the transaction ends, not now.
+	 */
+	if (t->context != NULL)
+		MemoryContextSetParent(t->context, TopTransactionContext);
+	t->context = AllocSetContextCreate(CacheMemoryContext, "payidem direct update",
+									   ALLOCSET_SMALL_SIZES);
+	t->valid = false;
+
+	oldcxt = MemoryContextSwitchTo(t->context);
+	t->natts = desc->natts;
+	t->keyattno = column_attno(rel, t->keycol);
+	for (i = 0; i < t->ncolumns; i++)
+	{
+		Oid			typid;
+
+		t->attnos[i] = column_attno(rel, t->columns[i]);
+		typid = TupleDescAttr(desc, t->attnos[i] - 1)->atttypid;
+		t->isdomain[i] = get_typtype(typid) == TYPTYPE_DOMAIN;
+		t->domain_extra[i] = NULL;
+	}
+	t->generated = GeneratedColumnsOfCompat(rel);
+	MemoryContextSwitchTo(oldcxt);
+	t->indexes_lazy = indexes_lazy_ok(rel);
+	exprs_plan(&t->exprs, rel, t->context, 0, NULL);
+	/* an invalidation that arrived meanwhile: build again next time */
+	t->valid = (before == update_inval_count);
+}
+
+/*
+ * May the current user update rel row by row, as a SQL UPDATE
+ * would?  Not if it has statement-level UPDATE triggers, transition tables,
+ * rules or row-level security that applies, or the user lacks UPDATE.
+ */
+bool
+payidem_update_plain(Relation rel)
+{
+	return !((rel->trigdesc &&
+			  (rel->trigdesc->trig_update_before_statement ||
+			   rel->trigdesc->trig_update_after_statement ||
+			   rel->trigdesc->trig_update_old_table ||
+			   rel->trigdesc->trig_update_new_table)) ||
+			 rel->rd_rules != NULL ||
+			 check_enable_rls(RelationGetRelid(rel), InvalidOid, false) == RLS_ENABLED ||
+			 pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), ACL_UPDATE) != ACLCHECK_OK);
+}
+
+/*
+ * Update the row of t's table at tid, whose key column must equal
+ * key: the columns of t with set[i] take values[i]/nulls[i] (of type
+ * types[i]: a column of a domain type is checked against its domain unless
+ * the value already has that type), the others keep their value.  A column
+ * with keep_null[i] is set only to a non-NULL value; the UPDATE names it
+ * anyway, as SET col = coalesce(value, col) would.  The caller holds the
+ * row's lock (SELECT ... FOR UPDATE in this transaction), so the version at
+ * tid is the latest and nobody else can update it first.
+ *
+ * Returns false, having changed nothing, when the table has what a row-by-row
+ * update cannot reproduce (payidem_update_plain()), unless the caller checked
+ * that already in this transaction (checked): the caller then runs the
+ * UPDATE in SQL (which does all that, or refuses).
+ */
+bool
+payidem_update(PayidemUpdate *t, ItemPointer tid, text *key,
+			const bool *set, Datum *values, const bool *nulls, const Oid *types,
+			const bool *keep_null, bool checked)
+{
+	Relation	rel;
+	TupleDesc	desc;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	EPQState	epqstate;
+	TupleTableSlot *oldslot;
+	TupleTableSlot *newslot;
+	Snapshot	snapshot;
+	Bitmapset  *updated = NULL;
+	Datum		oldkey;
+	bool		isnull;
+	bool		attached;
+	int			i;
+
+	if (!t->listed)
+	{
+		register_callbacks();
+		t->next = updates;
+		updates = t;
+		t->listed = true;
+	}
+	if (!t->valid)
+		t->relid = payidem_relation(t->table);
+	rel = table_open(t->relid, RowExclusiveLock);
+	/* the lock has processed any pending invalidation */
+	if (!t->valid || t->natts != RelationGetDescr(rel)->natts)
+		update_prepare(t, rel);
+	desc = RelationGetDescr(rel);
+	if (!checked && !payidem_update_plain(rel))
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+
+	estate = CreateExecutorState();
+	estate->es_output_cid = GetCurrentCommandId(true);
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	estate->es_snapshot = snapshot;
+
+	/* the row, and that it is the one the caller means */
+	oldslot = table_slot_create(rel, &estate->es_tupleTable);
+	if (!table_tuple_fetch_row_version(rel, tid, snapshot, oldslot))
+		elog(ERROR, "payidem: the locked row of payidem.%s at (%u,%u) is gone",
+			 payidem_relation_name(t->table), ItemPointerGetBlockNumber(tid), ItemPointerGetOffsetNumber(tid));
+	oldkey = slot_getattr(oldslot, t->keyattno, &isnull);
+	if (isnull || !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, oldkey, PointerGetDatum(key))))
+		elog(ERROR, "payidem: the row of payidem.%s at (%u,%u) is not %s",
+			 payidem_relation_name(t->table), ItemPointerGetBlockNumber(tid), ItemPointerGetOffsetNumber(tid),
+			 text_to_cstring(key));
+
+	/* the new version: the old one with the columns set */
+	newslot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
+	ExecClearTuple(newslot);
+	slot_getallattrs(oldslot);
+	memcpy(newslot->tts_values, oldslot->tts_values, sizeof(Datum) * desc->natts);
+	memcpy(newslot->tts_isnull, oldslot->tts_isnull, sizeof(bool) * desc->natts);
+	for (i = 0; i < t->ncolumns; i++)
+	{
+		AttrNumber	attno = t->attnos[i];
+
+		if (!set[i])
+			continue;
+		/* kept, but named by the UPDATE as well (for UPDATE OF triggers) */
+		updated = bms_add_member(updated, attno - FirstLowInvalidHeapAttributeNumber);
+		if (keep_null != NULL && keep_null[i] && nulls[i])
+			continue;
+		/* a value of the column's domain type was checked when it was made */
+		if (t->isdomain[i] && types[i] != TupleDescAttr(desc, attno - 1)->atttypid)
+			domain_check(values[i], nulls[i], TupleDescAttr(desc, attno - 1)->atttypid,
+						 &t->domain_extra[i], t->context);
+		newslot->tts_values[attno - 1] = values[i];
+		newslot->tts_isnull[attno - 1] = nulls[i];
+	}
+	ExecStoreVirtualTuple(newslot);
+	ItemPointerSetInvalid(&newslot->tts_tid);	/* until the update makes it */
+
+	/*
+	 * what a one-row UPDATE of those columns would set up; the updated
+	 * columns are for UPDATE OF triggers and the indexes' unchanged hints
+	 */
+	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_UPDATE, NULL, updated,
+										t->generated);
+	rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	/* the trigger machinery finds it here instead of opening its own */
+	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);
+	if (!t->indexes_lazy)
+		ExecOpenIndices(rri, false);
+	EvalPlanQualInitCompat(&epqstate, estate);
+
+	(void) exprs_attach(&t->exprs, rri, estate, &attached);
+	PG_TRY();
+	{
+		AfterTriggerBeginQuery();
+		ExecSimpleRelationUpdate(rri, estate, &epqstate, oldslot, newslot);
+		if (t->indexes_lazy)
+			update_index_entries(rri, newslot, estate);
+		/* for the look-ups by key of this transaction's triggers */
+		payidem_remember_version(rel, &newslot->tts_tid);
+		AfterTriggerEndQuery(estate);	/* the status guard runs here */
+	}
+	PG_FINALLY();
+	{
+		exprs_detach(&t->exprs, attached);
+	}
+	PG_END_TRY();
+
+	EvalPlanQualEnd(&epqstate);
+	ExecCloseResultRelations(estate);	/* its indexes, and any a trigger opened */
+	ExecCloseRangeTableRelations(estate);
+	ExecResetTupleTable(estate->es_tupleTable, false);
+	UnregisterSnapshot(snapshot);
+	FreeExecutorState(estate);
+	table_close(rel, NoLock);
+
+	/* what runs next sees the new version, as after a statement */
+	CommandCounterIncrement();
+	return true;
+}
+
 /*
  * An update's index entries, made only when it needs them.  A HOT update
  * (no indexed column changed, and the new version fits on the old one's
@@ -641,8 +1106,8 @@ payidem_delete_row(Relation rel, ItemPointer tid)
  * heap-only, the indexes are opened and its entries made, as the executor
  * would have (with the "unchanged key" hints of an update).
  */
-bool
-payidem_indexes_lazy_ok(Relation rel)
+static bool
+indexes_lazy_ok(Relation rel)
 {
 	List	   *indexes;
 	ListCell   *lc;
@@ -665,8 +1130,8 @@ payidem_indexes_lazy_ok(Relation rel)
 	return ok;
 }
 
-void
-payidem_update_index_entries(ResultRelInfo *rri, TupleTableSlot *slot, EState *estate)
+static void
+update_index_entries(ResultRelInfo *rri, TupleTableSlot *slot, EState *estate)
 {
 	Relation	rel = rri->ri_RelationDesc;
 	ItemPointer tid = &slot->tts_tid;

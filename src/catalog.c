@@ -1,0 +1,196 @@
+/*-------------------------------------------------------------------------
+ *
+ * catalog.c
+ *		payidem's catalog: where its tables, sequences and indexes are (each
+ *		found by name once per backend, kept by OID until it changes), who
+ *		owns them, the one way to act as that owner, and the number of a
+ *		column by name.
+ *
+ * The OIDs and owners are kept in arrays indexed by PayidemRelation (the
+ * callers read them inline); an entry is forgotten when its relation changes
+ * (its relcache invalidation: a rename, a drop, ALTER ... OWNER), all of them
+ * at a full reset or when a schema changes (a rename of payidem).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+
+#include "catalog.h"
+#include "inval.h"
+
+static const char *const relation_names[PAYIDEM_NUM_RELATIONS] = {
+	[PAYIDEM_ORDER] = "order",
+	[PAYIDEM_PAYMENT] = "payment",
+	[PAYIDEM_PAYMENT_PENDING] = "payment_pending",
+	[PAYIDEM_PAYMENT_PAID] = "payment_paid",
+	[PAYIDEM_MERCHANT] = "merchant",
+	[PAYIDEM_CHANNEL] = "channel",
+	[PAYIDEM_MERCHANT_CHANNEL] = "merchant_channel",
+	[PAYIDEM_IDEMPOTENCY] = "idempotency",
+	[PAYIDEM_ORDER_EXPIRY] = "order_expiry",
+	[PAYIDEM_STATE] = "state",
+	[PAYIDEM_TRANSITION] = "transition",
+	[PAYIDEM_STATUS_LOG] = "status_log",
+	[PAYIDEM_NOTIFY_EVENT] = "notify_event",
+	[PAYIDEM_REFUND] = "refund",
+	[PAYIDEM_STATUS_LOG_LOG_ID_SEQ] = "status_log_log_id_seq",
+	[PAYIDEM_ORDER_NO_HWM] = "order_no_hwm",
+	[PAYIDEM_ORDER_PKEY] = "order_pkey",
+	[PAYIDEM_PAYMENT_PKEY] = "payment_pkey",
+	[PAYIDEM_PAYMENT_TRANSACTION_KEY] = "payment_transaction_key",
+	[PAYIDEM_PAYMENT_ONE_PENDING_PER_ORDER] = "payment_one_pending_per_order",
+	[PAYIDEM_PAYMENT_CHANNEL_PAID] = "payment_channel_paid",
+	[PAYIDEM_MERCHANT_PKEY] = "merchant_pkey",
+	[PAYIDEM_CHANNEL_PKEY] = "channel_pkey",
+	[PAYIDEM_MERCHANT_CHANNEL_PKEY] = "merchant_channel_pkey",
+};
+
+Oid			payidem_relids[PAYIDEM_NUM_RELATIONS];
+Oid			payidem_owners[PAYIDEM_NUM_RELATIONS];
+static bool callbacks_registered = false;
+
+static void
+catalog_relcache_callback(Datum arg, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < PAYIDEM_NUM_RELATIONS; i++)
+		if (relid == InvalidOid || payidem_relids[i] == relid)
+			payidem_relids[i] = payidem_owners[i] = InvalidOid;
+}
+
+static void
+catalog_namespace_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	catalog_relcache_callback(arg, InvalidOid);
+}
+
+const char *
+payidem_relation_name(PayidemRelation rel)
+{
+	return relation_names[rel];
+}
+
+/*
+ * OID of payidem.<rel>, found by name and kept; if it is missing, InvalidOid
+ * with missing_ok, else a clear error.
+ */
+Oid
+payidem_lookup_relation(PayidemRelation rel, bool missing_ok)
+{
+	Oid			nsp;
+	Oid			relid = InvalidOid;
+
+	if (!callbacks_registered)
+	{
+		payidem_register_relcache_callback(catalog_relcache_callback, (Datum) 0);
+		payidem_register_syscache_callback(NAMESPACEOID, catalog_namespace_callback, (Datum) 0);
+		callbacks_registered = true;
+	}
+	nsp = get_namespace_oid("payidem", true);
+	if (OidIsValid(nsp))
+		relid = get_relname_relid(relation_names[rel], nsp);
+	if (!OidIsValid(relid) && !missing_ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("relation payidem.%s does not exist", relation_names[rel]),
+				 errhint("Run CREATE EXTENSION payidem in this database.")));
+	if (payidem_relids[rel] != relid)
+		payidem_owners[rel] = InvalidOid;
+	payidem_relids[rel] = relid;
+	return relid;
+}
+
+/* The owner of payidem.<rel>, from the syscache, kept as its OID is. */
+Oid
+payidem_lookup_owner(PayidemRelation rel)
+{
+	Oid			relid = payidem_relation(rel);
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	/* unless an invalidation processed meanwhile made the OID stale */
+	if (payidem_relids[rel] == relid)
+		payidem_owners[rel] = owner;
+	return owner;
+}
+
+/*
+ * The number of column name of desc, or SPI_ERROR_NOATTRIBUTE; as
+ * SPI_fnumber, without its walk over every column's name on each call.  The
+ * triggers read a dozen columns of each row they see, by names that are
+ * string constants: the number found for each is kept, keyed by the
+ * constant's address and the row type (one constant may name a column of
+ * two tables), and used when the column at that number still has that name
+ * (a table altered since just looks again).  A slot another key needs is
+ * simply taken over.
+ */
+#define ATTNUM_CACHE_SIZE 1024	/* a power of two */
+
+int
+payidem_attnum(TupleDesc desc, const char *name)
+{
+	static struct
+	{
+		const char *name;
+		Oid			rowtype;
+		int			attnum;
+	}			cache[ATTNUM_CACHE_SIZE];
+	uint32		h = hash_combine((uint32) ((uintptr_t) name >> 3), desc->tdtypeid) &
+		(ATTNUM_CACHE_SIZE - 1);
+	int			attnum;
+
+	if (cache[h].name == name && cache[h].rowtype == desc->tdtypeid)
+	{
+		attnum = cache[h].attnum;
+		if (attnum > 0 && attnum <= desc->natts &&
+			!TupleDescAttr(desc, attnum - 1)->attisdropped &&
+			strcmp(NameStr(TupleDescAttr(desc, attnum - 1)->attname), name) == 0)
+			return attnum;
+	}
+	attnum = SPI_fnumber(desc, name);
+	if (attnum > 0)
+	{
+		cache[h].name = name;
+		cache[h].rowtype = desc->tdtypeid;
+		cache[h].attnum = attnum;
+	}
+	return attnum;
+}
+
+/*
+ * A trigger's reads and writes on the tables' behalf: as their owner, with
+ * a snapshot that sees every write of the transaction so far (as a next
+ * statement would; also the writes of the statement firing it).  Undone by
+ * payidem_end_as_owner, or by the (sub)transaction's abort on an error.
+ */
+void
+payidem_begin_as_owner(Oid owner, PayidemAsOwner *save)
+{
+	payidem_become_owner(owner, SECURITY_NOFORCE_RLS, save);
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
+}
+
+void
+payidem_end_as_owner(const PayidemAsOwner *save)
+{
+	PopActiveSnapshot();
+	payidem_become_caller(save);
+}
