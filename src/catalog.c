@@ -23,6 +23,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
@@ -170,6 +171,20 @@ payidem_attnum(TupleDesc desc, const char *name)
 		cache[h].rowtype = desc->tdtypeid;
 		cache[h].attnum = attnum;
 	}
+	return attnum;
+}
+
+/* The number of column name of rel, one of payidem's own: 42703 if missing. */
+int
+payidem_column(Relation rel, const char *name)
+{
+	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
+
+	if (attnum <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" of relation payidem.%s does not exist",
+						name, RelationGetRelationName(rel))));
 	return attnum;
 }
 

@@ -9,8 +9,10 @@
 #ifndef PAYIDEM_CATALOG_H
 #define PAYIDEM_CATALOG_H
 
+#include "access/htup_details.h"
 #include "access/tupdesc.h"
 #include "miscadmin.h"
+#include "utils/rel.h"
 
 /* the relations payidem's C code reads or writes, in schema payidem */
 typedef enum PayidemRelation
@@ -69,6 +71,14 @@ payidem_owner(PayidemRelation rel)
 }
 
 extern int	payidem_attnum(TupleDesc desc, const char *name);
+extern int	payidem_column(Relation rel, const char *name);
+
+/* column name of a tuple of rel, one of payidem's own tables */
+static inline Datum
+payidem_getattr(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
+{
+	return heap_getattr(tuple, payidem_column(rel, name), RelationGetDescr(rel), isnull);
+}
 
 /* acting as the tables' owner, and back */
 typedef struct PayidemAsOwner

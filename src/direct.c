@@ -58,6 +58,7 @@
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
 #include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -149,20 +150,6 @@ register_callbacks(void)
 	payidem_register_relcache_callback(direct_relcache_callback, (Datum) 0);
 	payidem_register_syscache_callback(PROCOID, direct_proc_callback, (Datum) 0);
 	callbacks_registered = true;
-}
-
-/* the number of column name of rel, which must be there */
-static AttrNumber
-column_attno(Relation rel, const char *name)
-{
-	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
-
-	if (attnum <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_COLUMN),
-				 errmsg("column \"%s\" of relation payidem.%s does not exist",
-						name, RelationGetRelationName(rel))));
-	return attnum;
 }
 
 /*
@@ -851,6 +838,209 @@ payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot)
 }
 
 /*
+ * The CHECK constraints of rel compiled for payidem_insert_new(), in the
+ * current memory context (the caller's cache), with the context they are
+ * evaluated in: standalone and as long lived as they are, because some steps
+ * keep data in the "per-query" memory of the context they first ran in (a
+ * hashed IN list, for one).
+ */
+void
+payidem_checks_compile(PayidemChecks *checks, Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	memset(checks, 0, sizeof(PayidemChecks));
+	if (desc->constr == NULL || desc->constr->num_check == 0)
+		return;
+	checks->n = desc->constr->num_check;
+	checks->states = palloc(sizeof(ExprState *) * checks->n);
+	checks->names = palloc(sizeof(char *) * checks->n);
+	for (i = 0; i < checks->n; i++)
+	{
+		ConstrCheck *check = &desc->constr->check[i];
+		Expr	   *expr = ConstrCheckIsEnforced(check) ?
+			expression_planner((Expr *) CheckConstraintExprCompat(rel, check)) : NULL;
+
+		checks->states[i] = ExecInitExpr(expr, NULL);
+		checks->names[i] = pstrdup(check->ccname);
+	}
+	checks->econtext = CreateStandaloneExprContext();
+}
+
+/* the evaluation context of checks; their memory is the caller's to free */
+void
+payidem_checks_free(PayidemChecks *checks)
+{
+	if (checks->econtext != NULL)
+		FreeExprContext(checks->econtext, true);
+	memset(checks, 0, sizeof(PayidemChecks));
+}
+
+/*
+ * The first row of heap visible to snapshot whose key in index (open) is
+ * skey[], into slot (with its tid): true, or false if none.
+ */
+bool
+payidem_index_fetch(Relation heap, Relation index, ScanKey skey, int nkeys, Snapshot snapshot,
+					TupleTableSlot *slot)
+{
+	IndexScanDesc scan = index_beginscan_compat(heap, index, snapshot, nkeys);
+	bool		found;
+
+	index_rescan(scan, skey, nkeys, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	return found;
+}
+
+/*
+ * Under REPEATABLE READ or SERIALIZABLE, a conflicting row this transaction
+ * cannot see is a serialization failure, as for INSERT ... ON CONFLICT.
+ */
+static void
+check_conflict_visible(Relation rel, ItemPointer tid, Snapshot snapshot)
+{
+	TupleTableSlot *slot;
+	bool		isnull;
+
+	if (!IsolationUsesXactSnapshot())
+		return;
+	slot = table_slot_create(rel, NULL);
+	if (!table_tuple_fetch_row_version(rel, tid, SnapshotAny, slot))
+		elog(ERROR, "failed to fetch the conflicting row of %s", RelationGetRelationName(rel));
+	if (!table_tuple_satisfies_snapshot(rel, slot, snapshot))
+	{
+		TransactionId xmin = DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber,
+																   &isnull));
+
+		if (!TransactionIdIsCurrentTransactionId(xmin))
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
+	}
+	ExecDropSingleTupleTableSlot(slot);
+}
+
+/*
+ * Insert a row as INSERT ... ON CONFLICT (the key of unique index arbiter)
+ * DO NOTHING would, through the same steps as the executor's speculative
+ * insertion: check the row's constraints, pre-check the unique index
+ * (waiting for a concurrent inserter of the key), insert the heap tuple
+ * speculatively, insert the index entries, and confirm or kill the tuple.
+ * What it saves is the statement: no executor start and stop, and the CHECK
+ * constraints are not read back from the catalog text on every call
+ * (PostgreSQL 15 does that per statement).  Column attnums[i] gets
+ * values[i] (NULL if isnull[i]), every other column NULL; rel is open and
+ * locked (RowExclusiveLock) and has no trigger, no row security and no
+ * generated column (the caller checked).
+ *
+ * Returns 1 if inserted, 0 if another row holds the key (a conflict).
+ */
+int
+payidem_insert_new(Relation rel, Oid arbiter, const PayidemChecks *checks, int ncols,
+				   const AttrNumber *attnums, const Datum *values, const bool *isnull)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	EState	   *estate;
+	ResultRelInfo *rri;
+	TupleTableSlot *slot;
+	ExprContext *econtext;
+	ItemPointerData conflict_tid;
+	List	   *arbiters;
+	bool		spec_conflict = false;
+	uint32		spec_token;
+	TransactionId xid;
+	int			result;
+	int			i;
+
+	estate = CreateExecutorState();
+	estate->es_output_cid = GetCurrentCommandId(true);
+	estate->es_snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	ExecOpenIndices(rri, true);
+
+	slot = ExecInitExtraTupleSlot(estate, desc, table_slot_callbacks(rel));
+	ExecClearTuple(slot);
+	for (i = 0; i < desc->natts; i++)
+	{
+		slot->tts_values[i] = (Datum) 0;
+		slot->tts_isnull[i] = true;
+	}
+	for (i = 0; i < ncols; i++)
+	{
+		slot->tts_values[attnums[i] - 1] = values[i];
+		slot->tts_isnull[attnums[i] - 1] = isnull[i];
+	}
+	ExecStoreVirtualTuple(slot);
+
+	/* the row's CHECK constraints, with PostgreSQL's message */
+	econtext = checks->econtext;
+	for (i = 0; i < checks->n; i++)
+	{
+		bool		ok;
+
+		econtext->ecxt_scantuple = slot;
+		ok = ExecCheck(checks->states[i], econtext);
+		econtext->ecxt_scantuple = NULL;
+		ResetExprContext(econtext);
+		if (!ok)
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
+							RelationGetRelationName(rel), checks->names[i]),
+					 errtableconstraint(rel, checks->names[i])));
+	}
+
+	arbiters = list_make1_oid(arbiter);
+	if (!ExecCheckIndexConstraintsCompat(rri, slot, estate, &conflict_tid, arbiters))
+	{
+		check_conflict_visible(rel, &conflict_tid, estate->es_snapshot);
+		result = 0;
+	}
+	else
+	{
+		xid = GetCurrentTransactionId();
+		spec_token = SpeculativeInsertionLockAcquire(xid);
+		table_tuple_insert_speculative(rel, slot, estate->es_output_cid, 0, NULL, spec_token);
+		list_free(ExecInsertIndexTuplesNoDupErrCompat(rri, slot, estate, &spec_conflict, arbiters));
+		table_tuple_complete_speculative(rel, slot, spec_token, !spec_conflict);
+		SpeculativeInsertionLockRelease(xid);
+		/* lost a race after the pre-check: like a conflict, read the winner */
+		result = spec_conflict ? 0 : 1;
+	}
+
+	ExecCloseIndices(rri);
+	ExecResetTupleTable(estate->es_tupleTable, false);
+	UnregisterSnapshot(estate->es_snapshot);
+	estate->es_snapshot = InvalidSnapshot;
+	FreeExecutorState(estate);
+	return result;
+}
+
+/* every row of rel the active snapshot sees, to func in turn */
+void
+payidem_scan(Relation rel, PayidemRowFunc func, void *arg)
+{
+	TableScanDesc scan = table_beginscan_compat(rel, GetActiveSnapshot());
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		bool		should_free;
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+
+		CHECK_FOR_INTERRUPTS();
+		func(rel, tuple, arg);
+		if (should_free)
+			heap_freetuple(tuple);
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+}
+
+/*
  * Delete one row that the active snapshot sees, by its TID, as a DELETE
  * statement would.  A row that a transaction which committed after this
  * one's snapshot changed or removed is, under REPEATABLE READ or
@@ -918,12 +1108,12 @@ update_prepare(PayidemUpdate *t, Relation rel)
 
 	oldcxt = MemoryContextSwitchTo(t->context);
 	t->natts = desc->natts;
-	t->keyattno = column_attno(rel, t->keycol);
+	t->keyattno = payidem_column(rel, t->keycol);
 	for (i = 0; i < t->ncolumns; i++)
 	{
 		Oid			typid;
 
-		t->attnos[i] = column_attno(rel, t->columns[i]);
+		t->attnos[i] = payidem_column(rel, t->columns[i]);
 		typid = TupleDescAttr(desc, t->attnos[i] - 1)->atttypid;
 		t->isdomain[i] = get_typtype(typid) == TYPTYPE_DOMAIN;
 		t->domain_extra[i] = NULL;

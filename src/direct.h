@@ -17,8 +17,12 @@ extern HeapTuple payidem_fetch_unique(Relation heap, PayidemRelation index, int 
 extern List *payidem_fetch_all_key_where(Relation heap, PayidemRelation index, int nkeys,
 										 const Datum *keys, Snapshot snapshot, const char *column,
 										 Datum value);
+extern bool payidem_index_fetch(Relation heap, Relation index, ScanKey skey, int nkeys, Snapshot snapshot,
+								TupleTableSlot *slot);
 extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot);
 extern void payidem_remember_version(Relation heap, ItemPointer tid);
+typedef void (*PayidemRowFunc) (Relation rel, HeapTuple tuple, void *arg);
+extern void payidem_scan(Relation rel, PayidemRowFunc func, void *arg);
 
 /* inserts (one cache per call site), and the delete of a row found by TID */
 typedef struct PayidemInsert PayidemInsert;
@@ -26,6 +30,24 @@ extern PayidemInsert *payidem_insert_define(PayidemRelation table, int ncols, co
 											 const Oid *types);
 extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);
 extern void payidem_delete_row(Relation rel, ItemPointer tid);
+
+/*
+ * INSERT ... ON CONFLICT DO NOTHING of one row, below the executor's
+ * statement (speculative insertion), with the table's CHECK constraints
+ * compiled once by the caller's cache
+ */
+typedef struct PayidemChecks
+{
+	int			n;
+	ExprState **states;			/* NULL: not enforced */
+	char	  **names;
+	ExprContext *econtext;
+} PayidemChecks;
+
+extern void payidem_checks_compile(PayidemChecks *checks, Relation rel);
+extern void payidem_checks_free(PayidemChecks *checks);
+extern int	payidem_insert_new(Relation rel, Oid arbiter, const PayidemChecks *checks, int ncols,
+							   const AttrNumber *attnums, const Datum *values, const bool *isnull);
 
 /*
  * A direct update of one row of a table by its tid (payidem_update()): what

@@ -267,7 +267,6 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
 /* a unique btree index of the fast path, and its key columns */
 typedef struct ApplyIndex
 {
-	const char *name;			/* in schema payidem */
 	Oid			relid;
 	int			nkeys;
 	RegProcedure eqproc[2];		/* the equality of each key column */
@@ -342,14 +341,13 @@ apply_attno(Oid relid, const char *name, Oid basetype, bool *ok)
  * predicate or expressions; its equality procedures and collations.
  */
 static void
-apply_index(ApplyIndex *ix, const char *name, Oid nsp, Oid table, AttrNumber col1,
+apply_index(ApplyIndex *ix, PayidemRelation index, Oid table, AttrNumber col1,
 			AttrNumber col2, bool *ok)
 {
 	Relation	irel;
 	int			i;
 
-	ix->name = name;
-	ix->relid = get_relname_relid(name, nsp);
+	ix->relid = payidem_lookup_relation(index, true);
 	if (!OidIsValid(ix->relid) || !*ok)
 	{
 		*ok = false;
@@ -388,7 +386,6 @@ apply_index(ApplyIndex *ix, const char *name, Oid nsp, Oid table, AttrNumber col
 static void
 apply_prepare(void)
 {
-	Oid			nsp = get_namespace_oid("payidem", false);
 	Oid			argtypes[7] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, JSONBOID};
 	Oid			fallback;
 	bool		ok = true;
@@ -422,12 +419,12 @@ apply_prepare(void)
 
 	apply.valid = true;			/* an invalidation from here on: again */
 	apply.checked_user = InvalidOid;
-	apply.payment = get_relname_relid("payment", nsp);
-	apply.order = get_relname_relid("order", nsp);
-	apply.merchant = get_relname_relid("merchant", nsp);
-	apply.channel = get_relname_relid("channel", nsp);
-	apply.binding = get_relname_relid("merchant_channel", nsp);
-	apply.paid = get_relname_relid("payment_paid", nsp);
+	apply.payment = payidem_lookup_relation(PAYIDEM_PAYMENT, true);
+	apply.order = payidem_lookup_relation(PAYIDEM_ORDER, true);
+	apply.merchant = payidem_lookup_relation(PAYIDEM_MERCHANT, true);
+	apply.channel = payidem_lookup_relation(PAYIDEM_CHANNEL, true);
+	apply.binding = payidem_lookup_relation(PAYIDEM_MERCHANT_CHANNEL, true);
+	apply.paid = payidem_lookup_relation(PAYIDEM_PAYMENT_PAID, true);
 	if (!OidIsValid(apply.payment) || !OidIsValid(apply.order) || !OidIsValid(apply.merchant) ||
 		!OidIsValid(apply.channel) || !OidIsValid(apply.binding) || !OidIsValid(apply.paid))
 	{
@@ -448,18 +445,18 @@ apply_prepare(void)
 	apply.m_fee_rate = apply_attno(apply.merchant, "fee_rate", NUMERICOID, &ok);
 	apply.c_fee_rate = apply_attno(apply.channel, "fee_rate", NUMERICOID, &ok);
 	apply.b_fee_rate = apply_attno(apply.binding, "fee_rate", NUMERICOID, &ok);
-	apply_index(&apply.payment_pkey, "payment_pkey", nsp, apply.payment, apply.p_payment_no, 0, &ok);
+	apply_index(&apply.payment_pkey, PAYIDEM_PAYMENT_PKEY, apply.payment, apply.p_payment_no, 0, &ok);
 	apply.pp_channel_no = apply_attno(apply.paid, "channel_no", TEXTOID, &ok);
 	apply.pp_txn = apply_attno(apply.paid, "transaction_id", TEXTOID, &ok);
 	apply.pp_payment_no = apply_attno(apply.paid, "payment_no", TEXTOID, &ok);
-	apply_index(&apply.payment_txn, "payment_transaction_key", nsp, apply.paid,
+	apply_index(&apply.payment_txn, PAYIDEM_PAYMENT_TRANSACTION_KEY, apply.paid,
 				apply.pp_channel_no, apply.pp_txn, &ok);
-	apply_index(&apply.order_pkey, "order_pkey", nsp, apply.order, apply.o_order_no, 0, &ok);
-	apply_index(&apply.merchant_pkey, "merchant_pkey", nsp, apply.merchant,
+	apply_index(&apply.order_pkey, PAYIDEM_ORDER_PKEY, apply.order, apply.o_order_no, 0, &ok);
+	apply_index(&apply.merchant_pkey, PAYIDEM_MERCHANT_PKEY, apply.merchant,
 				apply_attno(apply.merchant, "merchant_no", TEXTOID, &ok), 0, &ok);
-	apply_index(&apply.channel_pkey, "channel_pkey", nsp, apply.channel,
+	apply_index(&apply.channel_pkey, PAYIDEM_CHANNEL_PKEY, apply.channel,
 				apply_attno(apply.channel, "channel_no", TEXTOID, &ok), 0, &ok);
-	apply_index(&apply.binding_pkey, "merchant_channel_pkey", nsp, apply.binding,
+	apply_index(&apply.binding_pkey, PAYIDEM_MERCHANT_CHANNEL_PKEY, apply.binding,
 				apply_attno(apply.binding, "merchant_no", TEXTOID, &ok),
 				apply_attno(apply.binding, "channel_no", TEXTOID, &ok), &ok);
 	/* an invalidation while we looked: apply.valid is false again */
@@ -525,7 +522,6 @@ static int
 apply_fetch(Relation heap, ApplyIndex *ix, Snapshot snapshot, Datum *keys, TupleTableSlot *slot)
 {
 	Relation	irel = try_relation_open(ix->relid, AccessShareLock);
-	IndexScanDesc scan;
 	ScanKeyData skey[2];
 	int			found;
 	int			i;
@@ -541,10 +537,7 @@ apply_fetch(Relation heap, ApplyIndex *ix, Snapshot snapshot, Datum *keys, Tuple
 	for (i = 0; i < ix->nkeys; i++)
 		ScanKeyEntryInitialize(&skey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
 							   ix->collation[i], ix->eqproc[i], keys[i]);
-	scan = index_beginscan_compat(heap, irel, snapshot, ix->nkeys);
-	index_rescan(scan, skey, ix->nkeys, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, slot) ? FETCH_FOUND : FETCH_NONE;
-	index_endscan(scan);
+	found = payidem_index_fetch(heap, irel, skey, ix->nkeys, snapshot, slot) ? FETCH_FOUND : FETCH_NONE;
 	index_close(irel, NoLock);
 	return found;
 }

@@ -777,22 +777,17 @@ static SPIPlanPtr queue_plan = NULL;
 static bool
 order_pending(Relation rel, HeapTuple tuple, TimestampTz *expire_at)
 {
-	TupleDesc	desc = RelationGetDescr(rel);
-	int			status_att = SPI_fnumber(desc, "status");
-	int			expire_att = SPI_fnumber(desc, "expire_at");
 	bool		isnull;
 	Datum		d;
 	text	   *status;
 
-	if (status_att <= 0 || expire_att <= 0)
-		elog(ERROR, "payidem: payidem.\"order\" has no status or expire_at column");
-	d = heap_getattr(tuple, status_att, desc, &isnull);
+	d = payidem_getattr(rel, tuple, "status", &isnull);
 	if (isnull)
 		return false;
 	status = DatumGetTextPP(d);
 	if (VARSIZE_ANY_EXHDR(status) != 7 || memcmp(VARDATA_ANY(status), "pending", 7) != 0)
 		return false;
-	d = heap_getattr(tuple, expire_att, desc, &isnull);
+	d = payidem_getattr(rel, tuple, "expire_at", &isnull);
 	if (isnull)
 		return false;
 	*expire_at = DatumGetTimestampTz(d);
@@ -837,7 +832,7 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 				 errdetail("It was fired on %s.", RelationGetRelationName(rel))));
 
 	values[0] = TimestampTzGetDatum(expire_at);
-	values[1] = heap_getattr(tuple, SPI_fnumber(RelationGetDescr(rel), "order_no"), RelationGetDescr(rel), &isnull);
+	values[1] = payidem_getattr(rel, tuple, "order_no", &isnull);
 	if (isnull)
 		return PointerGetDatum(NULL);	/* refused by its NOT NULL */
 	payidem_become_owner(payidem_owner(PAYIDEM_ORDER_EXPIRY), 0, &as_owner);

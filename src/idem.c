@@ -42,7 +42,8 @@
  * The lookup probes the primary key index directly (lookup_key(), as a
  * systable scan does: no executor start and stop for the common duplicate),
  * and a new key is inserted through the executor's speculative-insertion
- * steps with the CHECK constraints compiled once (direct_insert()).  The
+ * steps with the CHECK constraints compiled once (direct_insert(), both
+ * through direct.c).  The
  * other writes run through SPI with plans prepared once per backend and kept
  * (SPI_keepplan), always generic, every name schema-qualified.  All run as
  * the owner of payidem.idempotency (the extension's owner), like a SECURITY
@@ -88,6 +89,7 @@
 #include "utils/tuplestore.h"
 
 #include "catalog.h"
+#include "direct.h"
 #include "errcodes.h"
 #include "inval.h"
 #include "replication.h"
@@ -151,15 +153,7 @@ static AttrNumber insert_attnums[lengthof(insert_columns)];
 static MemoryContext insert_cxt = NULL;
 static uint64 insert_generation = 0;
 static bool insert_direct = false;
-static int	insert_ncheck = 0;
-static ExprState **insert_check_states = NULL;
-static char **insert_check_names = NULL;
-/*
- * The context the CHECK expressions are evaluated in: standalone and as long
- * lived as they are, because some steps keep data in the "per-query" memory
- * of the context they first ran in (a hashed IN list, for one).
- */
-static ExprContext *insert_check_econtext = NULL;
+static PayidemChecks insert_checks;
 
 /* columns of select_plan and of lookup_key()'s row */
 enum
@@ -286,7 +280,6 @@ lookup_key(Oid relid, text *key, TupleDesc *desc)
 	Oid			pkey;
 	Snapshot	snapshot;
 	ScanKeyData skey;
-	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	HeapTuple	row = NULL;
 	int			i;
@@ -306,17 +299,9 @@ lookup_key(Oid relid, text *key, TupleDesc *desc)
 		newdesc = CreateTemplateTupleDesc(lengthof(lookup_columns));
 		for (i = 0; i < lengthof(lookup_columns); i++)
 		{
-			AttrNumber	attnum = InvalidAttrNumber;
-			int			j;
+			int			attnum = payidem_attnum(tabledesc, lookup_columns[i]);
 
-			for (j = 0; j < tabledesc->natts; j++)
-			{
-				Form_pg_attribute att = TupleDescAttr(tabledesc, j);
-
-				if (!att->attisdropped && strcmp(NameStr(att->attname), lookup_columns[i]) == 0)
-					attnum = att->attnum;
-			}
-			if (attnum == InvalidAttrNumber)
+			if (attnum <= 0)
 				elog(ERROR, "payidem.idempotency has no column \"%s\"", lookup_columns[i]);
 			lookup_attnums[i] = attnum;
 			TupleDescCopyEntry(newdesc, i + 1, tabledesc, attnum);
@@ -332,10 +317,8 @@ lookup_key(Oid relid, text *key, TupleDesc *desc)
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
 						   idx->rd_indcollation[0], F_TEXTEQ, PointerGetDatum(key));
-	scan = index_beginscan_compat(rel, idx, snapshot, 1);
-	index_rescan(scan, &skey, 1, NULL, 0);
 	slot = table_slot_create(rel, NULL);
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	if (payidem_index_fetch(rel, idx, &skey, 1, snapshot, slot))
 	{
 		Datum		values[lengthof(lookup_columns)];
 		bool		nulls[lengthof(lookup_columns)];
@@ -349,29 +332,12 @@ lookup_key(Oid relid, text *key, TupleDesc *desc)
 		row = heap_form_tuple(lookup_desc, values, nulls);
 	}
 	ExecDropSingleTupleTableSlot(slot);
-	index_endscan(scan);
 	UnregisterSnapshot(snapshot);
 	index_close(idx, NoLock);
 	table_close(rel, NoLock);
 
 	*desc = lookup_desc;
 	return row;
-}
-
-/* Position (0-based) of a column among the table's attributes, or -1. */
-static int
-column_index(TupleDesc desc, const char *name)
-{
-	int			j;
-
-	for (j = 0; j < desc->natts; j++)
-	{
-		Form_pg_attribute att = TupleDescAttr(desc, j);
-
-		if (!att->attisdropped && strcmp(NameStr(att->attname), name) == 0)
-			return j;
-	}
-	return -1;
 }
 
 /*
@@ -390,18 +356,13 @@ prepare_direct_insert(Relation rel)
 	int			i;
 	MemoryContext old;
 
-	if (insert_check_econtext != NULL)
-		FreeExprContext(insert_check_econtext, true);
-	insert_check_econtext = NULL;
+	payidem_checks_free(&insert_checks);
 	if (insert_cxt == NULL)
 		insert_cxt = AllocSetContextCreate(TopMemoryContext, "payidem idempotency insert",
 										   ALLOCSET_SMALL_SIZES);
 	else
 		MemoryContextReset(insert_cxt);
 	insert_direct = false;
-	insert_ncheck = 0;
-	insert_check_states = NULL;
-	insert_check_names = NULL;
 	insert_generation = idem_generation;
 
 	if (rel->rd_rel->relkind != RELKIND_RELATION || rel->trigdesc != NULL ||
@@ -414,7 +375,7 @@ prepare_direct_insert(Relation rel)
 		return;
 	for (i = 0; i < lengthof(insert_columns); i++)
 	{
-		int			j = column_index(desc, insert_columns[i]);
+		int			j = payidem_attnum(desc, insert_columns[i]) - 1;
 
 		if (j < 0)
 			return;
@@ -422,7 +383,7 @@ prepare_direct_insert(Relation rel)
 	}
 	for (i = 0; i < lengthof(insert_unset_columns); i++)
 	{
-		int			j = column_index(desc, insert_unset_columns[i]);
+		int			j = payidem_attnum(desc, insert_unset_columns[i]) - 1;
 
 		if (j < 0 || TupleDescAttr(desc, j)->atthasdef || TupleDescAttr(desc, j)->attnotnull)
 			return;
@@ -435,63 +396,15 @@ prepare_direct_insert(Relation rel)
 		return;
 
 	old = MemoryContextSwitchTo(insert_cxt);
-	if (desc->constr && desc->constr->num_check > 0)
-	{
-		insert_ncheck = desc->constr->num_check;
-		insert_check_states = palloc(sizeof(ExprState *) * insert_ncheck);
-		insert_check_names = palloc(sizeof(char *) * insert_ncheck);
-		for (i = 0; i < insert_ncheck; i++)
-		{
-			ConstrCheck *check = &desc->constr->check[i];
-			Expr	   *expr = ConstrCheckIsEnforced(check) ?
-				expression_planner((Expr *) CheckConstraintExprCompat(rel, check)) : NULL;
-
-			insert_check_states[i] = ExecInitExpr(expr, NULL);
-			insert_check_names[i] = pstrdup(check->ccname);
-		}
-		insert_check_econtext = CreateStandaloneExprContext();
-	}
+	payidem_checks_compile(&insert_checks, rel);
 	MemoryContextSwitchTo(old);
 	insert_direct = true;
 }
 
 /*
- * Under REPEATABLE READ or SERIALIZABLE, a conflicting row this transaction
- * cannot see is a serialization failure, as for INSERT ... ON CONFLICT.
- */
-static void
-check_conflict_visible(Relation rel, ItemPointer tid, Snapshot snapshot)
-{
-	TupleTableSlot *slot;
-	bool		isnull;
-
-	if (!IsolationUsesXactSnapshot())
-		return;
-	slot = table_slot_create(rel, NULL);
-	if (!table_tuple_fetch_row_version(rel, tid, SnapshotAny, slot))
-		elog(ERROR, "failed to fetch the conflicting idempotency row");
-	if (!table_tuple_satisfies_snapshot(rel, slot, snapshot))
-	{
-		TransactionId xmin = DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber,
-																   &isnull));
-
-		if (!TransactionIdIsCurrentTransactionId(xmin))
-			ereport(ERROR,
-					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to concurrent update")));
-	}
-	ExecDropSingleTupleTableSlot(slot);
-}
-
-/*
- * Insert a new key as INSERT ... ON CONFLICT (idem_key) DO NOTHING would,
- * through the same steps as the executor's speculative insertion: check the
- * row's constraints, pre-check the unique index (waiting for a concurrent
- * inserter of the key), insert the heap tuple speculatively, insert the
- * index entries, and confirm or kill the tuple.  What it saves is the
- * statement: no executor start and stop, and the CHECK constraints are not
- * read back from the catalog text on every call (PostgreSQL 15 does that per
- * statement).  values[] holds insert_columns in order (isnull likewise).
+ * Insert a new key as INSERT ... ON CONFLICT (idem_key) DO NOTHING would
+ * (payidem_insert_new(), with the CHECK constraints compiled once).
+ * values[] holds insert_columns in order (isnull likewise).
  *
  * Returns 1 if inserted, 0 if another row holds the key (a conflict), -1 if
  * the table's shape asks for the SPI statement instead.
@@ -499,94 +412,16 @@ check_conflict_visible(Relation rel, ItemPointer tid, Snapshot snapshot)
 static int
 direct_insert(Oid relid, Datum *values, bool *isnull)
 {
-	Relation	rel;
-	TupleDesc	desc;
-	EState	   *estate;
-	ResultRelInfo *rri;
-	TupleTableSlot *slot;
-	ExprContext *econtext;
-	ItemPointerData conflict_tid;
-	List	   *arbiters;
-	bool		spec_conflict = false;
-	uint32		spec_token;
-	TransactionId xid;
+	Relation	rel = table_open(relid, RowExclusiveLock);
 	Oid			pkey;
-	int			result;
-	int			i;
+	int			result = -1;
 
-	rel = table_open(relid, RowExclusiveLock);
 	if (insert_generation != idem_generation)
 		prepare_direct_insert(rel);
 	pkey = RelationGetPrimaryKeyIndexCompat(rel);
-	if (!insert_direct || !OidIsValid(pkey))
-	{
-		table_close(rel, NoLock);
-		return -1;
-	}
-	desc = RelationGetDescr(rel);
-
-	estate = CreateExecutorState();
-	estate->es_output_cid = GetCurrentCommandId(true);
-	estate->es_snapshot = RegisterSnapshot(GetTransactionSnapshot());
-	rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	ExecOpenIndices(rri, true);
-
-	slot = ExecInitExtraTupleSlot(estate, desc, table_slot_callbacks(rel));
-	ExecClearTuple(slot);
-	for (i = 0; i < desc->natts; i++)
-	{
-		slot->tts_values[i] = (Datum) 0;
-		slot->tts_isnull[i] = true;
-	}
-	for (i = 0; i < lengthof(insert_columns); i++)
-	{
-		slot->tts_values[insert_attnums[i] - 1] = values[i];
-		slot->tts_isnull[insert_attnums[i] - 1] = isnull[i];
-	}
-	ExecStoreVirtualTuple(slot);
-
-	/* the row's CHECK constraints, with PostgreSQL's message */
-	econtext = insert_check_econtext;
-	for (i = 0; i < insert_ncheck; i++)
-	{
-		bool		ok;
-
-		econtext->ecxt_scantuple = slot;
-		ok = ExecCheck(insert_check_states[i], econtext);
-		econtext->ecxt_scantuple = NULL;
-		ResetExprContext(econtext);
-		if (!ok)
-			ereport(ERROR,
-					(errcode(ERRCODE_CHECK_VIOLATION),
-					 errmsg("new row for relation \"%s\" violates check constraint \"%s\"",
-							RelationGetRelationName(rel), insert_check_names[i]),
-					 errtableconstraint(rel, insert_check_names[i])));
-	}
-
-	arbiters = list_make1_oid(pkey);
-	if (!ExecCheckIndexConstraintsCompat(rri, slot, estate, &conflict_tid, arbiters))
-	{
-		check_conflict_visible(rel, &conflict_tid, estate->es_snapshot);
-		result = 0;
-	}
-	else
-	{
-		xid = GetCurrentTransactionId();
-		spec_token = SpeculativeInsertionLockAcquire(xid);
-		table_tuple_insert_speculative(rel, slot, estate->es_output_cid, 0, NULL, spec_token);
-		list_free(ExecInsertIndexTuplesNoDupErrCompat(rri, slot, estate, &spec_conflict, arbiters));
-		table_tuple_complete_speculative(rel, slot, spec_token, !spec_conflict);
-		SpeculativeInsertionLockRelease(xid);
-		/* lost a race after the pre-check: like a conflict, read the winner */
-		result = spec_conflict ? 0 : 1;
-	}
-
-	ExecCloseIndices(rri);
-	ExecResetTupleTable(estate->es_tupleTable, false);
-	UnregisterSnapshot(estate->es_snapshot);
-	estate->es_snapshot = InvalidSnapshot;
-	FreeExecutorState(estate);
+	if (insert_direct && OidIsValid(pkey))
+		result = payidem_insert_new(rel, pkey, &insert_checks, lengthof(insert_columns), insert_attnums,
+									values, isnull);
 	table_close(rel, NoLock);
 	return result;
 }

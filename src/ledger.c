@@ -137,12 +137,9 @@ static Datum
 col(Relation rel, HeapTuple tup, const char *name, bool *isnull)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
-	int			attnum = payidem_attnum(desc, name);
+	int			attnum = payidem_column(rel, name);
 	int			i;
 
-	if (attnum <= 0)
-		elog(ERROR, "payidem: column \"%s\" of relation \"%s\" does not exist",
-			 name, RelationGetRelationName(rel));
 	for (i = 0; i < n_deformed; i++)
 		if (deformed[i].tup == tup)
 			break;

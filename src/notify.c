@@ -128,22 +128,7 @@ payidem_utc(PG_FUNCTION_ARGS)
 static char *
 tuple_col(Relation rel, HeapTuple tuple, const char *name)
 {
-	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
-
-	if (attnum <= 0)
-		elog(ERROR, "payidem: column %s of %s is missing", name, RelationGetRelationName(rel));
-	return SPI_getvalue(tuple, RelationGetDescr(rel), attnum);
-}
-
-/* a column of a tuple by name, as a Datum */
-static Datum
-tuple_datum(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
-{
-	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
-
-	if (attnum <= 0)
-		elog(ERROR, "payidem: column %s of %s is missing", name, RelationGetRelationName(rel));
-	return heap_getattr(tuple, attnum, RelationGetDescr(rel), isnull);
+	return SPI_getvalue(tuple, RelationGetDescr(rel), payidem_column(rel, name));
 }
 
 /* whether text column name of tuple is one of the NULL-ended list */
@@ -151,7 +136,7 @@ static bool
 tuple_text_in(Relation rel, HeapTuple tuple, const char *name, const char *const *list)
 {
 	bool		isnull;
-	Datum		d = tuple_datum(rel, tuple, name, &isnull);
+	Datum		d = payidem_getattr(rel, tuple, name, &isnull);
 	text	   *t;
 
 	if (isnull)
@@ -183,11 +168,11 @@ reported(Relation rel, bool is_refund, HeapTuple old, HeapTuple new)
 		return tuple_text_in(rel, new, "status", succeeded) && !tuple_text_in(rel, old, "status", succeeded);
 	if (!tuple_text_in(rel, new, "status", order_reported))
 		return false;
-	(void) tuple_datum(rel, new, "notify_url", &new_null);
+	(void) payidem_getattr(rel, new, "notify_url", &new_null);
 	if (new_null)
 		return false;
-	os = tuple_datum(rel, old, "status", &old_null);
-	ns = tuple_datum(rel, new, "status", &new_null);
+	os = payidem_getattr(rel, old, "status", &old_null);
+	ns = payidem_getattr(rel, new, "status", &new_null);
 	return old_null || !payidem_text_equal(os, ns);
 }
 
@@ -274,7 +259,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	if (is_refund)
 	{
 		bool		isnull;
-		Datum		order_no = tuple_datum(rel, tuple, "order_no", &isnull);
+		Datum		order_no = payidem_getattr(rel, tuple, "order_no", &isnull);
 
 		r_refund_no = tuple_col(rel, tuple, "refund_no");
 		r_amount = tuple_col(rel, tuple, "amount");
@@ -283,7 +268,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		order = isnull ? NULL :
 			payidem_fetch_unique(order_rel, PAYIDEM_ORDER_PKEY, 1, &order_no, GetActiveSnapshot());
 		if (order != NULL)
-			(void) tuple_datum(order_rel, order, "notify_url", &isnull);
+			(void) payidem_getattr(order_rel, order, "notify_url", &isnull);
 		if (order == NULL || isnull)
 		{
 			table_close(order_rel, NoLock);
@@ -291,7 +276,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 			return PointerGetDatum(NULL);
 		}
 		o_refunded_amount = tuple_col(order_rel, order, "refunded_amount");
-		payment_key = tuple_datum(rel, tuple, "payment_no", &payment_key_null);
+		payment_key = payidem_getattr(rel, tuple, "payment_no", &payment_key_null);
 		event = "refund.succeeded";
 	}
 	else
@@ -300,7 +285,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		order = tuple;
 		if (tuple_text_in(rel, tuple, "status", (const char *const[]) {"paid", NULL}))
 		{
-			payment_key = tuple_datum(rel, tuple, "paid_payment_no", &payment_key_null);
+			payment_key = payidem_getattr(rel, tuple, "paid_payment_no", &payment_key_null);
 			event = "order.paid";
 		}
 		else
@@ -318,7 +303,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		if (payment != NULL)
 		{
 			bool		isnull;
-			Datum		d = tuple_datum(payment_rel, payment, "paid_at", &isnull);
+			Datum		d = payidem_getattr(payment_rel, payment, "paid_at", &isnull);
 
 			p_payment_no = tuple_col(payment_rel, payment, "payment_no");
 			p_transaction_id = tuple_col(payment_rel, payment, "transaction_id");

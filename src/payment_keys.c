@@ -73,19 +73,6 @@ typedef struct PaymentKeys
 	bool		paid_at_null;
 } PaymentKeys;
 
-static Datum
-payment_col(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
-{
-	int			attnum = payidem_attnum(RelationGetDescr(rel), name);
-
-	if (attnum <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_COLUMN),
-				 errmsg("column \"%s\" of relation payidem.%s does not exist",
-						name, RelationGetRelationName(rel))));
-	return heap_getattr(tuple, attnum, RelationGetDescr(rel), isnull);
-}
-
 static void
 payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
 {
@@ -95,18 +82,18 @@ payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
 	memset(k, 0, sizeof(*k));
 	if (tuple == NULL)
 		return;
-	k->payment_no = payment_col(rel, tuple, "payment_no", &isnull);
+	k->payment_no = payidem_getattr(rel, tuple, "payment_no", &isnull);
 	if (isnull)
 		return;					/* refused by its NOT NULL */
 	k->exists = true;
-	k->order_no = payment_col(rel, tuple, "order_no", &isnull);
+	k->order_no = payidem_getattr(rel, tuple, "order_no", &isnull);
 	k->pending = !isnull;
-	k->channel_no = payment_col(rel, tuple, "channel_no", &isnull);
+	k->channel_no = payidem_getattr(rel, tuple, "channel_no", &isnull);
 	k->paid = !isnull;
-	status = payment_col(rel, tuple, "status", &isnull);
+	status = payidem_getattr(rel, tuple, "status", &isnull);
 	k->pending = k->pending && !isnull && payidem_text_is(status, "pending");
-	k->txn = payment_col(rel, tuple, "transaction_id", &k->txn_null);
-	k->paid_at = payment_col(rel, tuple, "paid_at", &k->paid_at_null);
+	k->txn = payidem_getattr(rel, tuple, "transaction_id", &k->txn_null);
+	k->paid_at = payidem_getattr(rel, tuple, "paid_at", &k->paid_at_null);
 	k->paid = k->paid && !(k->txn_null && k->paid_at_null);
 }
 
@@ -151,7 +138,7 @@ sync_pending_row(Datum order_no, Datum payment_no, const PaymentKeys *cur)
 	bool		isnull;
 	bool		kept = false;
 
-	if (tuple != NULL && payidem_text_equal(payment_col(rel, tuple, "payment_no", &isnull), payment_no))
+	if (tuple != NULL && payidem_text_equal(payidem_getattr(rel, tuple, "payment_no", &isnull), payment_no))
 	{
 		if (cur->pending && payidem_text_equal(cur->order_no, order_no) &&
 			payidem_text_equal(cur->payment_no, payment_no))
@@ -190,7 +177,7 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur, SeenRows *seen)
 		bool		isnull;
 
 		/* another payment's row: its key, not ours to change */
-		if (tuple != NULL && payidem_text_equal(payment_col(rel, tuple, "payment_no", &isnull), v->payment_no))
+		if (tuple != NULL && payidem_text_equal(payidem_getattr(rel, tuple, "payment_no", &isnull), v->payment_no))
 			rows = list_make1(tuple);
 	}
 	else
@@ -222,10 +209,10 @@ sync_paid_row(const PaymentKeys *v, const PaymentKeys *cur, SeenRows *seen)
 		seen->tid[seen->n++] = tuple->t_self;
 		memset(&there, 0, sizeof(there));
 		there.paid = true;
-		there.payment_no = payment_col(rel, tuple, "payment_no", &isnull);
-		there.channel_no = payment_col(rel, tuple, "channel_no", &isnull);
-		there.txn = payment_col(rel, tuple, "transaction_id", &there.txn_null);
-		there.paid_at = payment_col(rel, tuple, "paid_at", &there.paid_at_null);
+		there.payment_no = payidem_getattr(rel, tuple, "payment_no", &isnull);
+		there.channel_no = payidem_getattr(rel, tuple, "channel_no", &isnull);
+		there.txn = payidem_getattr(rel, tuple, "transaction_id", &there.txn_null);
+		there.paid_at = payidem_getattr(rel, tuple, "paid_at", &there.paid_at_null);
 		if (!kept && same_paid_key(&there, cur))
 			kept = true;
 		else
@@ -394,22 +381,48 @@ payidem_payment_keys(PG_FUNCTION_ARGS)
 	return PointerGetDatum(NULL);
 }
 
-/* every row of a key table removed (as the owner, the caller set up) */
+/* a row of a key table removed (as the owner, the caller set up) */
+static void
+remove_key_row(Relation rel, HeapTuple tuple, void *arg)
+{
+	payidem_delete_row(rel, &tuple->t_self);
+}
+
+/* every row of a key table removed */
 static void
 empty_key_table(PayidemRelation table)
 {
 	Relation	rel = table_open(payidem_relation(table), RowExclusiveLock);
-	TableScanDesc scan = table_beginscan_compat(rel, GetActiveSnapshot());
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
 
-	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
-	{
-		CHECK_FOR_INTERRUPTS();
-		payidem_delete_row(rel, &slot->tts_tid);
-	}
-	table_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
+	payidem_scan(rel, remove_key_row, NULL);
 	table_close(rel, NoLock);
+}
+
+typedef struct FillKeys
+{
+	bool		pending;
+	bool		paid;
+	int64		added;
+} FillKeys;
+
+/* the keys of one payment added */
+static void
+fill_payment_keys(Relation rel, HeapTuple tuple, void *arg)
+{
+	FillKeys   *fill = (FillKeys *) arg;
+	PaymentKeys k;
+
+	payment_keys_of(rel, tuple, &k);
+	if (fill->pending && k.pending)
+	{
+		add_pending_row(&k);
+		fill->added++;
+	}
+	if (fill->paid && k.paid)
+	{
+		add_paid_row(&k);
+		fill->added++;
+	}
 }
 
 /*
@@ -424,10 +437,8 @@ static int64
 fill_keys(bool pending, bool paid, bool empty)
 {
 	Relation	rel = table_open(payidem_relation(PAYIDEM_PAYMENT), AccessShareLock);
-	TableScanDesc scan;
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	PayidemAsOwner as_owner;
-	int64		added = 0;
+	FillKeys	fill = {pending, paid, 0};
 
 	payidem_begin_as_owner(payidem_owner(PAYIDEM_PAYMENT_PAID), &as_owner);
 	if (empty && pending)
@@ -436,33 +447,10 @@ fill_keys(bool pending, bool paid, bool empty)
 		empty_key_table(PAYIDEM_PAYMENT_PAID);
 	if (empty)
 		CommandCounterIncrement();
-	scan = table_beginscan_compat(rel, GetActiveSnapshot());
-	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
-	{
-		bool		should_free;
-		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
-		PaymentKeys k;
-
-		CHECK_FOR_INTERRUPTS();
-		payment_keys_of(rel, tuple, &k);
-		if (pending && k.pending)
-		{
-			add_pending_row(&k);
-			added++;
-		}
-		if (paid && k.paid)
-		{
-			add_paid_row(&k);
-			added++;
-		}
-		if (should_free)
-			heap_freetuple(tuple);
-	}
-	table_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
+	payidem_scan(rel, fill_payment_keys, &fill);
 	payidem_end_as_owner(&as_owner);
 	table_close(rel, NoLock);
-	return added;
+	return fill.added;
 }
 
 /*
