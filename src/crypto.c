@@ -34,7 +34,6 @@
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/hmac.h"
-#include "compat.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
@@ -48,6 +47,7 @@
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
+#include "compat.h"
 #include "crypto.h"
 #include "errcodes.h"
 #include "util.h"

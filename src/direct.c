@@ -1,11 +1,13 @@
 /*-------------------------------------------------------------------------
  *
  * direct.c
- *		Reads and writes of payidem's tables below SQL: a row fetched by key
- *		(with the hint of a version this transaction wrote) or by tid, a row
- *		inserted (the status_log row of state_machine.c, the notification
- *		event of notify.c, the payment keys' rows), a row deleted by tid, and
- *		the CHECKs, defaults and domains those writes evaluate.
+ *		Every read and write of payidem's tables below SQL: a row fetched by
+ *		key (with the hint of a version this transaction wrote), by index or
+ *		by tid, a table scanned, a row inserted (the status_log row of
+ *		state_machine.c, the notification event of notify.c, the payment
+ *		keys' rows), inserted unless its key exists (idem.c), updated by tid
+ *		(flow.c) or deleted by tid, and the CHECKs, defaults and domains those
+ *		writes evaluate.
  *
  * An insert through SPI plans nothing per row but still builds and tears
  * down a whole executor (the plan's nodes, its result relation and indexes,
@@ -22,7 +24,7 @@
  * which column gets which of the caller's values; the defaults of the
  * others, planned once, compiled at first use and evaluated per row; the
  * CHECK constraints and the partial indexes' predicates, likewise
- * (PayidemExprs, which flow.c's updates use too); and the domains of the
+ * (PayidemExprs, which the updates use too); and the domains of the
  * columns written, checked per row with their constraints kept up to date by
  * the type cache.  Left to the executor, every CHECK would be read back from
  * the catalog text and planned, and every predicate planned, for each row.
@@ -30,6 +32,25 @@
  * any function (which a default or CHECK may have inlined) makes it stale;
  * the old memory goes when the transaction ends, never while a row may be
  * being written with it further up the stack.
+ *
+ * payidem_update() is the UPDATE of one locked row by its ctid (the payment
+ * result's two writes, flow.c), made the way the apply worker makes it
+ * (ExecSimpleRelationUpdate): BEFORE and AFTER row triggers fire -- among
+ * them the status_guard constraint trigger, which checks the status change
+ * against the whitelist and logs it, and the foreign-key triggers -- NOT NULL
+ * and CHECK constraints are checked, stored generated columns computed, every
+ * index maintained (opened only when the update is not HOT), unique ones
+ * checked, and the columns written that are domains checked against their
+ * domain.  What it saves over a SQL UPDATE is the statement: no executor
+ * start and stop, no index scan to find the row (its ctid is known and it is
+ * locked), the CHECKs planned once per backend.  What a row-by-row update
+ * cannot reproduce (statement triggers, transition tables, rules, row-level
+ * security that applies, no UPDATE privilege) makes it do nothing and
+ * return false: the caller then runs the UPDATE in SQL.
+ *
+ * payidem_insert_new() is INSERT ... ON CONFLICT DO NOTHING through the
+ * executor's speculative insertion, with the CHECKs compiled once by the
+ * caller (idem.c's new keys).
  *
  * payidem_delete_row() is the delete of a row found by TID that the payment
  * keys' trigger makes: with the result a DELETE statement gives,

@@ -1,84 +1,57 @@
 /*-------------------------------------------------------------------------
  *
  * flow.c
- *		apply_payment_result(), and the two writes of a first successful
- *		payment result: the payment becomes succeeded (with its channel
- *		transaction id, paid_at and fees) and its order paid (whose
- *		order.paid event a row trigger writes).
+ *		The payment result: apply_payment_result() and its fast path, and the
+ *		two writes of a first success (the payment succeeded, its order paid)
+ *		for both of its paths; the fee, the transaction id's lock and the rule
+ *		for a reported paid_at (payidem.max_clock_skew).
  *
  * apply_payment_result() (at the end of this file) decides a repeated and a
  * first success itself and passes every other call to the PL/pgSQL
  * _apply_payment_result().  Either decides everything under the row locks
- * it holds (the order, then the payment, as SELECT ... FOR NO KEY UPDATE) and then
- * makes the two writes with the rows' ctids: the C part directly, the
+ * it holds (the order, then the payment, as SELECT ... FOR NO KEY UPDATE) and
+ * then makes the two writes with the rows' ctids: the C part directly, the
  * PL/pgSQL part through _record_payment_success() and _record_order_paid().
- * Each is one UPDATE of one locked row, made the way logical replication's
- * apply worker makes it (ExecSimpleRelationUpdate): BEFORE and AFTER row
- * triggers fire — among them the status_guard constraint trigger, which
- * checks the status change against the whitelist and logs it, and the
- * foreign-key triggers — NOT NULL and CHECK constraints are checked, stored
- * generated columns computed, every index maintained, unique ones checked.
- * What it saves over a SQL UPDATE is the per-statement work: no executor
- * start and stop, no index scan to find the row (its ctid is known and it
- * is locked), and the table's CHECK constraints read from the catalog and
- * planned once per backend instead of for every statement (PostgreSQL 15
- * does that for each UPDATE); they are compiled per call, as an ExprState
- * may keep state in its query's memory.  The columns written that are
- * domains (transaction_id, paid_payment_no)
- * are checked against their domain, as a SQL UPDATE would.
- *
- * The planned constraints are kept per table and dropped by a relcache
- * invalidation of that table (any ALTER TABLE, a new constraint, ...) and
- * by any change of a function (a CHECK may have inlined a SQL function).
- * Run by apply_payment_result(), a SECURITY DEFINER function of the
- * extension's owner, as that owner.  When the UPDATE would be anything but
- * a plain row update for that role — statement triggers, transition tables,
- * rules, row-level security that applies, no UPDATE privilege — the
- * functions do nothing and return false, and the caller runs it in SQL.
- * Not granted to anyone.
+ * Each is a direct update of one locked row (payidem_update(), direct.c),
+ * with every trigger, constraint, domain and index as a SQL UPDATE has them;
+ * the order.paid event is written by the order's row trigger, as for any
+ * writer.  Run by apply_payment_result(), a SECURITY DEFINER function of the
+ * extension's owner, as that owner.  When the UPDATE would be anything but a
+ * plain row update for that role (payidem_update_plain()), the _record_*()
+ * functions do nothing and return false, and the caller runs it in SQL.  Not
+ * granted to anyone.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include "access/genam.h"
-#include "access/relation.h"
 #include "access/htup_details.h"
-#include "access/stratnum.h"
+#include "access/relation.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_am.h"
-#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
-#include "commands/trigger.h"
 #include "executor/executor.h"
-#include "compat.h"
 #include "fmgr.h"
 #include "miscadmin.h"
-#include "nodes/makefuncs.h"
-#include "optimizer/optimizer.h"
 #include "parser/parse_func.h"
-#include "replication/logicalworker.h"
-#include "rewrite/rewriteHandler.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
-#include "utils/inval.h"
 #include "utils/lsyscache.h"
-#include "utils/memutils.h"
-#include "storage/lmgr.h"
-#include "storage/lock.h"
 #include "utils/rel.h"
 #include "utils/rls.h"
-#include "utils/syscache.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "catalog.h"
+#include "compat.h"
 #include "direct.h"
 #include "errcodes.h"
 #include "flow.h"
@@ -142,7 +115,7 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
 	nulls[PAY_COST] = cost_null;
 
 	return payidem_update(&payment_target, tid, payment_no, set, values, nulls, types, keep_null,
-					   checked);
+						  checked);
 }
 
 /*
@@ -171,8 +144,7 @@ record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment
 	set[ORD_PAID_AT] = true;
 	values[ORD_PAID_AT] = TimestampTzGetDatum(paid_at);
 
-	return payidem_update(&order_target, tid, order_no, set, values, nulls, types, NULL,
-					   checked);
+	return payidem_update(&order_target, tid, order_no, set, values, nulls, types, NULL, checked);
 }
 
 /*

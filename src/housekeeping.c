@@ -84,7 +84,6 @@
 #include "commands/extension.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
-#include "compat.h"
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
 #include "nodes/value.h"
@@ -107,6 +106,7 @@
 #include "utils/wait_event.h"
 
 #include "catalog.h"
+#include "compat.h"
 #include "errcodes.h"
 #include "housekeeping.h"
 #include "shmem.h"

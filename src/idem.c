@@ -69,7 +69,6 @@
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
-#include "compat.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "nodes/makefuncs.h"
@@ -89,6 +88,7 @@
 #include "utils/tuplestore.h"
 
 #include "catalog.h"
+#include "compat.h"
 #include "direct.h"
 #include "errcodes.h"
 #include "inval.h"
