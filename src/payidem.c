@@ -41,6 +41,7 @@
 #include "utils/typcache.h"
 
 #include "payidem.h"
+#include "payment_decision.h"
 
 PG_MODULE_MAGIC;
 
@@ -59,7 +60,7 @@ _PG_init(void)
 	crypto_define_gucs();
 	recon_define_gucs();
 	replication_define_gucs();
-	flow_define_gucs();
+	payment_decision_define_gucs();
 	housekeeping_init();		/* its GUCs; its launcher only when preloading */
 	MarkGUCPrefixReserved("payidem");
 

@@ -106,9 +106,6 @@ extern void payidem_wait_for_synchronous_standbys(XLogRecPtr lsn);
 /* order_no.c: a notification event id, unique across failovers as numbers are */
 extern int64 order_no_next_event_id(void);
 
-/* flow.c */
-extern void flow_define_gucs(void);
-extern bool payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_at);
 /* ledger.c */
 extern bool payidem_payment_has_paid(Datum status);
 
