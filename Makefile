@@ -26,7 +26,7 @@ OBJS_IDEM      = src/idem.o
 OBJS_STATE     = src/state_machine.o src/ledger.o
 OBJS_MERCHANT  = src/crypto.o
 OBJS_RECON     = src/recon.o
-OBJS_FLOW      = src/flow.o src/payment_keys.o src/read_api.o src/notify.o
+OBJS_FLOW      = src/flow.o src/payment_decision.o src/payment_keys.o src/read_api.o src/notify.o
 OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_FLOW)
 
 # The install script of the version in development is assembled from its
@@ -51,7 +51,7 @@ REGRESS_ORDER_NO = order_no
 REGRESS_IDEM     = idempotency
 REGRESS_STATE    = state_machine
 REGRESS_MERCHANT = merchant merchant_security
-REGRESS_FLOW     = payment_flow books notifications generated_columns
+REGRESS_FLOW     = payment_flow payment_result_paths books notifications generated_columns
 REGRESS_RECON    = reconciliation reconciliation_generated
 REGRESS_RELIABILITY = bad_input
 REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON) $(REGRESS_RELIABILITY)

@@ -141,8 +141,8 @@ SELECT p.status, p.refunded_amount, o.status AS order_status, o.refunded_amount 
 -- a DBA's own flow works as before: paid -> shipping
 SELECT payidem.create_order(:'m', 'B-0003', 3000, 'Shipping') AS o3 \gset
 SELECT payidem.apply_payment_result(payidem.begin_payment(:'o3', 'BK_WX'), 'callback', 'succeeded', 'BK-T-3', 3000) AS paid;
-INSERT INTO payidem.state (entity, status) VALUES ('order', 'shipping');
-INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'paid', 'shipping');
+INSERT INTO payidem.state (entity, status) VALUES ('order', 'shipping') ON CONFLICT DO NOTHING;
+INSERT INTO payidem.transition (entity, from_status, to_status) VALUES ('order', 'paid', 'shipping') ON CONFLICT DO NOTHING;
 SET ROLE books_app;
 SELECT payidem.transit_order(:'o3', 'shipping') AS shipped;
 RESET ROLE;

@@ -574,8 +574,43 @@ CREATE UNIQUE INDEX anomaly_unknown_transaction_once ON payidem.anomaly
 	((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
 	WHERE kind = 'unknown_transaction';
 
--- apply_payment_result(): a success for a number of this shard that names
--- no payment is rejected with one unknown_transaction anomaly (not PI009)
+-- apply_payment_result(): what a result does is decided once, in C
+-- (src/payment_decision.c), for the C fast path and the PL/pgSQL fallback
+-- alike: the arguments' check, the verdict (a success for a number of this
+-- shard that names no payment is rejected with one unknown_transaction
+-- anomaly, not PI009), the fees
+DROP FUNCTION payidem._fee(bigint, numeric);
+DROP FUNCTION payidem._check_paid_at(text, timestamptz, timestamptz);
+DROP FUNCTION payidem._paid_at_ok(timestamptz, timestamptz);
+-- What a payment result does, decided once (src/payment_decision.c) for
+-- apply_payment_result()'s C fast path and for _apply_payment_result() below:
+-- the arguments' check, the verdict, the fees.
+CREATE OR REPLACE FUNCTION payidem._check_payment_result_args(payment_no text, source text, status text,
+	transaction_id text, amount bigint, paid_at timestamptz)
+RETURNS void
+AS 'MODULE_PATHNAME', 'payidem_check_payment_result_args'
+LANGUAGE C STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._check_payment_result_args(text, text, text, text, bigint, timestamptz) IS
+	'Internal to apply_payment_result(): raises the error (22023, or PI009/22023 from _check_number) for the first invalid argument.';
+CREATE FUNCTION payidem._decide_payment_result(payment_no text, status text, amount bigint,
+	transaction_id text, paid_at timestamptz, payment_status text, payment_amount bigint,
+	payment_transaction_id text, payment_created_at timestamptz, order_status text,
+	transaction_id_taken boolean, OUT verdict text, OUT anomaly_kind text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'payidem_decide_payment_result'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._decide_payment_result(text, text, bigint, text, timestamptz, text, bigint, text, timestamptz, text, boolean) IS
+	'Internal to apply_payment_result(): the verdict on a valid report (applied, anomaly, duplicate, rejected, with the anomaly kind; not_found; read_order or check_transaction_id when that fact, NULL, is needed) from the payment (payment_status NULL: none) and order as read. 22023 for a paid_at outside the attempt''s lifetime.';
+CREATE FUNCTION payidem._payment_fees(amount bigint, merchant_rate numeric, binding_rate numeric,
+	channel_rate numeric, OUT fee_amount bigint, OUT cost_amount bigint)
+RETURNS record
+AS 'MODULE_PATHNAME', 'payidem_payment_fees'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._payment_fees(bigint, numeric, numeric, numeric) IS
+	'Internal to apply_payment_result(): what the merchant pays (the binding''s rate, else the merchant''s) and what the channel costs on amount, rounded half-up.';
+REVOKE ALL ON FUNCTION payidem._decide_payment_result(text, text, bigint, text, timestamptz, text, bigint, text, timestamptz, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._payment_fees(bigint, numeric, numeric, numeric) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION payidem._apply_payment_result(payment_no text, source text, status text,
 	transaction_id text, amount bigint, paid_at timestamptz, raw jsonb)
 RETURNS text
@@ -588,60 +623,49 @@ DECLARE
 	v_status ALIAS FOR $3;
 	v_txn ALIAS FOR $4;
 	v_amount ALIAS FOR $5;
+	v_reported_at ALIAS FOR $6;
 	v_paid_at timestamptz;
-	v_outcome text;
+	v_order_no text;
 	v_other text;
-	v_kind text;
-	v_rate numeric;
-	v_cost_rate numeric;
+	v_taken boolean;
 	v_order_status text;
 	v_order_paid_by text;
 	v_order_row tid;
+	v_merchant_rate numeric;
+	v_binding_rate numeric;
+	v_channel_rate numeric;
+	d record;					-- the verdict and the anomaly kind
+	f record;					-- the fees
 	p record;					-- the payment's columns this function reads
 BEGIN
-	-- A repeated success of a payment that already succeeded (the same amount
-	-- and transaction id) is answered from the committed row, without a
-	-- lock: from succeeded, a payment only moves on to refunded states,
-	-- which answer a success the same way.  Such a repeat's arguments are
-	-- valid: the row vouches for all but the source and paid_at, which are
-	-- checked here.
-	IF v_status = 'succeeded' AND v_source IN ('callback', 'query', 'close') THEN
+	PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount, v_reported_at);
+	-- A repeated success is answered from the committed row, without a lock:
+	-- from a paid status, a payment only moves on to other paid statuses,
+	-- which answer a success the same way.
+	IF v_status = 'succeeded' THEN
 		SELECT x.status, x.amount, x.transaction_id, x.created_at INTO p
 		  FROM payidem.payment x WHERE x.payment_no = v_payment_no;
-		IF FOUND AND p.status = ANY (payidem._paid_payment_statuses())
-			AND v_amount = p.amount AND v_txn = p.transaction_id
-			AND (_apply_payment_result.paid_at IS NULL OR payidem._paid_at_ok(p.created_at, _apply_payment_result.paid_at)) THEN
+		IF FOUND AND (SELECT y.verdict = 'duplicate'
+						FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
+															 p.status, p.amount, p.transaction_id, p.created_at,
+															 NULL, NULL) y) THEN
 			RETURN 'duplicate';
 		END IF;
 	END IF;
 
-	-- The arguments: valid ones pass one expression; the checks of
-	-- _check_payment_result_args() word the error.
-	IF v_payment_no IS NULL OR left(v_payment_no, 2) <> 'PY' OR NOT payidem.order_no_valid(v_payment_no)
-		OR v_source IS NULL OR v_source NOT IN ('callback', 'query', 'close')
-		OR v_status IS NULL OR v_status NOT IN ('succeeded', 'failed', 'closed')
-		OR (v_status = 'succeeded' AND (v_txn IS NULL OR v_amount IS NULL))
-		OR v_amount <= 0 OR NOT payidem._fits(v_txn, 'payidem.channel_ref')
-		OR NOT isfinite(_apply_payment_result.paid_at) THEN
-		PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount,
-												   _apply_payment_result.paid_at);
-	END IF;
-
-	SELECT x.order_no INTO v_other FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+	SELECT x.order_no INTO v_order_no FROM payidem.payment x WHERE x.payment_no = v_payment_no;
 	IF NOT FOUND THEN
-		-- A success for a number of this shard that names no payment (lost in
-		-- an asynchronous failover, or never made here) is money the channel
-		-- holds without a record: refused, with one anomaly per number and
-		-- transaction id (its unique index: a repeat, or a delivery at the
-		-- same moment, adds none), not an error the channel's retries hit
-		-- until they give up.  Any other report of it is an error.
-		IF v_status = 'succeeded'
-		   AND (SELECT n.shard FROM payidem.order_no_parse(v_payment_no) n) = payidem.shard_id() THEN
+		-- a success for a number of this shard: unknown_transaction, one
+		-- anomaly per number and transaction id (its unique index: a repeat,
+		-- or a delivery at the same moment, adds none)
+		SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
+															 NULL, NULL, NULL, NULL, NULL, NULL);
+		IF d.verdict = 'rejected' THEN
 			INSERT INTO payidem.anomaly (kind, amount, detail)
-			VALUES ('unknown_transaction', v_amount,
+			VALUES (d.anomaly_kind, v_amount,
 					jsonb_build_object('reported_payment_no', v_payment_no, 'transaction_id', v_txn,
 									   'reported_amount', v_amount, 'source', v_source,
-									   'paid_at', coalesce(_apply_payment_result.paid_at, now()),
+									   'paid_at', coalesce(v_reported_at, now()),
 									   'action', 'ask the channel which payment this is; refund it at the channel if none of ours was made for it',
 									   'raw', payidem._flow_raw(raw)))
 			ON CONFLICT ((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
@@ -661,115 +685,91 @@ BEGIN
 	-- make refund(), which holds the payment, wait for the order).
 	IF v_status = 'succeeded' THEN
 		-- the order, locked (its number never changes), and the rates of the fees
-		SELECT x.ctid, x.status, x.paid_payment_no, coalesce(b.fee_rate, m.fee_rate), c.fee_rate
-		  INTO v_order_row, v_order_status, v_order_paid_by, v_rate, v_cost_rate
+		SELECT x.ctid, x.status, x.paid_payment_no, m.fee_rate, b.fee_rate, c.fee_rate
+		  INTO v_order_row, v_order_status, v_order_paid_by, v_merchant_rate, v_binding_rate, v_channel_rate
 		  FROM payidem."order" x
 		  JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
 		  JOIN payidem.payment y ON y.payment_no = v_payment_no
 		  JOIN payidem.channel c ON c.channel_no = y.channel_no
 		  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
-		 WHERE x.order_no = v_other
+		 WHERE x.order_no = v_order_no
 		   FOR NO KEY UPDATE OF x;
 	END IF;
 	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id,
 		   x.created_at INTO p
 	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
-
-	IF v_status = 'succeeded' THEN
-		v_paid_at := coalesce(_apply_payment_result.paid_at, now());
-		IF _apply_payment_result.paid_at IS NOT NULL THEN
-			PERFORM payidem._check_paid_at(p.payment_no, p.created_at, v_paid_at);
-		END IF;
-		IF p.status = ANY (payidem._paid_payment_statuses()) THEN
-			IF v_amount = p.amount AND v_txn = p.transaction_id THEN
-				RETURN 'duplicate';		-- applied meanwhile, by the delivery we waited for
-			END IF;
-			v_kind := 'conflicting_result';		-- another transaction id or amount: a second charge?
-		END IF;
-		IF v_kind IS NOT NULL THEN
-			-- decided above
-		ELSIF v_amount <> p.amount THEN
-			v_kind := 'amount_mismatch';
-		ELSIF v_txn IS DISTINCT FROM p.transaction_id THEN
-			-- (a transaction id the payment already has is no other's: unique)
-			-- two deliveries carrying one transaction id for two payments:
-			-- the second waits until the first commits, then (READ
-			-- COMMITTED: a new snapshot per statement) finds its row below.
-			-- The C path of apply_payment_result() takes the same lock.
-			IF NOT payidem._lock_transaction_id(p.channel_no, v_txn, false) THEN
-				PERFORM payidem._lock_transaction_id(p.channel_no, v_txn, true);
-				IF current_setting('transaction_isolation') <> 'read committed' THEN
-					RAISE EXCEPTION 'transaction id % is being applied to another payment at the same time', quote_literal(v_txn) USING
-						ERRCODE = 'serialization_failure',
-						DETAIL = format('Payment %s waited for another delivery of %s on channel %s; this transaction''s snapshot cannot see its outcome.',
-										p.payment_no, quote_literal(v_txn), p.channel_no),
-						HINT = 'Retry the transaction, or apply results in READ COMMITTED.';
-				END IF;
-			END IF;
-			SELECT x.payment_no INTO v_other FROM payidem.payment_paid x
-			 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
-			IF FOUND THEN
-				v_kind := 'transaction_conflict';
+	SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
+														 p.status, p.amount, p.transaction_id, p.created_at,
+														 v_order_status, NULL);
+	IF d.verdict = 'check_transaction_id' THEN
+		-- two deliveries carrying one transaction id for two payments: the
+		-- second waits until the first commits, then (READ COMMITTED: a new
+		-- snapshot per statement) finds its row below.  The C path of
+		-- apply_payment_result() takes the same lock.
+		IF NOT payidem._lock_transaction_id(p.channel_no, v_txn, false) THEN
+			PERFORM payidem._lock_transaction_id(p.channel_no, v_txn, true);
+			IF current_setting('transaction_isolation') <> 'read committed' THEN
+				RAISE EXCEPTION 'transaction id % is being applied to another payment at the same time', quote_literal(v_txn) USING
+					ERRCODE = 'serialization_failure',
+					DETAIL = format('Payment %s waited for another delivery of %s on channel %s; this transaction''s snapshot cannot see its outcome.',
+									p.payment_no, quote_literal(v_txn), p.channel_no),
+					HINT = 'Retry the transaction, or apply results in READ COMMITTED.';
 			END IF;
 		END IF;
-	ELSIF p.status = ANY (payidem._paid_payment_statuses()) THEN
-		-- the channel's word of success stands; a later failure/close report
-		-- contradicts it
-		v_kind := 'conflicting_result';
-	ELSIF p.status = v_status THEN
-		RETURN 'duplicate';
-	ELSIF p.status IN ('failed', 'closed') THEN
-		-- a failed attempt is not closed (nor a closed one failed) afterwards
-		RETURN 'rejected';
+		SELECT x.payment_no INTO v_other FROM payidem.payment_paid x
+		 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
+		v_taken := FOUND;
+		SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
+															 p.status, p.amount, p.transaction_id, p.created_at,
+															 v_order_status, v_taken);
 	END IF;
 
-	-- A refusal changes nothing but one anomaly row, and a repeat of the
-	-- same refusal adds none.
-	IF v_kind IS NOT NULL THEN
-		IF NOT EXISTS (SELECT 1 FROM payidem.anomaly a
-						WHERE a.payment_no = p.payment_no AND a.kind = v_kind AND a.handle_status = 'open'
-						  AND a.detail @> jsonb_build_object('reported_status', v_status,
-															 'reported_amount', v_amount,
-															 'transaction_id', v_txn)) THEN
+	IF d.verdict = 'duplicate' THEN
+		RETURN 'duplicate';		-- applied meanwhile, by the delivery we waited for
+	ELSIF d.verdict = 'rejected' THEN
+		-- A refusal changes nothing but one anomaly row, and a repeat of the
+		-- same refusal adds none.
+		IF d.anomaly_kind IS NOT NULL AND NOT EXISTS (
+				SELECT 1 FROM payidem.anomaly a
+				 WHERE a.payment_no = p.payment_no AND a.kind = d.anomaly_kind AND a.handle_status = 'open'
+				   AND a.detail @> jsonb_build_object('reported_status', v_status,
+													  'reported_amount', v_amount,
+													  'transaction_id', v_txn)) THEN
 			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
-			VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, coalesce(v_amount, p.amount),
+			VALUES (d.anomaly_kind, p.order_no, p.payment_no, p.channel_no, coalesce(v_amount, p.amount),
 					jsonb_build_object('reported_status', v_status, 'reported_amount', v_amount,
 									   'transaction_id', v_txn, 'source', v_source,
 									   'payment_status', p.status, 'payment_amount', p.amount,
 									   'payment_transaction_id', p.transaction_id,
-									   'other_payment_no', CASE WHEN v_kind = 'transaction_conflict' THEN v_other END,
+									   'other_payment_no', CASE WHEN d.anomaly_kind = 'transaction_conflict' THEN v_other END,
 									   'raw', payidem._flow_raw(raw)));
 		END IF;
 		RETURN 'rejected';
-	END IF;
-
-	IF v_status <> 'succeeded' THEN
+	ELSIF d.verdict NOT IN ('applied', 'anomaly') THEN
+		RAISE EXCEPTION 'payidem: unexpected verdict % on payment %', d.verdict, p.payment_no;
+	ELSIF v_status <> 'succeeded' THEN
 		-- failed or closed of a pending payment
 		PERFORM payidem.transit_payment(p.payment_no, v_status);
 		RETURN 'applied';
 	END IF;
 
-	-- pending, closed or failed -> succeeded: the channel's word wins.  It
-	-- pays the order if the order is still pending; otherwise money arrived
-	-- where it should not, and an anomaly asks for its refund.
-	-- The status and the fields in one update of the row we hold locked
-	-- (then the order's): the status_guard trigger checks each change
-	-- against the whitelist and logs it, exactly as for transit_payment();
-	-- one new row version each.  A direct update (src/flow.c) unless the
-	-- table has statement triggers, rules or row security that applies:
-	-- then the same UPDATE in SQL.
-	v_outcome := CASE WHEN v_order_status = 'pending' THEN 'applied' ELSE 'anomaly' END;
-	IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at,
-											payidem._fee(p.amount, v_rate),
-											payidem._fee(p.amount, v_cost_rate)) THEN
+	-- The success recorded, and the order paid if it is pending (applied),
+	-- else an anomaly asks for the money's refund.  The status and the fields
+	-- in one update of the row we hold locked (then the order's): the
+	-- status_guard trigger checks each change against the whitelist and logs
+	-- it, exactly as for transit_payment(); one new row version each.  A
+	-- direct update (src/flow.c) unless the table has statement triggers,
+	-- rules or row security that applies: then the same UPDATE in SQL.
+	v_paid_at := coalesce(v_reported_at, now());
+	SELECT * INTO f FROM payidem._payment_fees(p.amount, v_merchant_rate, v_binding_rate, v_channel_rate);
+	IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at, f.fee_amount, f.cost_amount) THEN
 		UPDATE payidem.payment x
 		   SET status = 'succeeded', updated_at = now(),
 			   transaction_id = v_txn, paid_at = v_paid_at,
-			   fee_amount = payidem._fee(p.amount, v_rate),
-			   cost_amount = payidem._fee(p.amount, v_cost_rate)
+			   fee_amount = f.fee_amount, cost_amount = f.cost_amount
 		 WHERE x.payment_no = p.payment_no;
 	END IF;
-	IF v_order_status = 'pending' THEN
+	IF d.verdict = 'applied' THEN
 		IF NOT payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at) THEN
 			UPDATE payidem."order" x
 			   SET status = 'paid', updated_at = now(),
@@ -777,18 +777,19 @@ BEGIN
 			 WHERE x.order_no = p.order_no;
 		END IF;
 	ELSE
-		v_kind := CASE WHEN v_order_status = 'closed' THEN 'paid_after_close' ELSE 'duplicate_payment' END;
 		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
-		VALUES (v_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
+		VALUES (d.anomaly_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
 				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
 								   'payment_status_before', p.status,
 								   'order_status', v_order_status, 'paid_payment_no', v_order_paid_by,
 								   'action', 'refund this payment with payidem.refund()',
 								   'raw', payidem._flow_raw(raw)));
 	END IF;
-	RETURN v_outcome;
+	RETURN d.verdict;
 END
 $$;
+COMMENT ON FUNCTION payidem._apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
+	'Internal to apply_payment_result(): the whole contract in PL/pgSQL, for every call apply_payment_result() does not decide itself.';
 COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
 	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result, and unknown_transaction for a success of a number of this shard that names no payment: nothing changes but an anomaly row). PI009 for another report of an unknown payment.';
 

@@ -1062,6 +1062,24 @@ payidem_scan(Relation rel, PayidemRowFunc func, void *arg)
 }
 
 /*
+ * SELECT ... FOR NO KEY UPDATE of the row in slot, in READ COMMITTED: its
+ * latest version, waiting for a concurrent writer; the slot then holds that
+ * version.  False if the row is gone (deleted) or cannot be locked here.
+ * The lock of the SQL path, and of an UPDATE that keeps the key: foreign
+ * keys' KEY SHARE locks do not wait for it.
+ */
+bool
+payidem_lock_row(Relation rel, TupleTableSlot *slot, Snapshot snapshot)
+{
+	ItemPointerData tid = slot->tts_tid;
+	TM_FailureData tmfd;
+
+	return table_tuple_lock(rel, &tid, snapshot, slot, GetCurrentCommandId(true),
+							LockTupleNoKeyExclusive, LockWaitBlock,
+							TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd) == TM_Ok;
+}
+
+/*
  * Delete one row that the active snapshot sees, by its TID, as a DELETE
  * statement would.  A row that a transaction which committed after this
  * one's snapshot changed or removed is, under REPEATABLE READ or

@@ -1,10 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * flow.c
- *		The payment result: apply_payment_result() and its fast path, and the
- *		two writes of a first success (the payment succeeded, its order paid)
- *		for both of its paths; the fee, the transaction id's lock and the rule
- *		for a reported paid_at (payidem.max_clock_skew).
+ *		The payment result: apply_payment_result() and its fast path, the two
+ *		writes of a first success (the payment succeeded, its order paid) for
+ *		both of its paths, and the transaction id's lock.  What a result does
+ *		is decided by payment_decision.c.
  *
  * apply_payment_result() (at the end of this file) decides a repeated and a
  * first success itself and passes every other call to the PL/pgSQL
@@ -54,10 +54,10 @@
 #include "compat.h"
 #include "direct.h"
 #include "errcodes.h"
-#include "flow.h"
 #include "inval.h"
 #include "ledger.h"
 #include "order_no_codec.h"
+#include "payment_decision.h"
 #include "replication.h"
 #include "shmem.h"
 #include "util.h"
@@ -532,33 +532,6 @@ apply_open(Oid relid, LOCKMODE mode)
 }
 
 /*
- * SELECT ... FOR NO KEY UPDATE of the row in slot, in READ COMMITTED: its
- * latest version, waiting for a concurrent writer; the slot then holds that
- * version.  False if the row is gone (deleted) or cannot be locked here.
- * The lock of the SQL path, and of an UPDATE that keeps the key: foreign
- * keys' KEY SHARE locks do not wait for it.
- */
-static bool
-apply_lock(Relation rel, TupleTableSlot *slot, Snapshot snapshot)
-{
-	ItemPointerData tid = slot->tts_tid;
-	TM_FailureData tmfd;
-
-	return table_tuple_lock(rel, &tid, snapshot, slot, GetCurrentCommandId(true),
-							LockTupleNoKeyExclusive, LockWaitBlock,
-							TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &tmfd) == TM_Ok;
-}
-
-static bool
-text_is(Datum d, const char *s)
-{
-	text	   *t = DatumGetTextPP(d);
-	size_t		len = strlen(s);
-
-	return VARSIZE_ANY_EXHDR(t) == len && memcmp(VARDATA_ANY(t), s, len) == 0;
-}
-
-/*
  * A rate: column attno of the row of table relid whose key in index ix is
  * keys[], copied out (*isnull if NULL or no row).  FETCH_FOUND, FETCH_NONE
  * or FETCH_STALE as for apply_fetch().
@@ -585,34 +558,6 @@ apply_fetch_rate(Oid relid, ApplyIndex *ix, Datum *keys, AttrNumber attno,
 	ExecDropSingleTupleTableSlot(slot);
 	table_close(rel, NoLock);
 	return found;
-}
-
-/*
- * The fee (or cost) of an amount at a rate: amount * rate, exact, rounded
- * half-up to minor units (numeric's round, half away from zero, on a
- * positive amount); NULL for a NULL rate.  The one place a fee is computed:
- * the SQL calls it as payidem._fee().
- */
-static Datum
-apply_fee(int64 amount, Datum rate, bool rate_null, bool *isnull)
-{
-	Datum		product;
-
-	*isnull = rate_null;
-	if (rate_null)
-		return (Datum) 0;
-	product = DirectFunctionCall2(numeric_mul, DirectFunctionCall1(int8_numeric, Int64GetDatum(amount)), rate);
-	return DirectFunctionCall1(numeric_int8, DirectFunctionCall2(numeric_round, product, Int32GetDatum(0)));
-}
-
-/* payidem._fee(amount bigint, rate numeric) RETURNS bigint, IMMUTABLE STRICT */
-PG_FUNCTION_INFO_V1(payidem_fee);
-Datum
-payidem_fee(PG_FUNCTION_ARGS)
-{
-	bool		isnull;
-
-	return apply_fee(PG_GETARG_INT64(0), PG_GETARG_DATUM(1), false, &isnull);
 }
 
 typedef enum ApplyFast
@@ -673,8 +618,40 @@ payidem_lock_transaction_id(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(lock_transaction_id(PG_GETARG_DATUM(0), PG_GETARG_TEXT_PP(1), PG_GETARG_BOOL(2)));
 }
 
+/*
+ * The facts decide_payment_result() takes from the payment in slot (its
+ * order's status and the transaction id's owner still unread); false if a
+ * column it needs is NULL (not as installed: the SQL function's).
+ */
+static bool
+payment_facts_of(TupleTableSlot *slot, PaymentFacts *f)
+{
+	bool		status_null;
+	bool		amount_null;
+	bool		created_null;
+	bool		txn_null;
+	Datum		txn;
+
+	memset(f, 0, sizeof(*f));
+	f->found = true;
+	f->txn_taken = FACT_UNREAD;
+	f->status = DatumGetTextPP(slot_getattr(slot, apply.p_status, &status_null));
+	f->amount = DatumGetInt64(slot_getattr(slot, apply.p_amount, &amount_null));
+	f->created_at = DatumGetTimestampTz(slot_getattr(slot, apply.p_created_at, &created_null));
+	txn = slot_getattr(slot, apply.p_txn, &txn_null);
+	f->txn = txn_null ? NULL : DatumGetTextPP(txn);
+	return !status_null && !amount_null && !created_null;
+}
+
+/*
+ * The fast path, for a valid success report: decides with
+ * decide_payment_result() from what it reads, answers a duplicate, and
+ * writes a first success of a pending payment of a pending order.  Writes
+ * nothing unless it returns APPLY_APPLIED; anything else is the SQL
+ * function's.
+ */
 static ApplyFast
-apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool paid_at_given)
+apply_fast(const PaymentReport *r)
 {
 	Relation	payment;
 	Relation	order;
@@ -686,23 +663,25 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 	Datum		p_payment_no;
 	Datum		p_order_no;
 	Datum		p_channel_no;
-	Datum		p_txn;
-	bool		p_txn_null;
-	int64		p_amount;
+	Datum		merchant_rate = (Datum) 0;
+	bool		merchant_rate_null = true;
 	Datum		rate = (Datum) 0;
 	bool		rate_null = true;
 	Datum		cost_rate = (Datum) 0;
 	bool		cost_rate_null = true;
+	PaymentFacts facts;
+	PaymentDecision decision;
+	TimestampTz paid_at = r->paid_at_null ? GetCurrentTransactionStartTimestamp() : r->paid_at;
 	ItemPointerData payment_tid;
 	ItemPointerData order_tid;
 	ApplyFast	result = APPLY_FALLBACK;
 
 	/*
 	 * 1. the payment as committed, unlocked: a repeat of a success is
-	 * answered from it; anything but a pending payment of this amount, paid
-	 * at an acceptable time, is the SQL function's.  The payment is read as
-	 * by a SELECT (AccessShareLock), locked as by FOR NO KEY UPDATE (RowShareLock),
-	 * updated by flow_update() (RowExclusiveLock).
+	 * answered from it; only the first success of a pending payment goes on.
+	 * The payment is read as by a SELECT (AccessShareLock), locked as by FOR
+	 * NO KEY UPDATE (RowShareLock), updated by payidem_update()
+	 * (RowExclusiveLock).
 	 */
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -716,32 +695,24 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 	/* what the SQL function may read, and how: row security, privileges */
 	if (!apply_allowed())
 		goto done;
-	keys[0] = PointerGetDatum(payment_no);
-	if (apply_fetch(payment, &apply.payment_pkey, GetActiveSnapshot(), keys, pslot) != FETCH_FOUND)
-		goto done;				/* PI009 is the SQL function's to raise */
-	d = slot_getattr(pslot, apply.p_status, &isnull);
-	p_amount = DatumGetInt64(slot_getattr(pslot, apply.p_amount, &isnull));
-	if (paid_at_given)
+	keys[0] = PointerGetDatum(r->payment_no);
+	if (apply_fetch(payment, &apply.payment_pkey, GetActiveSnapshot(), keys, pslot) != FETCH_FOUND ||
+		!payment_facts_of(pslot, &facts))
+		goto done;
+	decision = decide_payment_result(r, &facts);
+	if (decision.verdict == VERDICT_DUPLICATE)
 	{
-		Datum		created = slot_getattr(pslot, apply.p_created_at, &isnull);
-
-		if (isnull || !payidem_paid_at_acceptable(DatumGetTimestampTz(created), paid_at))
-			goto done;			/* 22023 is the SQL function's to raise */
+		result = APPLY_DUPLICATE;
+		goto done;
 	}
-	if (payidem_payment_has_paid(d))
-	{
-		p_txn = slot_getattr(pslot, apply.p_txn, &p_txn_null);
-		if (amount == p_amount && !p_txn_null && payidem_text_equal(PointerGetDatum(txn), p_txn))
-			result = APPLY_DUPLICATE;
-		goto done;				/* a conflicting result */
-	}
-	if (!text_is(d, "pending") || amount != p_amount)
-		goto done;				/* a late success, amount_mismatch */
+	if ((decision.verdict != VERDICT_READ_ORDER && decision.verdict != VERDICT_CHECK_TXN) ||
+		!payidem_text_is(PointerGetDatum(facts.status), "pending"))
+		goto done;
 	p_order_no = datumCopy(slot_getattr(pslot, apply.p_order_no, &isnull), false, -1);
 
 	/*
 	 * 2. the lock order of every flow function: the order, then its
-	 * payment.  The order, locked, and pending.
+	 * payment.  The order, locked.
 	 */
 	order = apply_open(apply.order, RowShareLock);
 	if (order == NULL)
@@ -749,34 +720,32 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 	oslot = table_slot_create(order, NULL);
 	keys[0] = p_order_no;
 	if (apply_fetch(order, &apply.order_pkey, GetActiveSnapshot(), keys, oslot) != FETCH_FOUND ||
-		!apply_lock(order, oslot, GetActiveSnapshot()) || !apply.valid)
+		!payidem_lock_row(order, oslot, GetActiveSnapshot()) || !apply.valid)
 		goto done_order;
 	d = slot_getattr(oslot, apply.o_order_no, &isnull);
 	if (isnull || !payidem_text_equal(d, p_order_no))
 		goto done_order;
 	d = slot_getattr(oslot, apply.o_status, &isnull);
-	if (isnull || !text_is(d, "pending"))
-		goto done_order;		/* paid_after_close, duplicate_payment */
+	if (isnull)
+		goto done_order;
 	order_tid = oslot->tts_tid;
 
-	/* 3. the payment, locked; then a new snapshot, as for a next statement */
+	/* 3. the payment, locked, still pending; then a new snapshot, as for a next statement */
 	LockRelationOid(apply.payment, RowShareLock);
-	if (!apply.valid || !apply_lock(payment, pslot, GetActiveSnapshot()))
+	if (!apply.valid || !payidem_lock_row(payment, pslot, GetActiveSnapshot()))
 		goto done_order;
 	PopActiveSnapshot();
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	p_payment_no = slot_getattr(pslot, apply.p_payment_no, &isnull);
-	if (isnull || !payidem_text_equal(p_payment_no, PointerGetDatum(payment_no)))
+	if (isnull || !payidem_text_equal(p_payment_no, PointerGetDatum(r->payment_no)) ||
+		!payment_facts_of(pslot, &facts) || !payidem_text_is(PointerGetDatum(facts.status), "pending"))
 		goto done_order;
-	d = slot_getattr(pslot, apply.p_status, &isnull);
-	if (isnull || !text_is(d, "pending"))
-		goto done_order;		/* closed, failed, or succeeded meanwhile */
+	facts.order_status = DatumGetTextPP(d);
 	payment_tid = pslot->tts_tid;
 	slot_getallattrs(pslot);
 	p_channel_no = pslot->tts_values[apply.p_channel_no - 1];
-	p_txn = pslot->tts_values[apply.p_txn - 1];
-	p_txn_null = pslot->tts_isnull[apply.p_txn - 1];
+	decision = decide_payment_result(r, &facts);
 
 	/*
 	 * 4. a transaction id another payment of the channel has.  Under the
@@ -785,43 +754,44 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 	 * ago is seen (not met as a unique violation at the update).  A
 	 * delivery still holding the lock goes to SQL, which waits for it.
 	 */
-	if (p_txn_null || !payidem_text_equal(p_txn, PointerGetDatum(txn)))
+	if (decision.verdict == VERDICT_CHECK_TXN)
 	{
 		Relation	paid;
 		TupleTableSlot *xslot;
 		Snapshot	latest;
 		int			taken;
 
-		if (!lock_transaction_id(p_channel_no, txn, false))
+		if (!lock_transaction_id(p_channel_no, r->txn, false))
 			goto done_order;
 		paid = apply_open(apply.paid, AccessShareLock);
 		if (paid == NULL)
 			goto done_order;
 		xslot = table_slot_create(paid, NULL);
 		keys[0] = p_channel_no;
-		keys[1] = PointerGetDatum(txn);
+		keys[1] = PointerGetDatum(r->txn);
 		latest = RegisterSnapshot(GetLatestSnapshot());
 		taken = apply_fetch(paid, &apply.payment_txn, latest, keys, xslot);
 		UnregisterSnapshot(latest);
 		if (taken == FETCH_FOUND)
 		{
 			d = slot_getattr(xslot, apply.pp_payment_no, &isnull);
-			if (payidem_text_equal(d, PointerGetDatum(payment_no)))
+			if (payidem_text_equal(d, PointerGetDatum(r->payment_no)))
 				taken = FETCH_NONE;
 		}
 		ExecDropSingleTupleTableSlot(xslot);
 		table_close(paid, NoLock);
-		if (taken != FETCH_NONE)
-			goto done_order;	/* transaction_conflict */
+		if (taken == FETCH_STALE)
+			goto done_order;
+		facts.txn_taken = taken == FETCH_FOUND;
+		decision = decide_payment_result(r, &facts);
 	}
+	if (decision.verdict != VERDICT_APPLIED)
+		goto done_order;		/* transaction_conflict, paid_after_close, ... */
 
-	/* 5. the rates of the fees */
+	/* 5. the rates of the fees: the merchant's, its binding's to the channel, the channel's */
 	{
 		Datum		merchant_no = slot_getattr(oslot, apply.o_merchant_no, &isnull);
-		Datum		merchant_rate;
-		bool		merchant_rate_null;
 
-		/* the merchant's rate, unless its binding to the channel has one */
 		keys[0] = merchant_no;
 		keys[1] = p_channel_no;
 		if (apply_fetch_rate(apply.binding, &apply.binding_pkey, keys, apply.b_fee_rate,
@@ -829,11 +799,6 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 			apply_fetch_rate(apply.merchant, &apply.merchant_pkey, keys, apply.m_fee_rate,
 							 &merchant_rate, &merchant_rate_null) != FETCH_FOUND)
 			goto done_order;
-		if (rate_null)
-		{
-			rate = merchant_rate;
-			rate_null = merchant_rate_null;
-		}
 		keys[0] = p_channel_no;
 		if (apply_fetch_rate(apply.channel, &apply.channel_pkey, keys, apply.c_fee_rate,
 							 &cost_rate, &cost_rate_null) != FETCH_FOUND)
@@ -852,17 +817,17 @@ apply_fast(text *payment_no, text *txn, int64 amount, TimestampTz paid_at, bool 
 		bool		fee_null;
 		bool		cost_null;
 
-		fee = apply_fee(p_amount, rate, rate_null, &fee_null);
-		cost = apply_fee(p_amount, cost_rate, cost_rate_null, &cost_null);
+		payment_fees(facts.amount, merchant_rate, merchant_rate_null, rate, rate_null,
+					 cost_rate, cost_rate_null, &fee, &fee_null, &cost, &cost_null);
 		PopActiveSnapshot();
 		CommandCounterIncrement();
 		PushActiveSnapshot(GetTransactionSnapshot());
-		if (!record_payment_success(&payment_tid, payment_no, PointerGetDatum(txn), false,
+		if (!record_payment_success(&payment_tid, r->payment_no, PointerGetDatum(r->txn), false,
 									TEXTOID, paid_at, fee, fee_null, cost, cost_null, true))
 			elog(ERROR, "payidem: payment %s could not be updated directly",
-				 text_to_cstring(payment_no));
+				 text_to_cstring(r->payment_no));
 		PopActiveSnapshot();
-		PushActiveSnapshot(GetTransactionSnapshot());	/* after flow_update's CCI */
+		PushActiveSnapshot(GetTransactionSnapshot());	/* after payidem_update's CCI */
 		/*
 		 * the payment's own number, of its column's type (a domain): as SET
 		 * paid_payment_no = p.payment_no, not checked again
@@ -885,92 +850,6 @@ done:
 }
 
 /*
- * payidem.max_clock_skew: how far a channel's clock may be from ours.  A
- * reported paid_at is taken when it lies between the attempt's start and
- * now, each widened by this much (DESIGN §7): a success dated in 2099 would
- * fall out of every reconciliation, one dated before the attempt was made
- * cannot be its payment.
- */
-static int	payidem_max_clock_skew = 300;	/* seconds */
-
-void
-flow_define_gucs(void)
-{
-	DefineCustomIntVariable("payidem.max_clock_skew",
-							gettext_noop("How far a channel's reported paid_at may lie outside the payment attempt's lifetime."),
-							gettext_noop("apply_payment_result() takes a paid_at between the attempt's creation and now, "
-										 "each widened by this much; others are refused with 22023.  Only superusers "
-										 "can change it."),
-							&payidem_max_clock_skew,
-							300, 0, 86400,
-							PGC_SUSET,
-							GUC_UNIT_S,
-							NULL, NULL, NULL);
-}
-
-/* The one rule for a reported paid_at (see payidem_max_clock_skew). */
-bool
-payidem_paid_at_acceptable(TimestampTz created_at, TimestampTz paid_at)
-{
-	int64		skew = (int64) payidem_max_clock_skew * USECS_PER_SEC;
-
-	return !TIMESTAMP_NOT_FINITE(paid_at) &&
-		paid_at >= created_at - skew &&
-		paid_at <= GetCurrentTimestamp() + skew;
-}
-
-/*
- * payidem._check_paid_at(payment_no text, created_at timestamptz,
- *     paid_at timestamptz) RETURNS void
- *		22023 unless payidem_paid_at_acceptable(); for _apply_payment_result().
- */
-PG_FUNCTION_INFO_V1(payidem_paid_at_ok);
-Datum
-payidem_paid_at_ok(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(payidem_paid_at_acceptable(PG_GETARG_TIMESTAMPTZ(0), PG_GETARG_TIMESTAMPTZ(1)));
-}
-
-PG_FUNCTION_INFO_V1(payidem_check_paid_at);
-Datum
-payidem_check_paid_at(PG_FUNCTION_ARGS)
-{
-	TimestampTz created_at;
-	TimestampTz paid_at;
-
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
-		elog(ERROR, "payidem._check_paid_at: a required argument is NULL");
-	created_at = PG_GETARG_TIMESTAMPTZ(1);
-	paid_at = PG_GETARG_TIMESTAMPTZ(2);
-	if (!payidem_paid_at_acceptable(created_at, paid_at))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid paid_at"),
-				 errdetail("Payment %s was started at %s; the reported paid_at %s is not between then and now (allowing %d seconds of clock skew).",
-						   text_to_cstring(PG_GETARG_TEXT_PP(0)),
-						   pstrdup(timestamptz_to_str(created_at)), pstrdup(timestamptz_to_str(paid_at)),
-						   payidem_max_clock_skew),
-				 errhint("Pass the time the channel reports the payment was made, or NULL for now; payidem.max_clock_skew sets the allowance.")));
-	PG_RETURN_VOID();
-}
-
-/* a transaction id the fast path takes as it is: 1 to 64 printable ASCII */
-static bool
-plain_txn(text *t)
-{
-	const unsigned char *p = (const unsigned char *) VARDATA_ANY(t);
-	int			len = VARSIZE_ANY_EXHDR(t);
-	int			i;
-
-	if (len < 1 || len > 64)
-		return false;
-	for (i = 0; i < len; i++)
-		if (p[i] < 0x21 || p[i] > 0x7e)
-			return false;
-	return true;
-}
-
-/*
  * payidem.apply_payment_result(payment_no text, source text, status text,
  *     transaction_id text, amount bigint, paid_at timestamptz, raw jsonb)
  *     RETURNS text
@@ -985,42 +864,37 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 	LOCAL_FCINFO(sql, 7);
 	Datum		result;
 	int			i;
+	PaymentReport r;
 
 	payidem_require_replication("apply_payment_result()");
+	memset(&r, 0, sizeof(r));
+	r.payment_no = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
+	r.status = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
+	r.txn = PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3);
+	r.amount_null = PG_ARGISNULL(4);
+	r.amount = r.amount_null ? 0 : PG_GETARG_INT64(4);
+	r.paid_at_null = PG_ARGISNULL(5);
+	r.paid_at = r.paid_at_null ? 0 : PG_GETARG_TIMESTAMPTZ(5);
+	payment_result_args_valid(r.payment_no, PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1), r.status, r.txn,
+							  r.amount_null, r.amount, r.paid_at_null, r.paid_at, true);
+	r.success = payidem_text_is(PointerGetDatum(r.status), "succeeded");
 	if (!apply.valid)
 		apply_prepare();
 
-	/* a valid success report, in READ COMMITTED, of a well-formed number */
-	if (apply.usable && !PG_ARGISNULL(0) && !PG_ARGISNULL(1) && !PG_ARGISNULL(2) &&
-		!IsolationUsesXactSnapshot() && !XactReadOnly &&
-		text_is(PG_GETARG_DATUM(2), "succeeded") &&
-		(text_is(PG_GETARG_DATUM(1), "callback") || text_is(PG_GETARG_DATUM(1), "query") ||
-		 text_is(PG_GETARG_DATUM(1), "close")) &&
-		!PG_ARGISNULL(3) && plain_txn(PG_GETARG_TEXT_PP(3)) &&
-		!PG_ARGISNULL(4) && PG_GETARG_INT64(4) > 0 &&
-		(PG_ARGISNULL(5) || !TIMESTAMP_NOT_FINITE(PG_GETARG_TIMESTAMPTZ(5))))
+	/* a success, in READ COMMITTED */
+	if (apply.usable && r.success && !IsolationUsesXactSnapshot() && !XactReadOnly)
 	{
-		text	   *payment_no = PG_GETARG_TEXT_PP(0);
-		OrderNoParts parts;
+		ApplyFast	fast = apply_fast(&r);
 
-		if (VARSIZE_ANY_EXHDR(payment_no) >= 2 && memcmp(VARDATA_ANY(payment_no), "PY", 2) == 0 &&
-			order_no_parse(VARDATA_ANY(payment_no), VARSIZE_ANY_EXHDR(payment_no), &parts) == ORDER_NO_OK)
+		if (fast == APPLY_DUPLICATE)
 		{
-			ApplyFast	fast;
-
-			fast = apply_fast(payment_no, PG_GETARG_TEXT_PP(3), PG_GETARG_INT64(4),
-							  PG_ARGISNULL(5) ? GetCurrentTransactionStartTimestamp() : PG_GETARG_TIMESTAMPTZ(5),
-							  !PG_ARGISNULL(5));
-			if (fast == APPLY_DUPLICATE)
-			{
-				payidem_count(PAYIDEM_PAYMENT_DUPLICATE);
-				PG_RETURN_TEXT_P(cstring_to_text("duplicate"));
-			}
-			if (fast == APPLY_APPLIED)
-			{
-				payidem_count(PAYIDEM_PAYMENT_APPLIED);
-				PG_RETURN_TEXT_P(cstring_to_text("applied"));
-			}
+			payidem_count(PAYIDEM_PAYMENT_DUPLICATE);
+			PG_RETURN_TEXT_P(cstring_to_text("duplicate"));
+		}
+		if (fast == APPLY_APPLIED)
+		{
+			payidem_count(PAYIDEM_PAYMENT_APPLIED);
+			PG_RETURN_TEXT_P(cstring_to_text("applied"));
 		}
 	}
 
@@ -1037,13 +911,13 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 	if (sql->isnull)
 		PG_RETURN_NULL();
 	/* the outcome, counted in stats() as the fast path counts its own */
-	if (text_is(result, "applied"))
+	if (payidem_text_is(result, "applied"))
 		payidem_count(PAYIDEM_PAYMENT_APPLIED);
-	else if (text_is(result, "duplicate"))
+	else if (payidem_text_is(result, "duplicate"))
 		payidem_count(PAYIDEM_PAYMENT_DUPLICATE);
-	else if (text_is(result, "anomaly"))
+	else if (payidem_text_is(result, "anomaly"))
 		payidem_count(PAYIDEM_PAYMENT_ANOMALY);
-	else if (text_is(result, "rejected"))
+	else if (payidem_text_is(result, "rejected"))
 		payidem_count(PAYIDEM_PAYMENT_REJECTED);
 	PG_RETURN_DATUM(result);
 }

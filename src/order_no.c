@@ -72,7 +72,7 @@
 #include "util.h"
 
 /* payidem.shard_id: the two shard digits of every number issued here */
-static int	payidem_shard_id = 0;
+int			payidem_shard_id = 0;
 
 /* slot of this backend's database in the shared array, -1 = look it up */
 static int	my_slot = -1;

@@ -81,6 +81,7 @@ typedef struct OrderNoShared
 } OrderNoShared;
 
 extern void order_no_shmem_init(OrderNoShared *state);
+extern int	payidem_shard_id;
 extern void order_no_define_gucs(void);
 /* a notification event id, unique across failovers as numbers are */
 extern int64 order_no_next_event_id(void);

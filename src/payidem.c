@@ -18,9 +18,9 @@
 #include "utils/guc.h"
 
 #include "crypto.h"
-#include "flow.h"
 #include "housekeeping.h"
 #include "order_no.h"
+#include "payment_decision.h"
 #include "recon.h"
 #include "replication.h"
 #include "shmem.h"
@@ -42,7 +42,7 @@ _PG_init(void)
 	crypto_define_gucs();
 	recon_define_gucs();
 	replication_define_gucs();
-	flow_define_gucs();
+	payment_decision_define_gucs();
 	housekeeping_init();		/* its GUCs; its launcher only when preloading */
 	MarkGUCPrefixReserved("payidem");
 
