@@ -26,7 +26,7 @@ OBJS_IDEM      = src/idem.o
 OBJS_STATE     = src/state_machine.o src/ledger.o
 OBJS_MERCHANT  = src/crypto.o
 OBJS_RECON     = src/recon.o
-OBJS_FLOW      = src/flow.o src/payment_decision.o src/payment_keys.o src/read_api.o src/notify.o
+OBJS_FLOW      = src/payment_result.o src/payment_decision.o src/payment_keys.o src/read_api.o src/notify.o
 OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_FLOW)
 
 # The install script of the version in development is assembled from its

@@ -6,7 +6,7 @@
  *		by tid, a table scanned, a row inserted (the status_log row of
  *		state_machine.c, the notification event of notify.c, the payment
  *		keys' rows), inserted unless its key exists (idem.c), updated by tid
- *		(flow.c) or deleted by tid, and the CHECKs, defaults and domains those
+ *		(payment_result.c) or deleted by tid, and the CHECKs, defaults and domains those
  *		writes evaluate.
  *
  * An insert through SPI plans nothing per row but still builds and tears
@@ -34,7 +34,7 @@
  * being written with it further up the stack.
  *
  * payidem_update() is the UPDATE of one locked row by its ctid (the payment
- * result's two writes, flow.c), made the way the apply worker makes it
+ * result's two writes, payment_result.c), made the way the apply worker makes it
  * (ExecSimpleRelationUpdate): BEFORE and AFTER row triggers fire -- among
  * them the status_guard constraint trigger, which checks the status change
  * against the whitelist and logs it, and the foreign-key triggers -- NOT NULL
@@ -649,7 +649,7 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 
 /*
  * Versions of rows this backend wrote directly in its current transaction
- * (flow.c's updates): where a later look-up by key in the same transaction
+ * (payment_result.c's updates): where a later look-up by key in the same transaction
  * (the event, the bookkeeping at commit) may find the row without an index
  * descent.  Only a hint: a look-up takes it only if the version at that tid
  * is the one its snapshot sees and has the key asked for -- an MVCC snapshot

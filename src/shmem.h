@@ -37,7 +37,7 @@ typedef enum PayidemCounter
 	/* state machines */
 	PAYIDEM_TRANSITIONS_APPLIED,
 	PAYIDEM_TRANSITIONS_REJECTED,
-	/* apply_payment_result() outcomes (flow.c) */
+	/* apply_payment_result() outcomes (payment_result.c) */
 	PAYIDEM_PAYMENT_APPLIED,
 	PAYIDEM_PAYMENT_DUPLICATE,
 	PAYIDEM_PAYMENT_ANOMALY,

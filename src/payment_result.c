@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * flow.c
+ * payment_result.c
  *		The payment result: apply_payment_result() and its fast path, the two
  *		writes of a first success (the payment succeeded, its order paid) for
  *		both of its paths, and the transaction id's lock.  What a result does
