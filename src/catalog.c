@@ -30,31 +30,9 @@
 #include "catalog.h"
 #include "inval.h"
 
+#define PAYIDEM_RELATION_NAME(id, name) name,
 static const char *const relation_names[PAYIDEM_NUM_RELATIONS] = {
-	[PAYIDEM_ORDER] = "order",
-	[PAYIDEM_PAYMENT] = "payment",
-	[PAYIDEM_PAYMENT_PENDING] = "payment_pending",
-	[PAYIDEM_PAYMENT_PAID] = "payment_paid",
-	[PAYIDEM_MERCHANT] = "merchant",
-	[PAYIDEM_CHANNEL] = "channel",
-	[PAYIDEM_MERCHANT_CHANNEL] = "merchant_channel",
-	[PAYIDEM_IDEMPOTENCY] = "idempotency",
-	[PAYIDEM_ORDER_EXPIRY] = "order_expiry",
-	[PAYIDEM_STATE] = "state",
-	[PAYIDEM_TRANSITION] = "transition",
-	[PAYIDEM_STATUS_LOG] = "status_log",
-	[PAYIDEM_NOTIFY_EVENT] = "notify_event",
-	[PAYIDEM_REFUND] = "refund",
-	[PAYIDEM_STATUS_LOG_LOG_ID_SEQ] = "status_log_log_id_seq",
-	[PAYIDEM_ORDER_NO_HWM] = "order_no_hwm",
-	[PAYIDEM_ORDER_PKEY] = "order_pkey",
-	[PAYIDEM_PAYMENT_PKEY] = "payment_pkey",
-	[PAYIDEM_PAYMENT_TRANSACTION_KEY] = "payment_transaction_key",
-	[PAYIDEM_PAYMENT_ONE_PENDING_PER_ORDER] = "payment_one_pending_per_order",
-	[PAYIDEM_PAYMENT_CHANNEL_PAID] = "payment_channel_paid",
-	[PAYIDEM_MERCHANT_PKEY] = "merchant_pkey",
-	[PAYIDEM_CHANNEL_PKEY] = "channel_pkey",
-	[PAYIDEM_MERCHANT_CHANNEL_PKEY] = "merchant_channel_pkey",
+	PAYIDEM_RELATIONS(PAYIDEM_RELATION_NAME)
 };
 
 Oid			payidem_relids[PAYIDEM_NUM_RELATIONS];

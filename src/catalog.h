@@ -15,32 +15,36 @@
 #include "utils/rel.h"
 
 /* the relations payidem's C code reads or writes, in schema payidem */
+#define PAYIDEM_RELATIONS(X) \
+	X(ORDER, "order") \
+	X(PAYMENT, "payment") \
+	X(PAYMENT_PENDING, "payment_pending") \
+	X(PAYMENT_PAID, "payment_paid") \
+	X(MERCHANT, "merchant") \
+	X(CHANNEL, "channel") \
+	X(MERCHANT_CHANNEL, "merchant_channel") \
+	X(IDEMPOTENCY, "idempotency") \
+	X(ORDER_EXPIRY, "order_expiry") \
+	X(STATE, "state") \
+	X(TRANSITION, "transition") \
+	X(STATUS_LOG, "status_log") \
+	X(NOTIFY_EVENT, "notify_event") \
+	X(REFUND, "refund") \
+	X(STATUS_LOG_LOG_ID_SEQ, "status_log_log_id_seq") \
+	X(ORDER_NO_HWM, "order_no_hwm") \
+	X(ORDER_PKEY, "order_pkey") \
+	X(PAYMENT_PKEY, "payment_pkey") \
+	X(PAYMENT_TRANSACTION_KEY, "payment_transaction_key") \
+	X(PAYMENT_ONE_PENDING_PER_ORDER, "payment_one_pending_per_order") \
+	X(PAYMENT_CHANNEL_PAID, "payment_channel_paid") \
+	X(MERCHANT_PKEY, "merchant_pkey") \
+	X(CHANNEL_PKEY, "channel_pkey") \
+	X(MERCHANT_CHANNEL_PKEY, "merchant_channel_pkey")
+
+#define PAYIDEM_RELATION_ENUM(id, name) PAYIDEM_##id,
 typedef enum PayidemRelation
 {
-	PAYIDEM_ORDER,
-	PAYIDEM_PAYMENT,
-	PAYIDEM_PAYMENT_PENDING,
-	PAYIDEM_PAYMENT_PAID,
-	PAYIDEM_MERCHANT,
-	PAYIDEM_CHANNEL,
-	PAYIDEM_MERCHANT_CHANNEL,
-	PAYIDEM_IDEMPOTENCY,
-	PAYIDEM_ORDER_EXPIRY,
-	PAYIDEM_STATE,
-	PAYIDEM_TRANSITION,
-	PAYIDEM_STATUS_LOG,
-	PAYIDEM_NOTIFY_EVENT,
-	PAYIDEM_REFUND,
-	PAYIDEM_STATUS_LOG_LOG_ID_SEQ,
-	PAYIDEM_ORDER_NO_HWM,
-	PAYIDEM_ORDER_PKEY,
-	PAYIDEM_PAYMENT_PKEY,
-	PAYIDEM_PAYMENT_TRANSACTION_KEY,
-	PAYIDEM_PAYMENT_ONE_PENDING_PER_ORDER,
-	PAYIDEM_PAYMENT_CHANNEL_PAID,
-	PAYIDEM_MERCHANT_PKEY,
-	PAYIDEM_CHANNEL_PKEY,
-	PAYIDEM_MERCHANT_CHANNEL_PKEY,
+	PAYIDEM_RELATIONS(PAYIDEM_RELATION_ENUM)
 	PAYIDEM_NUM_RELATIONS
 } PayidemRelation;
 
