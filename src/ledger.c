@@ -222,28 +222,19 @@ trigger_data(FunctionCallInfo fcinfo, const char *fn)
 	return trigdata;
 }
 
-/*
- * which of payidem's tables: 'o'rder, 'p'ayment, 'r'efund.  The schema's OID
- * is kept, and looked up again only when a table is not in it (the
- * extension dropped and created again): no catalog look-up per row.
- */
+/* which of payidem's tables: 'o'rder, 'p'ayment, 'r'efund (catalog.c knows them) */
 static char
 table_kind(Relation rel)
 {
-	static Oid	payidem_nsp = InvalidOid;
+	Oid			relid = RelationGetRelid(rel);
 	const char *name = RelationGetRelationName(rel);
 
-	if (RelationGetNamespace(rel) != payidem_nsp)
-		payidem_nsp = get_namespace_oid("payidem", true);
-	if (RelationGetNamespace(rel) == payidem_nsp)
-	{
-		if (strcmp(name, "order") == 0)
-			return 'o';
-		if (strcmp(name, "payment") == 0)
-			return 'p';
-		if (strcmp(name, "refund") == 0)
-			return 'r';
-	}
+	if (relid == payidem_relation(PAYIDEM_ORDER))
+		return 'o';
+	if (relid == payidem_relation(PAYIDEM_PAYMENT))
+		return 'p';
+	if (relid == payidem_relation(PAYIDEM_REFUND))
+		return 'r';
 	ereport(ERROR,
 			(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 			 errmsg("payidem's bookkeeping triggers belong to payidem.\"order\", payidem.payment and payidem.refund"),

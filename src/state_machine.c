@@ -622,14 +622,17 @@ guard_restoring(Relation rel, bool *copying)
 static void
 guard_check_table(Relation rel, const char *entity)
 {
-	static Oid	payidem_nsp = InvalidOid;
+	PayidemRelation table;
 
-	if (strcmp(entity, "order") != 0 && strcmp(entity, "payment") != 0 &&
-		strcmp(entity, "refund") != 0)
+	if (strcmp(entity, "order") == 0)
+		table = PAYIDEM_ORDER;
+	else if (strcmp(entity, "payment") == 0)
+		table = PAYIDEM_PAYMENT;
+	else if (strcmp(entity, "refund") == 0)
+		table = PAYIDEM_REFUND;
+	else
 		return;
-	if (RelationGetNamespace(rel) != payidem_nsp)
-		payidem_nsp = get_namespace_oid("payidem", true);	/* first call, or a new schema */
-	if (RelationGetNamespace(rel) != payidem_nsp || strcmp(RelationGetRelationName(rel), entity) != 0)
+	if (RelationGetRelid(rel) != payidem_relation(table))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("entity '%s' is guarded only on table payidem.%s", entity,
