@@ -619,18 +619,27 @@ guard_restoring(Relation rel, bool *copying)
  * table (made by a role given EXECUTE on status_guard for its own entities)
  * must not write history for real orders, payments or refunds.
  */
+/* the table of one of payidem's entities ("order", payment, refund): false for another */
+static bool
+entity_table(const char *entity, PayidemRelation *table)
+{
+	if (strcmp(entity, "order") == 0)
+		*table = PAYIDEM_ORDER;
+	else if (strcmp(entity, "payment") == 0)
+		*table = PAYIDEM_PAYMENT;
+	else if (strcmp(entity, "refund") == 0)
+		*table = PAYIDEM_REFUND;
+	else
+		return false;
+	return true;
+}
+
 static void
 guard_check_table(Relation rel, const char *entity)
 {
 	PayidemRelation table;
 
-	if (strcmp(entity, "order") == 0)
-		table = PAYIDEM_ORDER;
-	else if (strcmp(entity, "payment") == 0)
-		table = PAYIDEM_PAYMENT;
-	else if (strcmp(entity, "refund") == 0)
-		table = PAYIDEM_REFUND;
-	else
+	if (!entity_table(entity, &table))
 		return;
 	if (RelationGetRelid(rel) != payidem_relation(table))
 		ereport(ERROR,
@@ -872,13 +881,7 @@ payidem_status_in_use(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		PG_RETURN_BOOL(false);
 	entity = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	if (strcmp(entity, "order") == 0)
-		table = PAYIDEM_ORDER;
-	else if (strcmp(entity, "payment") == 0)
-		table = PAYIDEM_PAYMENT;
-	else if (strcmp(entity, "refund") == 0)
-		table = PAYIDEM_REFUND;
-	else
+	if (!entity_table(entity, &table))
 		PG_RETURN_BOOL(false);
 	if (status_rows_exist(table, PG_GETARG_DATUM(1)))
 		PG_RETURN_BOOL(true);
