@@ -201,15 +201,15 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
  *     without a lock;
  *   - the first success of a pending payment whose order is pending, with
  *     the payment's amount, a paid_at payidem_paid_at_acceptable() takes
- *     (or none: the time of the call),
- *     and a transaction id no other payment of the channel has: 'applied' —
- *     the order is locked, then the payment (the lock order of every flow
- *     function, docs/payment-flow.md); the fees are computed from the
- *     rates; the payment becomes succeeded and the order paid by the direct
- *     updates above (status_guard, the bookkeeping triggers, CHECKs,
- *     foreign keys and indexes as for an UPDATE).  The payment's row is the
- *     record of the decision; no idempotency key is written (DESIGN §4: the
- *     application's keys and payidem's decisions never meet).
+ *     (or none: the time of the call), and a transaction id no other
+ *     payment of the channel has: 'applied' — the order is locked, then the
+ *     payment (the lock order of every flow function, docs/payment-flow.md);
+ *     the fees are computed from the rates; the payment becomes succeeded
+ *     and the order paid by the direct updates above (payidem_update(),
+ *     direct.c: status_guard, the bookkeeping triggers, CHECKs, foreign keys
+ *     and indexes as for an UPDATE).  The payment's row is the record of the
+ *     decision; no idempotency key is written (DESIGN §4: the application's
+ *     keys and payidem's decisions never meet).
  *
  * Everything else — a failure or close report, a conflicting result, a
  * refusal, an anomaly, an invalid argument (a success without transaction
@@ -229,10 +229,9 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
  * SELECT ... FOR NO KEY UPDATE locks it in READ COMMITTED: its latest version,
  * waiting for a concurrent writer, and checked again.
  *
- * Not a second implementation to keep in step: the SQL function decides
- * every case with a branch of its own; this one takes the same decisions
- * for the two above only, and the regress, isolation and storm tests run
- * both (a payment whose order is closed, say, goes through both).
+ * Not a second implementation to keep in step: both paths read the facts
+ * and let decide_payment_result() (payment_decision.c) decide; the
+ * payment_result_paths test runs every case through both and compares.
  * ---------------------------------------------------------------------------
  */
 
