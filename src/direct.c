@@ -95,6 +95,55 @@
 #include "inval.h"
 #include "util.h"
 
+/*
+ * The expressions a direct write of one table evaluates -- its CHECKs, the
+ * defaults of a direct insert and the predicates of its partial indexes --
+ * planned once and compiled on first use, in the memory of the cache that
+ * holds them.
+ */
+typedef struct PayidemExprs
+{
+	MemoryContext context;		/* the holder's; gone with its plans */
+	int			ncheck;
+	Expr	  **checks;			/* planned, in relcache order (NULL: not enforced) */
+	bool	   *check_replan;	/* or raw, to plan at each use (not keepable) */
+	int			ndefault;
+	Expr	  **defaults;		/* per column, of the holder: planned here, or NULL */
+	bool	   *default_replan;	/* or raw, as for the CHECKs */
+	bool		keepable;		/* none to plan at each use */
+	/* the compiled ones, in compiled (under context) */
+	MemoryContext compiled;
+	ExprState **check_states;
+	ExprState **default_states;
+	int			npred;
+	Oid		   *pred_index;		/* the partial indexes, by OID */
+	ExprState **pred_states;	/* and their predicates */
+	bool		in_use;			/* by a write under way further up the stack */
+} PayidemExprs;
+
+/* what an update of a table may set, and what it keeps between calls */
+struct PayidemUpdate
+{
+	PayidemRelation table;
+	const char *keycol;			/* its key: checked against the caller's */
+	const char *const *columns; /* the columns it may set */
+	int			ncolumns;
+	PayidemUpdate *next;		/* every one made, for the callbacks */
+
+	/* built on first use, dropped by an invalidation of the relation */
+	bool		valid;
+	Oid			relid;
+	MemoryContext context;
+	int			natts;
+	AttrNumber	keyattno;
+	AttrNumber	attnos[PAYIDEM_UPDATE_MAX_COLUMNS];
+	bool		isdomain[PAYIDEM_UPDATE_MAX_COLUMNS];
+	void	   *domain_extra[PAYIDEM_UPDATE_MAX_COLUMNS];	/* domain_check()'s cache */
+	PayidemExprs exprs;			/* its CHECKs and index predicates */
+	GeneratedColumnsCompat *generated;	/* for 15's extraUpdatedCols */
+	bool		indexes_lazy;	/* indexes opened only if the update is not HOT */
+};
+
 static void exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int ndefault,
 					   Expr **defaults);
 static ExprState **exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached);
@@ -194,6 +243,27 @@ payidem_insert_define(PayidemRelation table, int ncols, const char *const *colum
 	ins->next = inserts;
 	inserts = ins;
 	return ins;
+}
+
+/*
+ * The cache of an update of table's row with key column keycol, which may
+ * set columns[] (ncolumns of them, constants).  Made once, at the call site's
+ * first use, and kept for the backend.
+ */
+PayidemUpdate *
+payidem_update_define(PayidemRelation table, const char *keycol, int ncolumns, const char *const *columns)
+{
+	PayidemUpdate *t = MemoryContextAllocZero(TopMemoryContext, sizeof(PayidemUpdate));
+
+	Assert(ncolumns <= PAYIDEM_UPDATE_MAX_COLUMNS);
+	register_callbacks();
+	t->table = table;
+	t->keycol = keycol;
+	t->columns = columns;
+	t->ncolumns = ncolumns;
+	t->next = updates;
+	updates = t;
+	return t;
 }
 
 static void
@@ -1217,13 +1287,6 @@ payidem_update(PayidemUpdate *t, ItemPointer tid, text *key,
 	bool		attached;
 	int			i;
 
-	if (!t->listed)
-	{
-		register_callbacks();
-		t->next = updates;
-		updates = t;
-		t->listed = true;
-	}
 	if (!t->valid)
 		t->relid = payidem_relation(t->table);
 	rel = table_open(t->relid, RowExclusiveLock);

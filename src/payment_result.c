@@ -66,19 +66,17 @@ enum
 {
 	PAY_STATUS, PAY_UPDATED_AT, PAY_TRANSACTION_ID, PAY_PAID_AT, PAY_FEE, PAY_COST
 };
-static PayidemUpdate payment_target = {
-	PAYIDEM_PAYMENT, "payment_no",
-	{"status", "updated_at", "transaction_id", "paid_at", "fee_amount", "cost_amount"}, 6
+static const char *const payment_columns[] = {
+	"status", "updated_at", "transaction_id", "paid_at", "fee_amount", "cost_amount"
 };
+static PayidemUpdate *payment_target = NULL;
 
 enum
 {
 	ORD_STATUS, ORD_UPDATED_AT, ORD_PAID_PAYMENT_NO, ORD_PAID_AT
 };
-static PayidemUpdate order_target = {
-	PAYIDEM_ORDER, "order_no",
-	{"status", "updated_at", "paid_payment_no", "paid_at"}, 4
-};
+static const char *const order_columns[] = {"status", "updated_at", "paid_payment_no", "paid_at"};
+static PayidemUpdate *order_target = NULL;
 
 /*
  * The locked payment at tid (key payment_no) becomes succeeded, with paid_at,
@@ -114,7 +112,10 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
 	values[PAY_COST] = cost;
 	nulls[PAY_COST] = cost_null;
 
-	return payidem_update(&payment_target, tid, payment_no, set, values, nulls, types, keep_null,
+	if (payment_target == NULL)
+		payment_target = payidem_update_define(PAYIDEM_PAYMENT, "payment_no", lengthof(payment_columns),
+											   payment_columns);
+	return payidem_update(payment_target, tid, payment_no, set, values, nulls, types, keep_null,
 						  checked);
 }
 
@@ -144,7 +145,9 @@ record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment
 	set[ORD_PAID_AT] = true;
 	values[ORD_PAID_AT] = TimestampTzGetDatum(paid_at);
 
-	return payidem_update(&order_target, tid, order_no, set, values, nulls, types, NULL, checked);
+	if (order_target == NULL)
+		order_target = payidem_update_define(PAYIDEM_ORDER, "order_no", lengthof(order_columns), order_columns);
+	return payidem_update(order_target, tid, order_no, set, values, nulls, types, NULL, checked);
 }
 
 /*
