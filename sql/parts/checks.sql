@@ -3,6 +3,49 @@
 -- once, for every part below (the raise helpers, formats, numbers, durations)
 ------------------------------------------------------------------------------
 
+-- The one RAISE of the checks: SQLSTATE, message, and DETAIL and HINT unless
+-- NULL (RAISE refuses a NULL option).  The message is taken as it is (no %
+-- placeholders).
+CREATE FUNCTION payidem._raise(state text, message text, detail text DEFAULT NULL, hint text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF detail IS NULL AND hint IS NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = message;
+	ELSIF hint IS NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = message, DETAIL = detail;
+	ELSIF detail IS NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = message, HINT = hint;
+	END IF;
+	RAISE EXCEPTION USING ERRCODE = state, MESSAGE = message, DETAIL = detail, HINT = hint;
+END
+$$;
+COMMENT ON FUNCTION payidem._raise(text, text, text, text) IS
+	'Internal: raise an error with this SQLSTATE and message, and DETAIL and HINT unless NULL.';
+-- 22023: a malformed argument; DETAIL says the value and the rule, HINT the fix.
+CREATE FUNCTION payidem._raise_invalid(message text, detail text DEFAULT NULL, hint text DEFAULT NULL)
+RETURNS void
+LANGUAGE sql PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT payidem._raise('22023', message, detail, hint); END;
+COMMENT ON FUNCTION payidem._raise_invalid(text, text, text) IS
+	'Internal: raise 22023 (invalid_parameter_value) with message, and DETAIL and HINT unless NULL.';
+-- PI009 "<what> <value> does not exist": a text value quoted and cut at 64
+-- characters as in every message, a number as it is, NULL as NULL; DETAIL
+-- "<in_table> has no row with that <by_key>." unless in_table is NULL.
+CREATE FUNCTION payidem._raise_not_found(what text, value anyelement, in_table text DEFAULT NULL,
+	by_key text DEFAULT NULL, hint text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._raise('PI009', format('%s %s does not exist', what,
+		CASE WHEN value IS NULL THEN 'NULL' WHEN pg_typeof(value) = 'text'::regtype
+			 THEN quote_literal(left(value::text, 64)) ELSE value::text END),
+		in_table || ' has no row with that ' || by_key || '.', hint);
+END
+$$;
+COMMENT ON FUNCTION payidem._raise_not_found(text, anyelement, text, text, text) IS
+	'Internal: raise PI009 "<what> <value> does not exist", DETAIL naming the table and key searched.';
+
 -- A format's pattern is written once, in its domain; the flow functions test
 -- an argument against the domain of the column it goes to (payidem._fits,
 -- src/payidem.c: the domain's own CHECKs, without raising), so they can say
@@ -28,14 +71,9 @@ COMMENT ON FUNCTION payidem._format_rule(regtype) IS
 CREATE FUNCTION payidem._invalid_format(what text, value text, domain regtype, hint text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_detail text := format('The value was %s; it must be %s.', coalesce(quote_literal(left(value, 64)), 'NULL'),
-							payidem._format_rule(domain));
 BEGIN
-	IF hint IS NULL THEN
-		RAISE EXCEPTION 'invalid %', what USING ERRCODE = 'invalid_parameter_value', DETAIL = v_detail;
-	END IF;
-	RAISE EXCEPTION 'invalid %', what USING ERRCODE = 'invalid_parameter_value', DETAIL = v_detail, HINT = hint;
+	PERFORM payidem._raise_invalid('invalid ' || what, format('The value was %s; it must be %s.',
+		coalesce(quote_literal(left(value, 64)), 'NULL'), payidem._format_rule(domain)), hint);
 END
 $$;
 COMMENT ON FUNCTION payidem._invalid_format(text, text, regtype, text) IS
@@ -46,11 +84,10 @@ RETURNS numeric
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF rate IS NULL OR rate < 0 OR rate >= 1 OR rate <> round(rate, 6) THEN
-		RAISE EXCEPTION 'invalid % rate', what USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The rate was %s; it must be a fraction from 0 up to but not including 1, with at most 6 decimals.',
-							coalesce(rate::text, 'NULL')),
-			HINT = 'Write 0.6% as 0.006.';
+		PERFORM payidem._raise_invalid(format('invalid %s rate', what),
+			format('The rate was %s; it must be a fraction from 0 up to but not including 1, with at most 6 decimals.',
+				coalesce(rate::text, 'NULL')),
+			'Write 0.6% as 0.006.');
 	END IF;
 	RETURN rate;
 END
@@ -62,9 +99,8 @@ LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	PERFORM payidem._check_no_controls('invalid ' || what, 'The value', value);
 	IF value IS NULL OR value !~ pattern THEN
-		RAISE EXCEPTION 'invalid %', what USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; %s', coalesce(quote_literal(left(value, 64)), 'NULL'), rule);
+		PERFORM payidem._raise_invalid(format('invalid %s', what),
+			format('The value was %s; %s', coalesce(quote_literal(left(value, 64)), 'NULL'), rule));
 	END IF;
 	RETURN value;
 END
@@ -75,9 +111,8 @@ RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF value IS NOT NULL AND value <= 0 THEN
-		RAISE EXCEPTION 'invalid %', what USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The limit was %s; a limit is a positive amount in minor units, or NULL for none.', value);
+		PERFORM payidem._raise_invalid(format('invalid %s', what),
+			format('The limit was %s; a limit is a positive amount in minor units, or NULL for none.', value));
 	END IF;
 	RETURN value;
 END
@@ -119,14 +154,13 @@ RETURNS date
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF NOT isfinite(bill_date) OR bill_date < date '1970-01-01' OR bill_date > date '9999-12-31' THEN
-		RAISE EXCEPTION 'invalid bill date' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The bill date was %s; a bill covers one calendar day from 1970-01-01 to 9999-12-31.',
-							CASE WHEN isfinite(bill_date)	-- ISO, whatever DateStyle (to_char stops at 294276)
-								 THEN format('%s-%s-%s', extract(year FROM bill_date),
-											 lpad(extract(month FROM bill_date)::text, 2, '0'),
-											 lpad(extract(day FROM bill_date)::text, 2, '0'))
-								 ELSE bill_date::text END);
+		PERFORM payidem._raise_invalid('invalid bill date',
+			format('The bill date was %s; a bill covers one calendar day from 1970-01-01 to 9999-12-31.',
+				CASE WHEN isfinite(bill_date)	-- ISO, whatever DateStyle (to_char stops at 294276)
+					THEN format('%s-%s-%s', extract(year FROM bill_date),
+								lpad(extract(month FROM bill_date)::text, 2, '0'),
+								lpad(extract(day FROM bill_date)::text, 2, '0'))
+					ELSE bill_date::text END));
 	END IF;
 	RETURN bill_date;
 END
@@ -138,9 +172,9 @@ RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF value IS NULL THEN
-		RAISE EXCEPTION '% must not be NULL', what USING
-			ERRCODE = 'invalid_parameter_value',
-			HINT = format('Pass the %s.', what);
+		PERFORM payidem._raise_invalid(format('%s must not be NULL', what),
+			NULL,
+			format('Pass the %s.', what));
 	END IF;
 	RETURN value;
 END
@@ -157,14 +191,13 @@ DECLARE
 	v_detail text;
 BEGIN
 	IF value IS NULL OR value !~ ('^' || v_prefix || '[0-9]{24}$') THEN
-		RAISE EXCEPTION 'invalid % number', kind USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; %s %s number is %s followed by 24 digits.',
-							coalesce(quote_literal(left(value, 64)) ||
-									 CASE WHEN length(value) > 64 THEN format('... (%s characters)', length(value)) ELSE '' END,
-									 'NULL'),
-							CASE kind WHEN 'order' THEN 'an' ELSE 'a' END, kind, v_prefix),
-			HINT = 'Pass the number payidem returned when it created the ' || kind || '.';
+		PERFORM payidem._raise_invalid(format('invalid %s number', kind),
+			format('The value was %s; %s %s number is %s followed by 24 digits.',
+				coalesce(quote_literal(left(value, 64)) ||
+						CASE WHEN length(value) > 64 THEN format('... (%s characters)', length(value)) ELSE '' END,
+						'NULL'),
+				CASE kind WHEN 'order' THEN 'an' ELSE 'a' END, kind, v_prefix),
+			'Pass the number payidem returned when it created the ' || kind || '.');
 	END IF;
 	IF NOT payidem.order_no_valid(value) THEN
 		-- only on this error path: order_no_parse() says what is wrong
@@ -173,10 +206,9 @@ BEGIN
 		EXCEPTION WHEN invalid_parameter_value THEN
 			GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
 		END;
-		RAISE EXCEPTION 'invalid % number %', kind, quote_literal(value) USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = v_detail,
-			HINT = 'Pass the number payidem returned when it created the ' || kind || '.';
+		PERFORM payidem._raise_invalid(format('invalid %s number %s', kind, quote_literal(value)),
+			v_detail,
+			'Pass the number payidem returned when it created the ' || kind || '.');
 	END IF;
 	RETURN value;
 END

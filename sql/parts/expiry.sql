@@ -1,12 +1,11 @@
 ------------------------------------------------------------------------------
--- Expiry: the queue of pending orders' expire_at, housekeeping's closing of
--- expired orders (src/housekeeping.c), query_due() for their attempts
-------------------------------------------------------------------------------
-
--- The expiry queue (payidem.order_expiry): its trigger, on every insert of an
--- order and every change of an order's status or expire_at (src/housekeeping.c:
+-- Expiry.  The queue (payidem.order_expiry): its trigger, on every insert of
+-- an order and every change of an order's status or expire_at (src/housekeeping.c:
 -- in C, it returns at once unless the order is pending with a time not yet
--- queued; the queue is written as the table's owner, whoever writes the order).
+-- queued; the queue is written as the table's owner, whoever writes the
+-- order); housekeeping's closing of expired orders; query_due() for their
+-- attempts.
+------------------------------------------------------------------------------
 CREATE FUNCTION payidem._queue_expiry()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'payidem_queue_expiry'
@@ -122,10 +121,9 @@ DECLARE
 	c record;
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
-		RAISE EXCEPTION 'invalid max_rows' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
-			HINT = 'Pass how many attempts one worker queries at a time, e.g. 100.';
+		PERFORM payidem._raise_invalid('invalid max_rows',
+			format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
+			'Pass how many attempts one worker queries at a time, e.g. 100.');
 	END IF;
 	-- the leases of attempts that are no longer pending are dropped (they can
 	-- never be handed out again, so no caller writes them meanwhile); one

@@ -59,9 +59,8 @@ RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
-		RAISE EXCEPTION 'invalid merchant name' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid merchant name',
+			format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL')));
 	END IF;
 	PERFORM payidem._check_no_controls('invalid merchant name', 'The name', name);
 	PERFORM payidem._check_code('merchant type', merchant_type, '^[a-z][a-z0-9_]{0,31}$',
@@ -81,9 +80,7 @@ BEGIN
 	PERFORM payidem._require('merchant_no', p_merchant_no);
 	SELECT * INTO m FROM payidem.merchant WHERE merchant_no OPERATOR(pg_catalog.=) p_merchant_no FOR UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(p_merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+		PERFORM payidem._raise_not_found('merchant', p_merchant_no, 'payidem.merchant', 'merchant_no');
 	END IF;
 	RETURN m;
 END
@@ -117,9 +114,7 @@ BEGIN
 	PERFORM payidem._require('channel_no', p_channel_no);
 	SELECT * INTO c FROM payidem.channel WHERE channel_no OPERATOR(pg_catalog.=) p_channel_no FOR UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'channel % does not exist', coalesce(quote_literal(left(p_channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.channel has no row with that channel_no.';
+		PERFORM payidem._raise_not_found('channel', p_channel_no, 'payidem.channel', 'channel_no');
 	END IF;
 	RETURN c;
 END
@@ -220,9 +215,7 @@ BEGIN
 	SELECT * INTO s FROM payidem.merchant_secret ms
 	 WHERE ms.merchant_no OPERATOR(pg_catalog.=) sign.merchant_no AND ms.valid_until IS NULL;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(sign.merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+		PERFORM payidem._raise_not_found('merchant', sign.merchant_no, 'payidem.merchant', 'merchant_no');
 	END IF;
 	-- a closed merchant's key is dead: it signs nothing more
 	IF EXISTS (SELECT 1 FROM payidem.merchant m
@@ -232,10 +225,9 @@ BEGIN
 			DETAIL = format('Merchant %s has status closed; its API secret no longer signs or verifies.', s.merchant_no);
 	END IF;
 	IF payload IS NULL THEN
-		RAISE EXCEPTION 'payload to sign must not be NULL' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = 'payload was NULL.',
-			HINT = 'Pass the exact text that will be sent, e.g. the JSON body.';
+		PERFORM payidem._raise_invalid('payload to sign must not be NULL',
+			'payload was NULL.',
+			'Pass the exact text that will be sent, e.g. the JSON body.');
 	END IF;
 	RETURN payidem._hmac_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
 							  s.key_version, s.nonce, s.ciphertext, s.auth_tag, payload);
@@ -308,9 +300,8 @@ DECLARE
 	m payidem.merchant;
 BEGIN
 	IF status IS NULL OR status NOT IN ('active', 'frozen', 'closed') THEN
-		RAISE EXCEPTION 'invalid merchant status' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The status was %s; it must be active, frozen or closed.', coalesce(quote_literal(left(status, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid merchant status',
+			format('The status was %s; it must be active, frozen or closed.', coalesce(quote_literal(left(status, 64)), 'NULL')));
 	END IF;
 	m := payidem._merchant_for_update(set_merchant_status.merchant_no);
 	PERFORM payidem._merchant_status_change(m.merchant_no, m.status, status,
@@ -342,17 +333,15 @@ BEGIN
 		'a channel type is a lower-case code such as wechat, alipay or unionpay.');
 	PERFORM payidem._check_rate('channel fee', create_channel.fee_rate);
 	IF weight IS NULL OR weight NOT BETWEEN 0 AND 10000 THEN
-		RAISE EXCEPTION 'invalid channel weight' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The weight was %s; it must be from 0 to 10000.', coalesce(weight::text, 'NULL'));
+		PERFORM payidem._raise_invalid('invalid channel weight',
+			format('The weight was %s; it must be from 0 to 10000.', coalesce(weight::text, 'NULL')));
 	END IF;
 	IF allowed_merchant_types IS NOT NULL AND (cardinality(allowed_merchant_types) = 0
 		OR array_position(allowed_merchant_types, NULL) IS NOT NULL
 		OR array_to_string(allowed_merchant_types, ',') !~ '^[a-z][a-z0-9_]{0,31}(,[a-z][a-z0-9_]{0,31})*$') THEN
-		RAISE EXCEPTION 'invalid list of allowed merchant types' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The list was %s; it must be NULL (all types) or a non-empty list of lower-case merchant types.',
-							left(allowed_merchant_types::text, 200));
+		PERFORM payidem._raise_invalid('invalid list of allowed merchant types',
+			format('The list was %s; it must be NULL (all types) or a non-empty list of lower-case merchant types.',
+				left(allowed_merchant_types::text, 200)));
 	END IF;
 	INSERT INTO payidem.channel (channel_no, channel_type, fee_rate, weight, allowed_merchant_types)
 	VALUES (create_channel.channel_no, create_channel.channel_type, create_channel.fee_rate,
@@ -375,9 +364,8 @@ DECLARE
 	c payidem.channel;
 BEGIN
 	IF status IS NULL OR status NOT IN ('active', 'disabled') THEN
-		RAISE EXCEPTION 'invalid channel status' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The status was %s; it must be active or disabled.', coalesce(quote_literal(left(status, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid channel status',
+			format('The status was %s; it must be active or disabled.', coalesce(quote_literal(left(status, 64)), 'NULL')));
 	END IF;
 	c := payidem._channel_for_update(set_channel_status.channel_no);
 	UPDATE payidem.channel SET status = set_channel_status.status, updated_at = now()
@@ -396,10 +384,9 @@ DECLARE
 BEGIN
 	c := payidem._channel_for_update(set_channel_config.channel_no);
 	IF config IS NULL OR jsonb_typeof(config) <> 'object' THEN
-		RAISE EXCEPTION 'channel configuration must be a JSON object' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('It was a JSON %s.', coalesce(jsonb_typeof(config), 'NULL')),
-			HINT = 'Pass e.g. {"app_id": "...", "private_key": "..."}.';
+		PERFORM payidem._raise_invalid('channel configuration must be a JSON object',
+			format('It was a JSON %s.', coalesce(jsonb_typeof(config), 'NULL')),
+			'Pass e.g. {"app_id": "...", "private_key": "..."}.');
 	END IF;
 	v_sealed := payidem._seal(payidem._config_aad(c.channel_no), convert_to(config::text, 'UTF8'));
 	INSERT INTO payidem.channel_config AS cc (channel_no, key_version, nonce, ciphertext, auth_tag)
@@ -431,9 +418,10 @@ BEGIN
 	PERFORM payidem._require('channel_no', get_channel_config.channel_no);
 	SELECT * INTO cc FROM payidem.channel_config x WHERE x.channel_no OPERATOR(pg_catalog.=) get_channel_config.channel_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'channel % has no configuration', coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			HINT = 'Store one with payidem.set_channel_config().';
+		PERFORM payidem._raise('PI009',
+			format('channel %s has no configuration', coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL')),
+			NULL,
+			'Store one with payidem.set_channel_config().');
 	END IF;
 	RETURN convert_from(payidem._open(payidem._config_aad(cc.channel_no), cc.key_version, cc.nonce,
 									  cc.ciphertext, cc.auth_tag), 'UTF8')::jsonb;
@@ -458,9 +446,8 @@ BEGIN
 	PERFORM payidem._check_limit('single limit', single_limit);
 	PERFORM payidem._check_limit('daily limit', daily_limit);
 	IF single_limit > daily_limit THEN
-		RAISE EXCEPTION 'single limit exceeds daily limit' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The single limit was %s and the daily limit %s.', single_limit, daily_limit);
+		PERFORM payidem._raise_invalid('single limit exceeds daily limit',
+			format('The single limit was %s and the daily limit %s.', single_limit, daily_limit));
 	END IF;
 	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
 		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
@@ -489,10 +476,8 @@ BEGIN
 	 WHERE b.merchant_no OPERATOR(pg_catalog.=) unbind_channel.merchant_no
 	   AND b.channel_no OPERATOR(pg_catalog.=) unbind_channel.channel_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % is not bound to channel %',
-			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'),
-			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+		PERFORM payidem._raise('PI009',
+			format('merchant %s is not bound to channel %s', 			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'), 			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL')));
 	END IF;
 END
 $$;
@@ -512,9 +497,10 @@ BEGIN
 	PERFORM payidem._require('channel_type', route_channel.channel_type);
 	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) route_channel.merchant_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(route_channel.merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+		PERFORM payidem._raise_not_found('merchant',
+			route_channel.merchant_no,
+			'payidem.merchant',
+			'merchant_no');
 	END IF;
 	IF m.status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING

@@ -1,13 +1,11 @@
 ------------------------------------------------------------------------------
--- Merchant notifications: the events (C trigger, src/notify.c), their
--- signature, notify_due(), notify_result(), verify_notification()
-------------------------------------------------------------------------------
-
 -- Merchant notifications: one event per order.paid, refund.succeeded and
 -- order.closed, written by the status_notify triggers (below) in the
 -- transaction of the change, whoever makes it (a flow function, its C fast
 -- path, a DBA's transit_order()).  The payload is built once, when the event
--- is written, and never again: it says the state at the event.
+-- is written, and never again: it says the state at the event.  Then their
+-- signature, notify_due(), notify_result() and verify_notification().
+------------------------------------------------------------------------------
 
 -- The event of an order that became paid or closed, or of a refund that
 -- succeeded: src/notify.c, the one place an event's row and payload are
@@ -77,10 +75,9 @@ DECLARE
 	n record;
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
-		RAISE EXCEPTION 'invalid max_rows' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
-			HINT = 'Pass how many events one worker takes at a time, e.g. 100.';
+		PERFORM payidem._raise_invalid('invalid max_rows',
+			format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
+			'Pass how many events one worker takes at a time, e.g. 100.');
 	END IF;
 	-- a closed merchant's key signs nothing more: its due events are given
 	-- up (failed), not handed out, and never hold up the others; so is an
@@ -156,22 +153,21 @@ DECLARE
 	e payidem.notify_event;
 BEGIN
 	IF notify_result.event_id IS NULL OR notify_result.event_id <= 0 THEN
-		RAISE EXCEPTION 'invalid event_id' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('event_id was %s; it must be an id notify_due() handed out.',
-							coalesce(notify_result.event_id::text, 'NULL'));
+		PERFORM payidem._raise_invalid('invalid event_id',
+			format('event_id was %s; it must be an id notify_due() handed out.',
+				coalesce(notify_result.event_id::text, 'NULL')));
 	END IF;
 	IF ok IS NULL THEN
-		RAISE EXCEPTION 'notification result must not be NULL' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = 'ok was NULL.',
-			HINT = 'Pass true if the merchant acknowledged the notification, false otherwise.';
+		PERFORM payidem._raise_invalid('notification result must not be NULL',
+			'ok was NULL.',
+			'Pass true if the merchant acknowledged the notification, false otherwise.');
 	END IF;
 	SELECT * INTO e FROM payidem.notify_event x WHERE x.event_id = notify_result.event_id FOR UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'notification event % does not exist', notify_result.event_id USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.notify_event has no row with that event_id.';
+		PERFORM payidem._raise_not_found('notification event',
+			notify_result.event_id,
+			'payidem.notify_event',
+			'event_id');
 	END IF;
 	IF e.status <> 'pending' OR e.attempts = 0 THEN
 		RETURN;			-- already sent or given up, or never handed out: nothing to report
@@ -221,10 +217,9 @@ DECLARE
 	ok boolean := false;
 BEGIN
 	IF tolerance IS NULL OR tolerance < interval '0' THEN
-		RAISE EXCEPTION 'invalid tolerance' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('tolerance was %s; it must be zero or more.', coalesce(tolerance::text, 'NULL')),
-			HINT = 'Pass how old a notification may be, e.g. ''5 minutes''.';
+		PERFORM payidem._raise_invalid('invalid tolerance',
+			format('tolerance was %s; it must be zero or more.', coalesce(tolerance::text, 'NULL')),
+			'Pass how old a notification may be, e.g. ''5 minutes''.');
 	END IF;
 	IF api_key IS NULL OR payload IS NULL OR signature IS NULL OR length(signature) > 1024 THEN
 		RETURN false;

@@ -26,18 +26,16 @@ DECLARE
 BEGIN
 	PERFORM payidem._require('merchant_no', create_order.merchant_no);
 	IF v_amount IS NULL OR v_amount <= 0 THEN
-		RAISE EXCEPTION 'invalid order amount' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The amount was %s; it must be a positive number of minor units (fen, cents).',
-							coalesce(v_amount::text, 'NULL')),
-			HINT = 'Pass 12.50 CNY as 1250.';
+		PERFORM payidem._raise_invalid('invalid order amount',
+			format('The amount was %s; it must be a positive number of minor units (fen, cents).',
+				coalesce(v_amount::text, 'NULL')),
+			'Pass 12.50 CNY as 1250.');
 	END IF;
 	IF v_subject IS NULL OR NOT payidem._fits(v_subject, 'payidem.order_subject') THEN
-		RAISE EXCEPTION 'invalid order subject' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
-							coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
-			HINT = 'Describe what is being paid for, e.g. ''Green tea 250 g''.';
+		PERFORM payidem._raise_invalid('invalid order subject',
+			format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
+				coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
+			'Describe what is being paid for, e.g. ''Green tea 250 g''.');
 	END IF;
 	PERFORM payidem._check_no_controls('invalid order subject', 'The subject', v_subject);
 	IF v_out_trade_no IS NULL OR NOT payidem._fits(v_out_trade_no, 'payidem.merchant_ref') THEN
@@ -54,16 +52,13 @@ BEGIN
 		PERFORM payidem._invalid_format('return_url', return_url, 'payidem.http_url', 'Pass NULL for none.');
 	END IF;
 	IF NOT payidem._fits(body, 'payidem.order_body') THEN
-		RAISE EXCEPTION 'invalid order body' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The body has %s characters; at most 1024 are allowed.', length(body));
+		PERFORM payidem._raise_invalid('invalid order body',
+			format('The body has %s characters; at most 1024 are allowed.', length(body)));
 	END IF;
 
 	SELECT m.status INTO v_status FROM payidem.merchant m WHERE m.merchant_no = v_merchant_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(v_merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+		PERFORM payidem._raise_not_found('merchant', v_merchant_no, 'payidem.merchant', 'merchant_no');
 	END IF;
 	IF v_status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', v_merchant_no, v_status USING
@@ -131,9 +126,7 @@ BEGIN
 	PERFORM payidem._check_number('order', begin_payment.order_no);
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem."order" has no row with that order_no.';
+		PERFORM payidem._raise_not_found('order', v_order_no, 'payidem."order"', 'order_no');
 	END IF;
 	IF o.status <> 'pending' THEN
 		RAISE EXCEPTION 'order % cannot take a payment', o.order_no USING
@@ -158,9 +151,7 @@ BEGIN
 	END IF;
 	SELECT * INTO c FROM payidem.channel x WHERE x.channel_no = v_channel_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'channel % does not exist', coalesce(quote_literal(left(v_channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.channel has no row with that channel_no.';
+		PERFORM payidem._raise_not_found('channel', v_channel_no, 'payidem.channel', 'channel_no');
 	END IF;
 	IF c.status <> 'active' THEN
 		RAISE EXCEPTION 'channel % is %', c.channel_no, c.status USING
@@ -276,9 +267,7 @@ BEGIN
 	-- lock is ours: it held that lock)
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'order % does not exist', coalesce(quote_literal(left(v_order_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem."order" has no row with that order_no.';
+		PERFORM payidem._raise_not_found('order', v_order_no, 'payidem."order"', 'order_no');
 	END IF;
 	IF o.status = 'closed' THEN
 		RETURN false;

@@ -1,8 +1,4 @@
 ------------------------------------------------------------------------------
--- Payment keys: payidem.payment_pending and payidem.payment_paid, kept by
--- trigger status_keys (C, src/flow.c); rebuild_payment_keys()
-------------------------------------------------------------------------------
-
 -- The payment's keys (payidem.payment_pending, payidem.payment_paid): its
 -- trigger, on every write of a payment (src/flow.c: in C, it returns at once
 -- unless the payment became or stopped being pending, or its channel,
@@ -12,6 +8,7 @@
 -- also in session_replication_role = replica (a restore or a replication
 -- apply loading payments), where the other triggers stand aside; only a
 -- DISABLE TRIGGER leaves the keys behind (rebuild_payment_keys(), below).
+------------------------------------------------------------------------------
 CREATE FUNCTION payidem._payment_keys()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'payidem_payment_keys'

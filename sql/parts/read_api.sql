@@ -1,6 +1,8 @@
 ------------------------------------------------------------------------------
--- The read API: get_order(), find_order() (C, src/read_api.c) and what they
--- read
+-- The read API: an order with its attempts and refunds, as an application
+-- reads it (it has no table privileges).  get_order() and find_order() are
+-- C (src/read_api.c) only to know who calls and whether row-level security
+-- applies to it; _read_order() decides, run as the tables' owner.
 ------------------------------------------------------------------------------
 
 -- A point in time as an application reads it, whatever its session's
@@ -14,10 +16,6 @@ AS 'MODULE_PATHNAME', 'payidem_utc';
 COMMENT ON FUNCTION payidem._utc(timestamptz) IS
 	'Internal: a timestamp as UTC ISO 8601 text (2026-11-30T07:33:36.463208Z), for payloads and the read API.';
 
--- The read API: an order with its attempts and refunds, as an application
--- reads it (it has no table privileges).  get_order() and find_order() are
--- C (src/read_api.c) only to know who calls and whether row-level security
--- applies to it; _read_order() decides, run as the tables' owner.
 -- (a string body: a parsed one would tie the tables' row types to this
 -- function and refuse an ALTER TABLE of them that rewrites the table)
 CREATE FUNCTION payidem._order_json(o payidem."order")
@@ -76,9 +74,7 @@ BEGIN
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
 		-- (an order the caller may not read does not exist for it)
 		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
-			RAISE EXCEPTION 'order % does not exist', quote_literal(_read_order.order_no) USING
-				ERRCODE = 'PI009',
-				DETAIL = 'payidem."order" has no row with that order_no.';
+			PERFORM payidem._raise_not_found('order', _read_order.order_no, 'payidem."order"', 'order_no');
 		END IF;
 	ELSE
 		PERFORM payidem._require('merchant_no', _read_order.merchant_no);
@@ -86,10 +82,9 @@ BEGIN
 		SELECT * INTO o FROM payidem."order" x
 		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
 		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
-			RAISE EXCEPTION 'merchant % has no order %', quote_literal(left(_read_order.merchant_no, 64)),
-				quote_literal(left(_read_order.out_trade_no, 64)) USING
-				ERRCODE = 'PI009',
-				DETAIL = 'payidem."order" has no row with that merchant_no and out_trade_no.';
+			PERFORM payidem._raise('PI009',
+				format('merchant %s has no order %s', quote_literal(left(_read_order.merchant_no, 64)), 				quote_literal(left(_read_order.out_trade_no, 64))),
+				'payidem."order" has no row with that merchant_no and out_trade_no.');
 		END IF;
 	END IF;
 	RETURN payidem._order_json(o);

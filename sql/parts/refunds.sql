@@ -20,18 +20,16 @@ BEGIN
 	END IF;
 	PERFORM payidem._check_number('payment', refund.payment_no);
 	IF v_amount IS NULL OR v_amount <= 0 THEN
-		RAISE EXCEPTION 'invalid refund amount' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The amount was %s; it must be a positive number of minor units.', coalesce(v_amount::text, 'NULL'));
+		PERFORM payidem._raise_invalid('invalid refund amount',
+			format('The amount was %s; it must be a positive number of minor units.', coalesce(v_amount::text, 'NULL')));
 	END IF;
 	IF v_out_refund_no IS NULL OR NOT payidem._fits(v_out_refund_no, 'payidem.merchant_ref') THEN
 		PERFORM payidem._invalid_format('out_refund_no', v_out_refund_no, 'payidem.merchant_ref',
 										'Use the merchant''s own refund number.');
 	END IF;
 	IF NOT payidem._fits(reason, 'payidem.refund_reason') THEN
-		RAISE EXCEPTION 'invalid refund reason' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The reason has %s characters; at most 256 are allowed.', length(reason));
+		PERFORM payidem._raise_invalid('invalid refund reason',
+			format('The reason has %s characters; at most 256 are allowed.', length(reason)));
 	END IF;
 
 	-- serializes the refunds of one payment; in the lock order of every flow
@@ -43,9 +41,7 @@ BEGIN
 	END IF;
 	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.payment has no row with that payment_no.';
+		PERFORM payidem._raise_not_found('payment', v_payment_no, 'payidem.payment', 'payment_no');
 	END IF;
 
 	<<attempt>>
@@ -115,10 +111,9 @@ DECLARE
 BEGIN
 	PERFORM payidem._check_number('refund', apply_refund_result.refund_no);
 	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed') THEN
-		RAISE EXCEPTION 'invalid refund result status' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The status was %s; it must be succeeded or failed.',
-							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid refund result status',
+			format('The status was %s; it must be succeeded or failed.',
+				coalesce(quote_literal(left(v_status, 64)), 'NULL')));
 	END IF;
 	IF NOT payidem._fits(v_crid, 'payidem.channel_ref') THEN
 		PERFORM payidem._invalid_format('channel_refund_id', v_crid, 'payidem.channel_ref');
@@ -128,9 +123,7 @@ BEGIN
 	-- it), then the payment, then the refund; their numbers never change
 	SELECT x.payment_no, x.order_no INTO v_payment_no, v_order_no FROM payidem.refund x WHERE x.refund_no = v_refund_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'refund % does not exist', coalesce(quote_literal(left(v_refund_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.refund has no row with that refund_no.';
+		PERFORM payidem._raise_not_found('refund', v_refund_no, 'payidem.refund', 'refund_no');
 	END IF;
 	IF v_status = 'succeeded' THEN
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
