@@ -95,22 +95,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
-RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_role name := payidem._check_role(role);
-BEGIN
-	PERFORM payidem._merchant_for_update(map_merchant_role.merchant_no);
-	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
-	EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(true), v_role);
-	PERFORM payidem._forget_dropped_roles();
-	INSERT INTO payidem.merchant_role (role, merchant_no)
-	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
-END
-$$;
-
 -- What map_merchant_role() and grant_auditor() both grant, taken back once
 -- the role is neither an auditor nor mapped to a merchant: SELECT on the
 -- tables row-level security filters, EXECUTE on the visibility function its
@@ -493,24 +477,6 @@ END
 $$;
 COMMENT ON FUNCTION payidem.bind_channel(text, text, numeric, bigint, bigint) IS
 	'Let a merchant use a channel, with an optional own rate and limits (binding again updates them and re-activates).';
-
-CREATE OR REPLACE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
-RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_role name := payidem._check_role(role);
-BEGIN
-	PERFORM payidem._open_merchant_for_update(map_merchant_role.merchant_no, 'is mapped to no reporting role');
-	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
-	EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(true), v_role);
-	PERFORM payidem._forget_dropped_roles();
-	INSERT INTO payidem.merchant_role (role, merchant_no)
-	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
-END
-$$;
-COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
-	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security).';
 
 CREATE OR REPLACE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
 	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
