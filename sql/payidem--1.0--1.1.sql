@@ -1370,6 +1370,20 @@ BEGIN
 	RETURN value;
 END
 $$;
+CREATE OR REPLACE FUNCTION payidem._check_resolution(what text, handle_status text, note text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
+		PERFORM payidem._raise_invalid(format('invalid handle status %s', coalesce(quote_literal(left(handle_status, 64)), 'NULL')),
+			format('A person resolves %s as handled or ignored.', what));
+	END IF;
+	IF length(note) > 1024 THEN
+		PERFORM payidem._raise_invalid('note too long',
+			format('The note has %s characters; at most 1024 are kept.', length(note)));
+	END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION payidem._merchant_for_update(p_merchant_no text)
 RETURNS payidem.merchant
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -2121,20 +2135,6 @@ BEGIN
 	RETURN (SELECT count(*) FROM payidem.channel_bill b
 			 WHERE b.channel_no OPERATOR(pg_catalog.=) _bill_day_lines.channel_no
 			   AND b.bill_date OPERATOR(pg_catalog.=) _bill_day_lines.bill_date);
-END
-$$;
-CREATE OR REPLACE FUNCTION payidem._check_resolution(what text, handle_status text, note text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
-		PERFORM payidem._raise_invalid(format('invalid handle status %s', coalesce(quote_literal(left(handle_status, 64)), 'NULL')),
-			format('A person resolves %s as handled or ignored.', what));
-	END IF;
-	IF length(note) > 1024 THEN
-		PERFORM payidem._raise_invalid('note too long',
-			format('The note has %s characters; at most 1024 are kept.', length(note)));
-	END IF;
 END
 $$;
 CREATE OR REPLACE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)

@@ -234,3 +234,20 @@ $$;
 COMMENT ON FUNCTION payidem._refuse_repeatable_read(text, text) IS
 	'Internal to begin_payment(), close_order() and refund(): raises 0A000 inside a REPEATABLE READ transaction.';
 
+-- How a person closes a difference or an anomaly: one rule for both.
+CREATE FUNCTION payidem._check_resolution(what text, handle_status text, note text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
+		PERFORM payidem._raise_invalid(format('invalid handle status %s', coalesce(quote_literal(left(handle_status, 64)), 'NULL')),
+			format('A person resolves %s as handled or ignored.', what));
+	END IF;
+	IF length(note) > 1024 THEN
+		PERFORM payidem._raise_invalid('note too long',
+			format('The note has %s characters; at most 1024 are kept.', length(note)));
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_resolution(text, text, text) IS
+	'Internal to resolve_diff() and resolve_anomaly(): handle_status handled or ignored, a note of at most 1024 characters (22023).';

@@ -1,14 +1,10 @@
 ------------------------------------------------------------------------------
--- Orders and their payment attempts: create_order, begin_payment, close_payment,
--- close_order (a payment's result: payment_results; a refund: refunds)
+-- Orders and their payment attempts: create_order, begin_payment,
+-- close_payment, close_order.  The lock order of every flow function
+-- (docs/payment-flow.md): the order, then its payments, then refunds.  The API
+-- functions run as the extension owner (SECURITY DEFINER): an application role
+-- needs only EXECUTE (grant_app); no table is granted.
 ------------------------------------------------------------------------------
-
--- The lock order of every flow function (docs/payment-flow.md): the order
--- first, then its payment(s), then refund rows; their numbers never change, so
--- a function that starts from a payment or refund reads its order's number
--- and locks the order first.  The API functions run as the extension owner
--- (SECURITY DEFINER): an application role needs only EXECUTE (grant_app); no
--- table is granted.
 
 CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
 	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,

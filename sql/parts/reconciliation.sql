@@ -577,24 +577,6 @@ $$;
 COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
 	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments (55000 if no bill line of that day is loaded, unless allow_empty): one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
 
--- How a person closes a difference or an anomaly: one rule for both.
-CREATE FUNCTION payidem._check_resolution(what text, handle_status text, note text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
-		PERFORM payidem._raise_invalid(format('invalid handle status %s', coalesce(quote_literal(left(handle_status, 64)), 'NULL')),
-			format('A person resolves %s as handled or ignored.', what));
-	END IF;
-	IF length(note) > 1024 THEN
-		PERFORM payidem._raise_invalid('note too long',
-			format('The note has %s characters; at most 1024 are kept.', length(note)));
-	END IF;
-END
-$$;
-COMMENT ON FUNCTION payidem._check_resolution(text, text, text) IS
-	'Internal to resolve_diff() and resolve_anomaly(): handle_status handled or ignored, a note of at most 1024 characters (22023).';
-
 CREATE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------
--- State machines: transition functions and triggers (C)
+-- State machines and the books (C): the whitelist's guards, the status and
+-- bookkeeping triggers, transit_order/payment/refund()
 ------------------------------------------------------------------------------
 
 -- Whitelist cache invalidation: DML does not invalidate anything by itself,
