@@ -141,10 +141,8 @@ BEGIN
 	PERFORM payidem._forget_dropped_roles();
 	DELETE FROM payidem.auditor_role a WHERE a.role = revoke_auditor.role;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise('PI009',
-			format('role %s is not an auditor', role),
-			NULL,
-			'payidem.auditor_role lists the roles grant_auditor() has made auditors.');
+		PERFORM payidem._raise('PI009', format('role %s is not an auditor', role),
+			hint => 'payidem.auditor_role lists the roles grant_auditor() has made auditors.');
 	END IF;
 	-- what grant_auditor() granted, except what a merchant mapping still needs
 	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
@@ -164,8 +162,8 @@ BEGIN
 	DELETE FROM payidem.merchant_role r
 	 WHERE r.role = unmap_merchant_role.role AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise('PI009',
-			format('role %s is not mapped to merchant %s', role, 			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL')));
+		PERFORM payidem._raise('PI009', format('role %s is not mapped to merchant %s', role,
+			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL')));
 	END IF;
 	PERFORM payidem._revoke_reader_grants(role, v_role);
 END
@@ -1249,8 +1247,8 @@ BEGIN
 		SELECT * INTO o FROM payidem."order" x
 		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
 		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
-			PERFORM payidem._raise('PI009',
-				format('merchant %s has no order %s', quote_literal(left(_read_order.merchant_no, 64)), 				quote_literal(left(_read_order.out_trade_no, 64))),
+			PERFORM payidem._raise('PI009', format('merchant %s has no order %s',
+				quote_literal(left(_read_order.merchant_no, 64)), quote_literal(left(_read_order.out_trade_no, 64))),
 				'payidem."order" has no row with that merchant_no and out_trade_no.');
 		END IF;
 	END IF;
@@ -1333,9 +1331,7 @@ RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF value IS NULL THEN
-		PERFORM payidem._raise_invalid(format('%s must not be NULL', what),
-			NULL,
-			format('Pass the %s.', what));
+		PERFORM payidem._raise_invalid(what || ' must not be NULL', hint => format('Pass the %s.', what));
 	END IF;
 	RETURN value;
 END
@@ -1375,7 +1371,7 @@ RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
-		PERFORM payidem._raise_invalid(format('invalid handle status %s', coalesce(quote_literal(left(handle_status, 64)), 'NULL')),
+		PERFORM payidem._raise_invalid('invalid handle status ' || coalesce(quote_literal(left(handle_status, 64)), 'NULL'),
 			format('A person resolves %s as handled or ignored.', what));
 	END IF;
 	IF length(note) > 1024 THEN
@@ -1534,10 +1530,9 @@ BEGIN
 	PERFORM payidem._require('channel_no', get_channel_config.channel_no);
 	SELECT * INTO cc FROM payidem.channel_config x WHERE x.channel_no OPERATOR(pg_catalog.=) get_channel_config.channel_no;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise('PI009',
-			format('channel %s has no configuration', coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL')),
-			NULL,
-			'Store one with payidem.set_channel_config().');
+		PERFORM payidem._raise('PI009', format('channel %s has no configuration',
+			coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL')),
+			hint => 'Store one with payidem.set_channel_config().');
 	END IF;
 	RETURN convert_from(payidem._open(payidem._config_aad(cc.channel_no), cc.key_version, cc.nonce,
 									  cc.ciphertext, cc.auth_tag), 'UTF8')::jsonb;
@@ -1553,8 +1548,9 @@ BEGIN
 	 WHERE b.merchant_no OPERATOR(pg_catalog.=) unbind_channel.merchant_no
 	   AND b.channel_no OPERATOR(pg_catalog.=) unbind_channel.channel_no;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise('PI009',
-			format('merchant %s is not bound to channel %s', 			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'), 			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL')));
+		PERFORM payidem._raise('PI009', format('merchant %s is not bound to channel %s',
+			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'),
+			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL')));
 	END IF;
 END
 $$;
@@ -1571,10 +1567,8 @@ BEGIN
 	PERFORM payidem._require('channel_type', route_channel.channel_type);
 	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) route_channel.merchant_no;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise_not_found('merchant',
-			route_channel.merchant_no,
-			'payidem.merchant',
-			'merchant_no');
+		PERFORM payidem._raise_not_found('merchant', route_channel.merchant_no,
+			'payidem.merchant', 'merchant_no');
 	END IF;
 	IF m.status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
@@ -1623,9 +1617,7 @@ DECLARE
 	r pg_roles;
 BEGIN
 	IF role IS NULL THEN
-		PERFORM payidem._raise_invalid('role must not be null',
-			NULL,
-			'Name an existing role, e.g. ''shop_app''.');
+		PERFORM payidem._raise_invalid('role must not be null', hint => 'Name an existing role, e.g. ''shop_app''.');
 	END IF;
 	SELECT * INTO r FROM pg_catalog.pg_roles WHERE oid = role;
 	IF NOT FOUND THEN
@@ -1646,8 +1638,7 @@ BEGIN
 	END IF;
 	IF r.rolsuper OR r.rolbypassrls THEN
 		PERFORM payidem._raise_invalid(format('role %s bypasses row-level security', r.rolname),
-			NULL,
-			'Use an ordinary role without SUPERUSER or BYPASSRLS.');
+			hint => 'Use an ordinary role without SUPERUSER or BYPASSRLS.');
 	END IF;
 	RETURN r.rolname;
 END
@@ -1979,10 +1970,8 @@ BEGIN
 	END IF;
 	SELECT * INTO e FROM payidem.notify_event x WHERE x.event_id = notify_result.event_id FOR UPDATE;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise_not_found('notification event',
-			notify_result.event_id,
-			'payidem.notify_event',
-			'event_id');
+		PERFORM payidem._raise_not_found('notification event', notify_result.event_id,
+			'payidem.notify_event', 'event_id');
 	END IF;
 	IF e.status <> 'pending' OR e.attempts = 0 THEN
 		RETURN;			-- already sent or given up, or never handed out: nothing to report
@@ -2463,10 +2452,8 @@ BEGIN
 	IF NOT FOUND THEN
 		SELECT x.* INTO a FROM payidem.anomaly x WHERE x.anomaly_id = resolve_anomaly.anomaly_id;
 		IF NOT FOUND THEN
-			PERFORM payidem._raise_not_found('anomaly',
-				resolve_anomaly.anomaly_id,
-				'payidem.anomaly',
-				'anomaly_id');
+			PERFORM payidem._raise_not_found('anomaly', resolve_anomaly.anomaly_id,
+				'payidem.anomaly', 'anomaly_id');
 		END IF;
 		RAISE EXCEPTION 'anomaly % is not open', a.anomaly_id USING
 			ERRCODE = 'PI002',

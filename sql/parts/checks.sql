@@ -172,9 +172,7 @@ RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF value IS NULL THEN
-		PERFORM payidem._raise_invalid(format('%s must not be NULL', what),
-			NULL,
-			format('Pass the %s.', what));
+		PERFORM payidem._raise_invalid(what || ' must not be NULL', hint => format('Pass the %s.', what));
 	END IF;
 	RETURN value;
 END
@@ -240,7 +238,7 @@ RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
-		PERFORM payidem._raise_invalid(format('invalid handle status %s', coalesce(quote_literal(left(handle_status, 64)), 'NULL')),
+		PERFORM payidem._raise_invalid('invalid handle status ' || coalesce(quote_literal(left(handle_status, 64)), 'NULL'),
 			format('A person resolves %s as handled or ignored.', what));
 	END IF;
 	IF length(note) > 1024 THEN

@@ -418,10 +418,9 @@ BEGIN
 	PERFORM payidem._require('channel_no', get_channel_config.channel_no);
 	SELECT * INTO cc FROM payidem.channel_config x WHERE x.channel_no OPERATOR(pg_catalog.=) get_channel_config.channel_no;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise('PI009',
-			format('channel %s has no configuration', coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL')),
-			NULL,
-			'Store one with payidem.set_channel_config().');
+		PERFORM payidem._raise('PI009', format('channel %s has no configuration',
+			coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL')),
+			hint => 'Store one with payidem.set_channel_config().');
 	END IF;
 	RETURN convert_from(payidem._open(payidem._config_aad(cc.channel_no), cc.key_version, cc.nonce,
 									  cc.ciphertext, cc.auth_tag), 'UTF8')::jsonb;
@@ -476,8 +475,9 @@ BEGIN
 	 WHERE b.merchant_no OPERATOR(pg_catalog.=) unbind_channel.merchant_no
 	   AND b.channel_no OPERATOR(pg_catalog.=) unbind_channel.channel_no;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise('PI009',
-			format('merchant %s is not bound to channel %s', 			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'), 			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL')));
+		PERFORM payidem._raise('PI009', format('merchant %s is not bound to channel %s',
+			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'),
+			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL')));
 	END IF;
 END
 $$;
@@ -497,10 +497,8 @@ BEGIN
 	PERFORM payidem._require('channel_type', route_channel.channel_type);
 	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) route_channel.merchant_no;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise_not_found('merchant',
-			route_channel.merchant_no,
-			'payidem.merchant',
-			'merchant_no');
+		PERFORM payidem._raise_not_found('merchant', route_channel.merchant_no,
+			'payidem.merchant', 'merchant_no');
 	END IF;
 	IF m.status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING

@@ -164,10 +164,8 @@ BEGIN
 	END IF;
 	SELECT * INTO e FROM payidem.notify_event x WHERE x.event_id = notify_result.event_id FOR UPDATE;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise_not_found('notification event',
-			notify_result.event_id,
-			'payidem.notify_event',
-			'event_id');
+		PERFORM payidem._raise_not_found('notification event', notify_result.event_id,
+			'payidem.notify_event', 'event_id');
 	END IF;
 	IF e.status <> 'pending' OR e.attempts = 0 THEN
 		RETURN;			-- already sent or given up, or never handed out: nothing to report

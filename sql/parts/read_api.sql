@@ -82,8 +82,8 @@ BEGIN
 		SELECT * INTO o FROM payidem."order" x
 		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
 		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
-			PERFORM payidem._raise('PI009',
-				format('merchant %s has no order %s', quote_literal(left(_read_order.merchant_no, 64)), 				quote_literal(left(_read_order.out_trade_no, 64))),
+			PERFORM payidem._raise('PI009', format('merchant %s has no order %s',
+				quote_literal(left(_read_order.merchant_no, 64)), quote_literal(left(_read_order.out_trade_no, 64))),
 				'payidem."order" has no row with that merchant_no and out_trade_no.');
 		END IF;
 	END IF;

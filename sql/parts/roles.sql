@@ -78,9 +78,7 @@ DECLARE
 	r pg_roles;
 BEGIN
 	IF role IS NULL THEN
-		PERFORM payidem._raise_invalid('role must not be null',
-			NULL,
-			'Name an existing role, e.g. ''shop_app''.');
+		PERFORM payidem._raise_invalid('role must not be null', hint => 'Name an existing role, e.g. ''shop_app''.');
 	END IF;
 	SELECT * INTO r FROM pg_catalog.pg_roles WHERE oid = role;
 	IF NOT FOUND THEN
@@ -101,8 +99,7 @@ BEGIN
 	END IF;
 	IF r.rolsuper OR r.rolbypassrls THEN
 		PERFORM payidem._raise_invalid(format('role %s bypasses row-level security', r.rolname),
-			NULL,
-			'Use an ordinary role without SUPERUSER or BYPASSRLS.');
+			hint => 'Use an ordinary role without SUPERUSER or BYPASSRLS.');
 	END IF;
 	RETURN r.rolname;
 END
@@ -292,10 +289,8 @@ BEGIN
 	PERFORM payidem._forget_dropped_roles();
 	DELETE FROM payidem.auditor_role a WHERE a.role = revoke_auditor.role;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise('PI009',
-			format('role %s is not an auditor', role),
-			NULL,
-			'payidem.auditor_role lists the roles grant_auditor() has made auditors.');
+		PERFORM payidem._raise('PI009', format('role %s is not an auditor', role),
+			hint => 'payidem.auditor_role lists the roles grant_auditor() has made auditors.');
 	END IF;
 	-- what grant_auditor() granted, except what a merchant mapping still needs
 	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
@@ -344,8 +339,8 @@ BEGIN
 	DELETE FROM payidem.merchant_role r
 	 WHERE r.role = unmap_merchant_role.role AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
 	IF NOT FOUND THEN
-		PERFORM payidem._raise('PI009',
-			format('role %s is not mapped to merchant %s', role, 			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL')));
+		PERFORM payidem._raise('PI009', format('role %s is not mapped to merchant %s', role,
+			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL')));
 	END IF;
 	PERFORM payidem._revoke_reader_grants(role, v_role);
 END
