@@ -211,6 +211,7 @@ BEGIN
 	RETURN value;
 END
 $$;
+
 -- REPEATABLE READ and the checks that read other sessions' rows after a lock:
 -- under READ COMMITTED each statement sees what committed before it, so a sum
 -- read after taking a row lock counts the rows of whoever held it; under
