@@ -357,7 +357,7 @@ sql_bool(const char *query, text *arg)
 	{
 		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 
-		result = !isnull && SPI_tuptable->tupdesc->attrs[0].atttypid == BOOLOID && DatumGetBool(d);
+		result = !isnull && TupleDescAttr(SPI_tuptable->tupdesc, 0)->atttypid == BOOLOID && DatumGetBool(d);
 	}
 	SPI_finish();
 	return result;
