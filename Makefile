@@ -35,9 +35,10 @@ OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT)
 # install script is frozen in sql/released/ (as its release assembled it) and
 # never edited again: each change after it is also written, by hand, into the
 # upgrade script sql/payidem--<released>--<next>.sql.
-PARTS = header states merchant_tables order_tables idempotency_tables \
+PARTS = header states checks merchant_tables order_tables idempotency_tables \
 	reconciliation_tables order_no idempotency state_machine merchant roles \
-	payment_flow reconciliation scale_out observability dump privileges
+	orders payment_results refunds payment_keys expiry notifications read_api \
+	reconciliation scale_out observability dump privileges
 BUILT_SQL = sql/payidem--$(EXTVERSION).sql
 ifeq ($(wildcard sql/released/payidem--$(EXTVERSION).sql),)
 DATA_built = $(BUILT_SQL)

@@ -2,6 +2,55 @@
 -- made to sql/parts/ since 1.0, in the same words.
 \echo Use "ALTER EXTENSION payidem UPDATE TO '1.1'" to load this file. \quit
 
+-- #38: the shared checks raise their errors through one function each
+-- (_raise_invalid: 22023, _raise_not_found: PI009), replacing the copies of
+-- the same RAISE in the functions below and at the end of this script
+
+-- The one RAISE of the checks: SQLSTATE, message, and DETAIL and HINT unless
+-- NULL (RAISE refuses a NULL option).  The message is taken as it is (no %
+-- placeholders).
+CREATE FUNCTION payidem._raise(state text, message text, detail text DEFAULT NULL, hint text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF detail IS NULL AND hint IS NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = message;
+	ELSIF hint IS NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = message, DETAIL = detail;
+	ELSIF detail IS NULL THEN
+		RAISE EXCEPTION USING ERRCODE = state, MESSAGE = message, HINT = hint;
+	END IF;
+	RAISE EXCEPTION USING ERRCODE = state, MESSAGE = message, DETAIL = detail, HINT = hint;
+END
+$$;
+COMMENT ON FUNCTION payidem._raise(text, text, text, text) IS
+	'Internal: raise an error with this SQLSTATE and message, and DETAIL and HINT unless NULL.';
+-- 22023: a malformed argument; DETAIL says the value and the rule, HINT the fix.
+CREATE FUNCTION payidem._raise_invalid(message text, detail text DEFAULT NULL, hint text DEFAULT NULL)
+RETURNS void
+LANGUAGE sql PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT payidem._raise('22023', message, detail, hint); END;
+COMMENT ON FUNCTION payidem._raise_invalid(text, text, text) IS
+	'Internal: raise 22023 (invalid_parameter_value) with message, and DETAIL and HINT unless NULL.';
+-- PI009 "<what> <value> does not exist": a text value quoted and cut at 64
+-- characters as in every message, a number as it is, NULL as NULL; DETAIL
+-- "<in_table> has no row with that <by_key>." unless in_table is NULL.
+CREATE FUNCTION payidem._raise_not_found(what text, value anyelement, in_table text DEFAULT NULL,
+	by_key text DEFAULT NULL, hint text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._raise('PI009', format('%s %s does not exist', what,
+		CASE WHEN value IS NULL THEN 'NULL' WHEN pg_typeof(value) = 'text'::regtype
+			 THEN quote_literal(left(value::text, 64)) ELSE value::text END),
+		in_table || ' has no row with that ' || by_key || '.', hint);
+END
+$$;
+COMMENT ON FUNCTION payidem._raise_not_found(text, anyelement, text, text, text) IS
+	'Internal: raise PI009 "<what> <value> does not exist", DETAIL naming the table and key searched.';
+REVOKE ALL ON FUNCTION payidem._raise(text, text, text, text), payidem._raise_invalid(text, text, text),
+	payidem._raise_not_found(text, anyelement, text, text, text) FROM PUBLIC;
+
 -- observability: which version the loaded shared library is
 CREATE FUNCTION payidem.library_version()
 RETURNS text
@@ -43,22 +92,6 @@ BEGIN
 				   payidem._reader_tables(true), v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
-RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_role name := payidem._check_role(role);
-BEGIN
-	PERFORM payidem._merchant_for_update(map_merchant_role.merchant_no);
-	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
-	EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(true), v_role);
-	PERFORM payidem._forget_dropped_roles();
-	INSERT INTO payidem.merchant_role (role, merchant_no)
-	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
 END
 $$;
 
@@ -108,9 +141,8 @@ BEGIN
 	PERFORM payidem._forget_dropped_roles();
 	DELETE FROM payidem.auditor_role a WHERE a.role = revoke_auditor.role;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'role % is not an auditor', role USING
-			ERRCODE = 'PI009',
-			HINT = 'payidem.auditor_role lists the roles grant_auditor() has made auditors.';
+		PERFORM payidem._raise('PI009', format('role %s is not an auditor', role),
+			hint => 'payidem.auditor_role lists the roles grant_auditor() has made auditors.');
 	END IF;
 	-- what grant_auditor() granted, except what a merchant mapping still needs
 	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
@@ -130,9 +162,8 @@ BEGIN
 	DELETE FROM payidem.merchant_role r
 	 WHERE r.role = unmap_merchant_role.role AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'role % is not mapped to merchant %', role,
-			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+		PERFORM payidem._raise('PI009', format('role %s is not mapped to merchant %s', role,
+			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL')));
 	END IF;
 	PERFORM payidem._revoke_reader_grants(role, v_role);
 END
@@ -328,9 +359,8 @@ LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	PERFORM payidem._check_no_controls('invalid ' || what, 'The value', value);
 	IF value IS NULL OR value !~ pattern THEN
-		RAISE EXCEPTION 'invalid %', what USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; %s', coalesce(quote_literal(left(value, 64)), 'NULL'), rule);
+		PERFORM payidem._raise_invalid(format('invalid %s', what),
+			format('The value was %s; %s', coalesce(quote_literal(left(value, 64)), 'NULL'), rule));
 	END IF;
 	RETURN value;
 END
@@ -343,9 +373,8 @@ RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
-		RAISE EXCEPTION 'invalid merchant name' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid merchant name',
+			format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL')));
 	END IF;
 	PERFORM payidem._check_no_controls('invalid merchant name', 'The name', name);
 	PERFORM payidem._check_code('merchant type', merchant_type, '^[a-z][a-z0-9_]{0,31}$',
@@ -427,9 +456,8 @@ BEGIN
 	PERFORM payidem._check_limit('single limit', single_limit);
 	PERFORM payidem._check_limit('daily limit', daily_limit);
 	IF single_limit > daily_limit THEN
-		RAISE EXCEPTION 'single limit exceeds daily limit' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The single limit was %s and the daily limit %s.', single_limit, daily_limit);
+		PERFORM payidem._raise_invalid('single limit exceeds daily limit',
+			format('The single limit was %s and the daily limit %s.', single_limit, daily_limit));
 	END IF;
 	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
 		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
@@ -448,24 +476,6 @@ $$;
 COMMENT ON FUNCTION payidem.bind_channel(text, text, numeric, bigint, bigint) IS
 	'Let a merchant use a channel, with an optional own rate and limits (binding again updates them and re-activates).';
 
-CREATE OR REPLACE FUNCTION payidem.map_merchant_role(role regrole, merchant_no text)
-RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_role name := payidem._check_role(role);
-BEGIN
-	PERFORM payidem._open_merchant_for_update(map_merchant_role.merchant_no, 'is mapped to no reporting role');
-	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
-	EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(true), v_role);
-	PERFORM payidem._forget_dropped_roles();
-	INSERT INTO payidem.merchant_role (role, merchant_no)
-	VALUES (map_merchant_role.role, map_merchant_role.merchant_no) ON CONFLICT DO NOTHING;
-END
-$$;
-COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
-	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security).';
-
 CREATE OR REPLACE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
 	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
 	expire_in interval DEFAULT '2 hours', body text DEFAULT NULL)
@@ -482,18 +492,16 @@ DECLARE
 BEGIN
 	PERFORM payidem._require('merchant_no', create_order.merchant_no);
 	IF v_amount IS NULL OR v_amount <= 0 THEN
-		RAISE EXCEPTION 'invalid order amount' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The amount was %s; it must be a positive number of minor units (fen, cents).',
-							coalesce(v_amount::text, 'NULL')),
-			HINT = 'Pass 12.50 CNY as 1250.';
+		PERFORM payidem._raise_invalid('invalid order amount',
+			format('The amount was %s; it must be a positive number of minor units (fen, cents).',
+				coalesce(v_amount::text, 'NULL')),
+			'Pass 12.50 CNY as 1250.');
 	END IF;
 	IF v_subject IS NULL OR NOT payidem._fits(v_subject, 'payidem.order_subject') THEN
-		RAISE EXCEPTION 'invalid order subject' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
-							coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
-			HINT = 'Describe what is being paid for, e.g. ''Green tea 250 g''.';
+		PERFORM payidem._raise_invalid('invalid order subject',
+			format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
+				coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
+			'Describe what is being paid for, e.g. ''Green tea 250 g''.');
 	END IF;
 	PERFORM payidem._check_no_controls('invalid order subject', 'The subject', v_subject);
 	IF v_out_trade_no IS NULL OR NOT payidem._fits(v_out_trade_no, 'payidem.merchant_ref') THEN
@@ -510,16 +518,13 @@ BEGIN
 		PERFORM payidem._invalid_format('return_url', return_url, 'payidem.http_url', 'Pass NULL for none.');
 	END IF;
 	IF NOT payidem._fits(body, 'payidem.order_body') THEN
-		RAISE EXCEPTION 'invalid order body' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The body has %s characters; at most 1024 are allowed.', length(body));
+		PERFORM payidem._raise_invalid('invalid order body',
+			format('The body has %s characters; at most 1024 are allowed.', length(body)));
 	END IF;
 
 	SELECT m.status INTO v_status FROM payidem.merchant m WHERE m.merchant_no = v_merchant_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(v_merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+		PERFORM payidem._raise_not_found('merchant', v_merchant_no, 'payidem.merchant', 'merchant_no');
 	END IF;
 	IF v_status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', v_merchant_no, v_status USING
@@ -672,9 +677,7 @@ BEGIN
 				WHERE kind = 'unknown_transaction' DO NOTHING;
 			RETURN 'rejected';
 		END IF;
-		RAISE EXCEPTION 'payment % does not exist', coalesce(quote_literal(left(v_payment_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.payment has no row with that payment_no.';
+		PERFORM payidem._raise_not_found('payment', v_payment_no, 'payidem.payment', 'payment_no');
 	END IF;
 	-- The lock order of every flow function (docs/payment-flow.md): the
 	-- order, then its payment.  Only a success changes the order; a failure
@@ -815,10 +818,9 @@ DECLARE
 BEGIN
 	PERFORM payidem._check_number('refund', apply_refund_result.refund_no);
 	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed') THEN
-		RAISE EXCEPTION 'invalid refund result status' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The status was %s; it must be succeeded or failed.',
-							coalesce(quote_literal(left(v_status, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid refund result status',
+			format('The status was %s; it must be succeeded or failed.',
+				coalesce(quote_literal(left(v_status, 64)), 'NULL')));
 	END IF;
 	IF NOT payidem._fits(v_crid, 'payidem.channel_ref') THEN
 		PERFORM payidem._invalid_format('channel_refund_id', v_crid, 'payidem.channel_ref');
@@ -828,9 +830,7 @@ BEGIN
 	-- it), then the payment, then the refund; their numbers never change
 	SELECT x.payment_no, x.order_no INTO v_payment_no, v_order_no FROM payidem.refund x WHERE x.refund_no = v_refund_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'refund % does not exist', coalesce(quote_literal(left(v_refund_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.refund has no row with that refund_no.';
+		PERFORM payidem._raise_not_found('refund', v_refund_no, 'payidem.refund', 'refund_no');
 	END IF;
 	IF v_status = 'succeeded' THEN
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
@@ -876,9 +876,7 @@ BEGIN
 	v_refunded := p.refunded_amount + r.amount;
 	v_order_refunded := o.refunded_amount + r.amount;
 	v_order_status := CASE WHEN v_order_refunded >= o.amount THEN 'refunded' ELSE 'partially_refunded' END;
-	IF o.status <> v_order_status AND NOT EXISTS (
-			SELECT 1 FROM payidem.transition t
-			 WHERE t.entity = 'order' AND t.from_status = o.status AND t.to_status = v_order_status) THEN
+	IF o.status <> v_order_status AND NOT payidem._transition_allowed('order', o.status, v_order_status) THEN
 		v_order_status := o.status;
 	END IF;
 	WITH refund_done AS (
@@ -966,10 +964,9 @@ DECLARE
 	n record;
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
-		RAISE EXCEPTION 'invalid max_rows' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
-			HINT = 'Pass how many events one worker takes at a time, e.g. 100.';
+		PERFORM payidem._raise_invalid('invalid max_rows',
+			format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
+			'Pass how many events one worker takes at a time, e.g. 100.');
 	END IF;
 	-- a closed merchant's key signs nothing more: its due events are given
 	-- up (failed), not handed out, and never hold up the others; so is an
@@ -1052,10 +1049,9 @@ DECLARE
 	ok boolean := false;
 BEGIN
 	IF tolerance IS NULL OR tolerance < interval '0' THEN
-		RAISE EXCEPTION 'invalid tolerance' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('tolerance was %s; it must be zero or more.', coalesce(tolerance::text, 'NULL')),
-			HINT = 'Pass how old a notification may be, e.g. ''5 minutes''.';
+		PERFORM payidem._raise_invalid('invalid tolerance',
+			format('tolerance was %s; it must be zero or more.', coalesce(tolerance::text, 'NULL')),
+			'Pass how old a notification may be, e.g. ''5 minutes''.');
 	END IF;
 	IF api_key IS NULL OR payload IS NULL OR signature IS NULL OR length(signature) > 1024 THEN
 		RETURN false;
@@ -1240,9 +1236,7 @@ BEGIN
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
 		-- (an order the caller may not read does not exist for it)
 		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
-			RAISE EXCEPTION 'order % does not exist', quote_literal(_read_order.order_no) USING
-				ERRCODE = 'PI009',
-				DETAIL = 'payidem."order" has no row with that order_no.';
+			PERFORM payidem._raise_not_found('order', _read_order.order_no, 'payidem."order"', 'order_no');
 		END IF;
 	ELSE
 		PERFORM payidem._require('merchant_no', _read_order.merchant_no);
@@ -1250,10 +1244,9 @@ BEGIN
 		SELECT * INTO o FROM payidem."order" x
 		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
 		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
-			RAISE EXCEPTION 'merchant % has no order %', quote_literal(left(_read_order.merchant_no, 64)),
-				quote_literal(left(_read_order.out_trade_no, 64)) USING
-				ERRCODE = 'PI009',
-				DETAIL = 'payidem."order" has no row with that merchant_no and out_trade_no.';
+			PERFORM payidem._raise('PI009', format('merchant %s has no order %s',
+				quote_literal(left(_read_order.merchant_no, 64)), quote_literal(left(_read_order.out_trade_no, 64))),
+				'payidem."order" has no row with that merchant_no and out_trade_no.');
 		END IF;
 	END IF;
 	RETURN payidem._order_json(o);
@@ -1278,5 +1271,1200 @@ BEGIN
 		PERFORM payidem._refuse_app_merchant_role(a.role, a.mapped_role, a.merchant_no, a.app_function,
 												  NULL, warn_only => true);
 	END LOOP;
+END
+$$;
+
+-- the whitelist as status_guard reads it, for a caller that chooses a status
+CREATE FUNCTION payidem._transition_allowed(entity text, from_status text, to_status text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_transition_allowed'
+LANGUAGE C STABLE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION payidem._transition_allowed(text, text, text) IS
+	'Internal: whether the whitelist allows entity''s move from from_status to to_status (the cache status_guard checks with).';
+REVOKE ALL ON FUNCTION payidem._transition_allowed(text, text, text) FROM PUBLIC;
+
+-- #38: the functions that raised their own copy of a shared check's error
+CREATE OR REPLACE FUNCTION payidem._invalid_format(what text, value text, domain regtype, hint text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._raise_invalid('invalid ' || what, format('The value was %s; it must be %s.',
+		coalesce(quote_literal(left(value, 64)), 'NULL'), payidem._format_rule(domain)), hint);
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._check_rate(what text, rate numeric)
+RETURNS numeric
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF rate IS NULL OR rate < 0 OR rate >= 1 OR rate <> round(rate, 6) THEN
+		PERFORM payidem._raise_invalid(format('invalid %s rate', what),
+			format('The rate was %s; it must be a fraction from 0 up to but not including 1, with at most 6 decimals.',
+				coalesce(rate::text, 'NULL')),
+			'Write 0.6% as 0.006.');
+	END IF;
+	RETURN rate;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._check_limit(what text, value bigint)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF value IS NOT NULL AND value <= 0 THEN
+		PERFORM payidem._raise_invalid(format('invalid %s', what),
+			format('The limit was %s; a limit is a positive amount in minor units, or NULL for none.', value));
+	END IF;
+	RETURN value;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._check_bill_date(bill_date date)
+RETURNS date
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF NOT isfinite(bill_date) OR bill_date < date '1970-01-01' OR bill_date > date '9999-12-31' THEN
+		PERFORM payidem._raise_invalid('invalid bill date',
+			format('The bill date was %s; a bill covers one calendar day from 1970-01-01 to 9999-12-31.',
+				CASE WHEN isfinite(bill_date)	-- ISO, whatever DateStyle (to_char stops at 294276)
+					THEN format('%s-%s-%s', extract(year FROM bill_date),
+								lpad(extract(month FROM bill_date)::text, 2, '0'),
+								lpad(extract(day FROM bill_date)::text, 2, '0'))
+					ELSE bill_date::text END));
+	END IF;
+	RETURN bill_date;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._require(what text, value text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF value IS NULL THEN
+		PERFORM payidem._raise_invalid(what || ' must not be NULL', hint => format('Pass the %s.', what));
+	END IF;
+	RETURN value;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._check_number(kind text, value text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_prefix text := CASE kind WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' ELSE 'RF' END;
+	v_detail text;
+BEGIN
+	IF value IS NULL OR value !~ ('^' || v_prefix || '[0-9]{24}$') THEN
+		PERFORM payidem._raise_invalid(format('invalid %s number', kind),
+			format('The value was %s; %s %s number is %s followed by 24 digits.',
+				coalesce(quote_literal(left(value, 64)) ||
+						CASE WHEN length(value) > 64 THEN format('... (%s characters)', length(value)) ELSE '' END,
+						'NULL'),
+				CASE kind WHEN 'order' THEN 'an' ELSE 'a' END, kind, v_prefix),
+			'Pass the number payidem returned when it created the ' || kind || '.');
+	END IF;
+	IF NOT payidem.order_no_valid(value) THEN
+		-- only on this error path: order_no_parse() says what is wrong
+		BEGIN
+			PERFORM payidem.order_no_parse(value);
+		EXCEPTION WHEN invalid_parameter_value THEN
+			GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+		END;
+		PERFORM payidem._raise_invalid(format('invalid %s number %s', kind, quote_literal(value)),
+			v_detail,
+			'Pass the number payidem returned when it created the ' || kind || '.');
+	END IF;
+	RETURN value;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._check_resolution(what text, handle_status text, note text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
+		PERFORM payidem._raise_invalid('invalid handle status ' || coalesce(quote_literal(left(handle_status, 64)), 'NULL'),
+			format('A person resolves %s as handled or ignored.', what));
+	END IF;
+	IF length(note) > 1024 THEN
+		PERFORM payidem._raise_invalid('note too long',
+			format('The note has %s characters; at most 1024 are kept.', length(note)));
+	END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._merchant_for_update(p_merchant_no text)
+RETURNS payidem.merchant
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m payidem.merchant;
+BEGIN
+	PERFORM payidem._require('merchant_no', p_merchant_no);
+	SELECT * INTO m FROM payidem.merchant WHERE merchant_no OPERATOR(pg_catalog.=) p_merchant_no FOR UPDATE;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('merchant', p_merchant_no, 'payidem.merchant', 'merchant_no');
+	END IF;
+	RETURN m;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._channel_for_update(p_channel_no text)
+RETURNS payidem.channel
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	c payidem.channel;
+BEGIN
+	PERFORM payidem._require('channel_no', p_channel_no);
+	SELECT * INTO c FROM payidem.channel WHERE channel_no OPERATOR(pg_catalog.=) p_channel_no FOR UPDATE;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('channel', p_channel_no, 'payidem.channel', 'channel_no');
+	END IF;
+	RETURN c;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.sign(merchant_no text, payload text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	s payidem.merchant_secret;
+BEGIN
+	PERFORM payidem._require('merchant_no', sign.merchant_no);
+	SELECT * INTO s FROM payidem.merchant_secret ms
+	 WHERE ms.merchant_no OPERATOR(pg_catalog.=) sign.merchant_no AND ms.valid_until IS NULL;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('merchant', sign.merchant_no, 'payidem.merchant', 'merchant_no');
+	END IF;
+	-- a closed merchant's key is dead: it signs nothing more
+	IF EXISTS (SELECT 1 FROM payidem.merchant m
+				WHERE m.merchant_no OPERATOR(pg_catalog.=) s.merchant_no AND m.status OPERATOR(pg_catalog.=) 'closed') THEN
+		RAISE EXCEPTION 'merchant % is closed', s.merchant_no USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status closed; its API secret no longer signs or verifies.', s.merchant_no);
+	END IF;
+	IF payload IS NULL THEN
+		PERFORM payidem._raise_invalid('payload to sign must not be NULL',
+			'payload was NULL.',
+			'Pass the exact text that will be sent, e.g. the JSON body.');
+	END IF;
+	RETURN payidem._hmac_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
+							  s.key_version, s.nonce, s.ciphertext, s.auth_tag, payload);
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.set_merchant_status(merchant_no text, status text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m payidem.merchant;
+BEGIN
+	IF status IS NULL OR status NOT IN ('active', 'frozen', 'closed') THEN
+		PERFORM payidem._raise_invalid('invalid merchant status',
+			format('The status was %s; it must be active, frozen or closed.', coalesce(quote_literal(left(status, 64)), 'NULL')));
+	END IF;
+	m := payidem._merchant_for_update(set_merchant_status.merchant_no);
+	PERFORM payidem._merchant_status_change(m.merchant_no, m.status, status,
+											'A closed merchant stays closed; create a new merchant instead.');
+	UPDATE payidem.merchant SET status = set_merchant_status.status, updated_at = now()
+	 WHERE payidem.merchant.merchant_no = m.merchant_no;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.create_channel(channel_no text, channel_type text, fee_rate numeric,
+	weight integer DEFAULT 100, allowed_merchant_types text[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._check_code('channel code', create_channel.channel_no, '^[A-Z][A-Z0-9_]{1,31}$',
+		'a channel code is upper case, e.g. WXPAY_001.');
+	PERFORM payidem._check_code('channel type', create_channel.channel_type, '^[a-z][a-z0-9_]{0,31}$',
+		'a channel type is a lower-case code such as wechat, alipay or unionpay.');
+	PERFORM payidem._check_rate('channel fee', create_channel.fee_rate);
+	IF weight IS NULL OR weight NOT BETWEEN 0 AND 10000 THEN
+		PERFORM payidem._raise_invalid('invalid channel weight',
+			format('The weight was %s; it must be from 0 to 10000.', coalesce(weight::text, 'NULL')));
+	END IF;
+	IF allowed_merchant_types IS NOT NULL AND (cardinality(allowed_merchant_types) = 0
+		OR array_position(allowed_merchant_types, NULL) IS NOT NULL
+		OR array_to_string(allowed_merchant_types, ',') !~ '^[a-z][a-z0-9_]{0,31}(,[a-z][a-z0-9_]{0,31})*$') THEN
+		PERFORM payidem._raise_invalid('invalid list of allowed merchant types',
+			format('The list was %s; it must be NULL (all types) or a non-empty list of lower-case merchant types.',
+				left(allowed_merchant_types::text, 200)));
+	END IF;
+	INSERT INTO payidem.channel (channel_no, channel_type, fee_rate, weight, allowed_merchant_types)
+	VALUES (create_channel.channel_no, create_channel.channel_type, create_channel.fee_rate,
+			create_channel.weight, create_channel.allowed_merchant_types)
+	ON CONFLICT DO NOTHING;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'channel % already exists', create_channel.channel_no USING
+			ERRCODE = 'duplicate_object',
+			HINT = 'Choose another channel code, or change the existing channel.';
+	END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.set_channel_status(channel_no text, status text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	c payidem.channel;
+BEGIN
+	IF status IS NULL OR status NOT IN ('active', 'disabled') THEN
+		PERFORM payidem._raise_invalid('invalid channel status',
+			format('The status was %s; it must be active or disabled.', coalesce(quote_literal(left(status, 64)), 'NULL')));
+	END IF;
+	c := payidem._channel_for_update(set_channel_status.channel_no);
+	UPDATE payidem.channel SET status = set_channel_status.status, updated_at = now()
+	 WHERE payidem.channel.channel_no = c.channel_no;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.set_channel_config(channel_no text, config jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	c        payidem.channel;
+	v_sealed record;
+BEGIN
+	c := payidem._channel_for_update(set_channel_config.channel_no);
+	IF config IS NULL OR jsonb_typeof(config) <> 'object' THEN
+		PERFORM payidem._raise_invalid('channel configuration must be a JSON object',
+			format('It was a JSON %s.', coalesce(jsonb_typeof(config), 'NULL')),
+			'Pass e.g. {"app_id": "...", "private_key": "..."}.');
+	END IF;
+	v_sealed := payidem._seal(payidem._config_aad(c.channel_no), convert_to(config::text, 'UTF8'));
+	INSERT INTO payidem.channel_config AS cc (channel_no, key_version, nonce, ciphertext, auth_tag)
+	VALUES (c.channel_no, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext, v_sealed.auth_tag)
+	ON CONFLICT ON CONSTRAINT channel_config_pkey DO UPDATE
+	   SET key_version = excluded.key_version, nonce = excluded.nonce,
+		   ciphertext = excluded.ciphertext, auth_tag = excluded.auth_tag, updated_at = now();
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.get_channel_config(channel_no text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	cc payidem.channel_config;
+BEGIN
+	PERFORM payidem._require('channel_no', get_channel_config.channel_no);
+	SELECT * INTO cc FROM payidem.channel_config x WHERE x.channel_no OPERATOR(pg_catalog.=) get_channel_config.channel_no;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise('PI009', format('channel %s has no configuration',
+			coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL')),
+			hint => 'Store one with payidem.set_channel_config().');
+	END IF;
+	RETURN convert_from(payidem._open(payidem._config_aad(cc.channel_no), cc.key_version, cc.nonce,
+									  cc.ciphertext, cc.auth_tag), 'UTF8')::jsonb;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.unbind_channel(merchant_no text, channel_no text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._require('merchant_no', unbind_channel.merchant_no);
+	PERFORM payidem._require('channel_no', unbind_channel.channel_no);
+	UPDATE payidem.merchant_channel b SET status = 'disabled', updated_at = now()
+	 WHERE b.merchant_no OPERATOR(pg_catalog.=) unbind_channel.merchant_no
+	   AND b.channel_no OPERATOR(pg_catalog.=) unbind_channel.channel_no;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise('PI009', format('merchant %s is not bound to channel %s',
+			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'),
+			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL')));
+	END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.route_channel(merchant_no text, channel_type text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m       payidem.merchant;
+	v_total bigint;
+	v_pick  double precision;
+	r       record;
+BEGIN
+	PERFORM payidem._require('merchant_no', route_channel.merchant_no);
+	PERFORM payidem._require('channel_type', route_channel.channel_type);
+	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) route_channel.merchant_no;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('merchant', route_channel.merchant_no,
+			'payidem.merchant', 'merchant_no');
+	END IF;
+	IF m.status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status %s.', m.merchant_no, m.status),
+			HINT = 'Only active merchants take payments.';
+	END IF;
+	-- effective weight: channel weight x binding weight
+	SELECT sum(c.weight::bigint * b.weight) INTO v_total
+	  FROM payidem.merchant_channel b
+	  JOIN payidem.channel c ON c.channel_no = b.channel_no
+	 WHERE b.merchant_no = m.merchant_no AND b.status = 'active'
+	   AND c.status = 'active' AND c.channel_type OPERATOR(pg_catalog.=) route_channel.channel_type
+	   AND (c.allowed_merchant_types IS NULL OR m.merchant_type = ANY (c.allowed_merchant_types))
+	   AND c.weight > 0 AND b.weight > 0;
+	IF v_total IS NULL THEN
+		RAISE EXCEPTION 'no channel of type % is available to merchant %',
+			coalesce(quote_literal(left(route_channel.channel_type, 64)), 'NULL'), m.merchant_no USING
+			ERRCODE = 'PI004',
+			DETAIL = 'A channel must be active, of that type, bound and active for the merchant, admit its merchant type, and have a weight above 0.',
+			HINT = 'Bind an active channel of this type with payidem.bind_channel().';
+	END IF;
+	v_pick := random() * v_total;
+	FOR r IN
+		SELECT c.channel_no, c.weight::bigint * b.weight AS w
+		  FROM payidem.merchant_channel b
+		  JOIN payidem.channel c ON c.channel_no = b.channel_no
+		 WHERE b.merchant_no = m.merchant_no AND b.status = 'active'
+		   AND c.status = 'active' AND c.channel_type OPERATOR(pg_catalog.=) route_channel.channel_type
+		   AND (c.allowed_merchant_types IS NULL OR m.merchant_type = ANY (c.allowed_merchant_types))
+		   AND c.weight > 0 AND b.weight > 0
+		 ORDER BY c.channel_no
+	LOOP
+		v_pick := v_pick - r.w;
+		IF v_pick < 0 THEN
+			RETURN r.channel_no;
+		END IF;
+	END LOOP;
+	RETURN r.channel_no;		-- rounding at the very end of the range
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._check_role(role regrole, to_grant boolean DEFAULT true)
+RETURNS name
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	r pg_roles;
+BEGIN
+	IF role IS NULL THEN
+		PERFORM payidem._raise_invalid('role must not be null', hint => 'Name an existing role, e.g. ''shop_app''.');
+	END IF;
+	SELECT * INTO r FROM pg_catalog.pg_roles WHERE oid = role;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'role does not exist' USING
+			ERRCODE = 'undefined_object',
+			DETAIL = format('No role has OID %s (it was dropped).', role::oid);
+	END IF;
+	IF NOT to_grant THEN
+		RETURN r.rolname;
+	END IF;
+	-- the predefined roles (pg_read_all_data, pg_database_owner, ...: the
+	-- pg_ prefix is reserved to them) hold or pass on more than a grant here
+	-- should give
+	IF r.rolname ~ '^pg_' AND NOT (r.rolsuper OR r.rolbypassrls) THEN
+		PERFORM payidem._raise_invalid(format('role %s is a predefined role', r.rolname),
+			'Predefined roles are shared by every database of the server, and some are members of others.',
+			'Create a role of its own for the application and name that one.');
+	END IF;
+	IF r.rolsuper OR r.rolbypassrls THEN
+		PERFORM payidem._raise_invalid(format('role %s bypasses row-level security', r.rolname),
+			hint => 'Use an ordinary role without SUPERUSER or BYPASSRLS.');
+	END IF;
+	RETURN r.rolname;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.begin_payment(order_no text, channel_no text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_order_no text := begin_payment.order_no;
+	v_channel_no text := begin_payment.channel_no;
+	o payidem."order";
+	m payidem.merchant;
+	c payidem.channel;
+	b payidem.merchant_channel;
+	p payidem.payment;
+	v_tz text;
+	v_day_start timestamptz;
+	v_used numeric;		-- a day's sum may pass the bigint range
+	v_payment_no text;
+BEGIN
+	IF current_setting('transaction_isolation') = 'repeatable read' THEN
+		PERFORM payidem._refuse_repeatable_read('begin_payment', 'the order''s pending attempt and the daily limit');
+	END IF;
+	PERFORM payidem._require('channel_no', begin_payment.channel_no);
+	PERFORM payidem._check_number('order', begin_payment.order_no);
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('order', v_order_no, 'payidem."order"', 'order_no');
+	END IF;
+	IF o.status <> 'pending' THEN
+		RAISE EXCEPTION 'order % cannot take a payment', o.order_no USING
+			ERRCODE = 'PI002',
+			DETAIL = format('Order %s is %s; only a pending order takes a payment.', o.order_no, o.status),
+			HINT = CASE WHEN o.status = 'closed' THEN 'Create a new order (with a new out_trade_no).'
+						ELSE 'The order is already paid.' END;
+	END IF;
+	IF o.expire_at <= now() THEN
+		RAISE EXCEPTION 'order % has expired', o.order_no USING
+			ERRCODE = 'PI008',
+			DETAIL = format('Order %s expired at %s.', o.order_no, o.expire_at),
+			HINT = 'Close it with payidem.close_order() and create a new order.';
+	END IF;
+
+	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no = o.merchant_no;
+	IF m.status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status %s.', m.merchant_no, m.status),
+			HINT = 'Only active merchants take payments.';
+	END IF;
+	SELECT * INTO c FROM payidem.channel x WHERE x.channel_no = v_channel_no;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('channel', v_channel_no, 'payidem.channel', 'channel_no');
+	END IF;
+	IF c.status <> 'active' THEN
+		RAISE EXCEPTION 'channel % is %', c.channel_no, c.status USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Channel %s has status %s.', c.channel_no, c.status),
+			HINT = 'Route the payment to an active channel (payidem.route_channel()).';
+	END IF;
+	SELECT * INTO b FROM payidem.merchant_channel x
+	 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no;
+	IF NOT FOUND OR b.status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is not bound to channel %', m.merchant_no, c.channel_no USING
+			ERRCODE = 'PI004',
+			DETAIL = CASE WHEN FOUND THEN format('The binding is %s.', b.status) ELSE 'There is no binding.' END,
+			HINT = 'Bind the channel with payidem.bind_channel().';
+	END IF;
+	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
+		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Channel %s admits %s; merchant %s is %s.', c.channel_no,
+							array_to_string(c.allowed_merchant_types, ', '), m.merchant_no, m.merchant_type);
+	END IF;
+
+	-- at most one pending attempt per order (we hold the order's lock, so
+	-- this read is stable; the partial unique index is the final guard)
+	SELECT * INTO p FROM payidem.payment x WHERE x.order_no = o.order_no AND x.status = 'pending';
+	IF FOUND THEN
+		IF p.channel_no = c.channel_no THEN
+			RETURN p.payment_no;			-- a retried call: the same attempt
+		END IF;
+		RAISE EXCEPTION 'order % has a payment in progress on channel %', o.order_no, p.channel_no USING
+			ERRCODE = 'PI003',
+			DETAIL = format('Payment %s of order %s is pending on channel %s; this call asked for channel %s.',
+							p.payment_no, o.order_no, p.channel_no, c.channel_no),
+			HINT = format('Query channel %s, then close payment %s with payidem.close_payment() before starting another.',
+						  p.channel_no, p.payment_no);
+	END IF;
+
+	IF o.amount > b.single_limit OR o.amount > c.single_limit THEN
+		RAISE EXCEPTION 'amount exceeds the single-payment limit' USING
+			ERRCODE = 'PI007',
+			DETAIL = format('Order %s is for %s; the single limit is %s for merchant %s on channel %s and %s for the channel.',
+							o.order_no, o.amount, coalesce(b.single_limit::text, 'none'), m.merchant_no,
+							c.channel_no, coalesce(c.single_limit::text, 'none')),
+			HINT = 'Use another channel, or raise the limit with payidem.bind_channel().';
+	END IF;
+	IF b.daily_limit IS NOT NULL OR c.daily_limit IS NOT NULL THEN
+		-- serialize the day's sum of this merchant on this channel
+		PERFORM 1 FROM payidem.merchant_channel x
+		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no FOR UPDATE;
+		v_tz := coalesce(nullif(current_setting('payidem.limit_timezone', true), ''), 'UTC');
+		v_day_start := date_trunc('day', now() AT TIME ZONE v_tz) AT TIME ZONE v_tz;
+		SELECT coalesce(sum(x.amount), 0) INTO v_used FROM payidem.payment x
+		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no
+		   AND x.created_at >= v_day_start
+		   AND (x.status = 'pending' OR x.status = ANY (payidem._paid_payment_statuses()));
+		IF v_used + o.amount > b.daily_limit OR v_used + o.amount > c.daily_limit THEN
+			RAISE EXCEPTION 'amount exceeds the daily limit' USING
+				ERRCODE = 'PI007',
+				DETAIL = format('Merchant %s has %s pending or paid on channel %s today (%s); with %s more the daily limit (merchant %s, channel %s) would be exceeded.',
+								m.merchant_no, v_used, c.channel_no, v_tz, o.amount,
+								coalesce(b.daily_limit::text, 'none'), coalesce(c.daily_limit::text, 'none')),
+				HINT = 'Use another channel, or try again tomorrow.';
+		END IF;
+	END IF;
+
+	v_payment_no := payidem.gen_order_no('PY');
+	INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+	VALUES (v_payment_no, o.order_no, m.merchant_no, c.channel_no, o.amount);
+	RETURN v_payment_no;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.close_order(order_no text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_order_no text := close_order.order_no;
+	v_pending text;
+	o payidem."order";
+BEGIN
+	IF current_setting('transaction_isolation') = 'repeatable read' THEN
+		PERFORM payidem._refuse_repeatable_read('close_order', 'for a pending attempt of the order');
+	END IF;
+	PERFORM payidem._check_number('order', close_order.order_no);
+	-- the lock order of every flow function: the order, then its payments
+	-- (an attempt begin_payment() is committing is seen once the order's
+	-- lock is ours: it held that lock)
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('order', v_order_no, 'payidem."order"', 'order_no');
+	END IF;
+	IF o.status = 'closed' THEN
+		RETURN false;
+	ELSIF o.status <> 'pending' THEN
+		RAISE EXCEPTION 'order % cannot be closed', o.order_no USING
+			ERRCODE = 'PI002',
+			DETAIL = format('Order %s is %s; only a pending order can be closed.', o.order_no, o.status),
+			HINT = 'A paid order is refunded, not closed: see payidem.refund().';
+	END IF;
+	-- with the order locked no new attempt can start; close the pending one
+	SELECT x.payment_no INTO v_pending FROM payidem.payment x
+	 WHERE x.order_no = o.order_no AND x.status = 'pending';
+	IF v_pending IS NOT NULL THEN
+		PERFORM payidem.apply_payment_result(v_pending, 'close', 'closed');
+	END IF;
+	PERFORM payidem.transit_order(o.order_no, 'closed');
+	RETURN true;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.refund(payment_no text, amount bigint, out_refund_no text, reason text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_payment_no text := refund.payment_no;
+	v_amount bigint := refund.amount;
+	v_out_refund_no text := refund.out_refund_no;
+	v_refund_no text;
+	v_order_no text;
+	v_committed bigint;
+	p payidem.payment;
+	r payidem.refund;
+BEGIN
+	IF current_setting('transaction_isolation') = 'repeatable read' THEN
+		PERFORM payidem._refuse_repeatable_read('refund', 'the refunded total of the payment');
+	END IF;
+	PERFORM payidem._check_number('payment', refund.payment_no);
+	IF v_amount IS NULL OR v_amount <= 0 THEN
+		PERFORM payidem._raise_invalid('invalid refund amount',
+			format('The amount was %s; it must be a positive number of minor units.', coalesce(v_amount::text, 'NULL')));
+	END IF;
+	IF v_out_refund_no IS NULL OR NOT payidem._fits(v_out_refund_no, 'payidem.merchant_ref') THEN
+		PERFORM payidem._invalid_format('out_refund_no', v_out_refund_no, 'payidem.merchant_ref',
+										'Use the merchant''s own refund number.');
+	END IF;
+	IF NOT payidem._fits(reason, 'payidem.refund_reason') THEN
+		PERFORM payidem._raise_invalid('invalid refund reason',
+			format('The reason has %s characters; at most 256 are allowed.', length(reason)));
+	END IF;
+
+	-- serializes the refunds of one payment; in the lock order of every flow
+	-- function, the order first (its number never changes), so a refund and
+	-- its result in one transaction cannot deadlock with a payment result
+	SELECT x.order_no INTO v_order_no FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+	IF FOUND THEN
+		PERFORM 1 FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
+	END IF;
+	SELECT * INTO p FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('payment', v_payment_no, 'payidem.payment', 'payment_no');
+	END IF;
+
+	<<attempt>>
+	LOOP
+		SELECT * INTO r FROM payidem.refund x
+		 WHERE x.merchant_no = p.merchant_no AND x.out_refund_no = v_out_refund_no;
+		IF FOUND THEN
+			IF r.payment_no <> p.payment_no OR r.amount <> v_amount THEN
+				RAISE EXCEPTION 'out_refund_no % was already used for another refund', v_out_refund_no USING
+					ERRCODE = 'PI001',
+					DETAIL = CASE WHEN r.payment_no <> p.payment_no
+							 THEN format('Refund %s (out_refund_no %s) is for payment %s; this call names payment %s.',
+										 r.refund_no, v_out_refund_no, r.payment_no, p.payment_no)
+							 ELSE format('Refund %s (out_refund_no %s) is for amount %s; this call asked for %s.',
+										 r.refund_no, v_out_refund_no, r.amount, v_amount) END,
+					HINT = 'A repeated refund must carry the same payment and amount; use a new out_refund_no for a new refund.';
+			END IF;
+			RETURN r.refund_no;
+		END IF;
+
+		IF p.status NOT IN ('succeeded', 'partially_refunded') THEN
+			RAISE EXCEPTION 'payment % cannot be refunded', p.payment_no USING
+				ERRCODE = 'PI002',
+				DETAIL = format('Payment %s is %s; only a succeeded or partially refunded payment can be refunded.',
+								p.payment_no, p.status);
+		END IF;
+		SELECT coalesce(sum(x.amount), 0) INTO v_committed FROM payidem.refund x
+		 WHERE x.payment_no = p.payment_no AND x.status IN ('pending', 'succeeded');
+		-- (compared as amount - committed: v_committed + v_amount could overflow)
+		IF v_amount > p.amount - v_committed THEN
+			RAISE EXCEPTION 'refund exceeds the paid amount' USING
+				ERRCODE = 'PI006',
+				DETAIL = format('Payment %s is for %s; %s is already refunded or being refunded, so at most %s more can be refunded, not %s.',
+								p.payment_no, p.amount, v_committed, p.amount - v_committed, v_amount);
+		END IF;
+
+		-- a concurrent refund of another payment of this merchant may take the
+		-- same out_refund_no: then read its row and decide as above
+		INSERT INTO payidem.refund AS x (refund_no, payment_no, order_no, merchant_no, out_refund_no, amount, reason)
+		VALUES (payidem.gen_order_no('RF'), p.payment_no, p.order_no, p.merchant_no, v_out_refund_no, v_amount, reason)
+		ON CONFLICT ON CONSTRAINT refund_out_refund_no_key DO NOTHING
+		RETURNING x.refund_no INTO v_refund_no;
+		IF v_refund_no IS NOT NULL THEN
+			RETURN v_refund_no;
+		END IF;
+	END LOOP attempt;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.query_due(max_rows integer DEFAULT 100)
+RETURNS TABLE (payment_no text, order_no text, channel_no text, expire_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_lease constant interval := '60 seconds';
+	-- the advisory-lock space of query_due() (the first key of the pair)
+	v_lock_class constant integer := hashtext('payidem.query_due');
+	v_taken integer := 0;
+	c record;
+BEGIN
+	IF max_rows IS NULL OR max_rows <= 0 THEN
+		PERFORM payidem._raise_invalid('invalid max_rows',
+			format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
+			'Pass how many attempts one worker queries at a time, e.g. 100.');
+	END IF;
+	-- the leases of attempts that are no longer pending are dropped (they can
+	-- never be handed out again, so no caller writes them meanwhile); one
+	-- another caller is dropping is left to it
+	DELETE FROM payidem.query_lease l
+	 WHERE l.payment_no IN (SELECT x.payment_no FROM payidem.query_lease x
+							 WHERE x.leased_until <= now()
+							   AND NOT EXISTS (SELECT 1 FROM payidem.payment p
+												WHERE p.payment_no = x.payment_no AND p.status = 'pending')
+							   FOR UPDATE SKIP LOCKED);
+	-- Two callers never get the same attempt, and neither waits for the other.
+	-- The candidates are read in expiry order and taken one at a time, until
+	-- max_rows are had: an attempt another caller is handing out (its
+	-- transaction-scoped advisory lock) is skipped, as SKIP LOCKED skips a
+	-- row; one whose lease that caller committed after this query's snapshot
+	-- is refused by the lease write itself (the upsert decides on the latest
+	-- row).  Only the attempts handed out are locked (a lock per candidate
+	-- read, never per pending attempt), and the attempts' rows not at all, so
+	-- a payment result never waits for query_due().
+	FOR c IN
+		SELECT p.payment_no::text AS payment_no, p.order_no, p.channel_no, o.expire_at
+		  FROM payidem.order_expiry q
+		  JOIN payidem."order" o ON o.order_no = q.order_no AND o.expire_at = q.expire_at
+		  JOIN payidem.payment p ON p.order_no = o.order_no AND p.status = 'pending'
+		 WHERE q.expire_at <= now() AND o.status = 'pending'
+		   AND NOT EXISTS (SELECT 1 FROM payidem.query_lease l
+							WHERE l.payment_no = p.payment_no AND l.leased_until > now())
+		 ORDER BY o.expire_at, p.payment_no
+	LOOP
+		CONTINUE WHEN NOT pg_try_advisory_xact_lock(v_lock_class, hashtext(c.payment_no));
+		INSERT INTO payidem.query_lease AS l (payment_no, leased_until)
+		VALUES (c.payment_no, now() + v_lease)
+		ON CONFLICT ON CONSTRAINT query_lease_pkey DO UPDATE SET leased_until = excluded.leased_until
+		 WHERE l.leased_until <= now();
+		CONTINUE WHEN NOT FOUND;
+		payment_no := c.payment_no;
+		order_no := c.order_no;
+		channel_no := c.channel_no;
+		expire_at := c.expire_at;
+		RETURN NEXT;
+		v_taken := v_taken + 1;
+		EXIT WHEN v_taken >= max_rows;
+	END LOOP;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL,
+									 attempt integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	-- wait after the n-th failed attempt; after the 16th attempt: failed
+	v_schedule constant interval[] := ARRAY['15 seconds', '15 seconds', '30 seconds', '3 minutes',
+		'10 minutes', '20 minutes', '30 minutes', '30 minutes', '30 minutes', '60 minutes',
+		'3 hours', '3 hours', '3 hours', '6 hours', '6 hours']::interval[];
+	e payidem.notify_event;
+BEGIN
+	IF notify_result.event_id IS NULL OR notify_result.event_id <= 0 THEN
+		PERFORM payidem._raise_invalid('invalid event_id',
+			format('event_id was %s; it must be an id notify_due() handed out.',
+				coalesce(notify_result.event_id::text, 'NULL')));
+	END IF;
+	IF ok IS NULL THEN
+		PERFORM payidem._raise_invalid('notification result must not be NULL',
+			'ok was NULL.',
+			'Pass true if the merchant acknowledged the notification, false otherwise.');
+	END IF;
+	SELECT * INTO e FROM payidem.notify_event x WHERE x.event_id = notify_result.event_id FOR UPDATE;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('notification event', notify_result.event_id,
+			'payidem.notify_event', 'event_id');
+	END IF;
+	IF e.status <> 'pending' OR e.attempts = 0 THEN
+		RETURN;			-- already sent or given up, or never handed out: nothing to report
+	END IF;
+	-- a report of an attempt that is not the last one handed out (its lease
+	-- ran out and the event went to another worker) is stale: it changes nothing
+	IF notify_result.attempt IS NOT NULL AND notify_result.attempt <> e.attempts THEN
+		RETURN;
+	END IF;
+	IF ok THEN
+		UPDATE payidem.notify_event x
+		   SET status = 'sent', next_attempt_at = NULL, sent_at = now()
+		 WHERE x.event_id = e.event_id;
+		PERFORM payidem._count('notify_sent');
+	ELSIF e.attempts > cardinality(v_schedule) THEN
+		UPDATE payidem.notify_event x
+		   SET status = 'failed', next_attempt_at = NULL, last_response = left(response, 256)
+		 WHERE x.event_id = e.event_id;
+		PERFORM payidem._count('notify_failed');
+	ELSE
+		UPDATE payidem.notify_event x
+		   SET next_attempt_at = now() + v_schedule[e.attempts], last_response = left(response, 256)
+		 WHERE x.event_id = e.event_id;
+		PERFORM payidem._count('notify_retried');
+	END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.load_bill(channel_no text, bill_date date, csv text)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_channel	text := load_bill.channel_no;
+	v_day		date := load_bill.bill_date;
+	v_csv		text := load_bill.csv;
+	v_tz		text := payidem._bill_timezone();
+	v_day_text	text;
+	v_bad		record;
+	v_rows		bigint;
+	-- the shape of a paid_at; the cast still checks the ranges
+	c_time		constant text := '^[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?( ?([Zz]|[+-][0-9]{2}(:?[0-9]{2})?))?$';
+	c_hint		constant text := 'Nothing was imported. The layout is channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at (see docs/reconciliation.md); fix the line and load the whole bill again.';
+BEGIN
+	IF v_channel IS NULL OR v_day IS NULL OR v_csv IS NULL THEN
+		PERFORM payidem._raise_invalid('channel_no, bill_date and csv must not be null');
+	END IF;
+	PERFORM payidem._check_bill_date(v_day);
+	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
+		PERFORM payidem._raise_not_found('channel', v_channel, 'payidem.channel', 'channel_no');
+	END IF;
+	v_day_text := to_char(v_day, 'YYYY-MM-DD');
+	PERFORM pg_advisory_xact_lock(hashtext('payidem.reconcile'), hashtext(v_channel));
+
+	-- the first bad line, if any (field by field, then duplicates)
+	SELECT c.line_no, c.problem[1] AS field, c.problem[2] AS value, c.problem[3] AS rule
+	  INTO v_bad
+	  FROM (SELECT l.line_no,
+				   CASE
+					WHEN l.f IS NULL THEN
+						ARRAY[NULL, NULL, 'a double quote is misplaced or not closed']
+					WHEN cardinality(l.f) <> 8 THEN
+						ARRAY[NULL, NULL, format('the line has %s fields instead of 8', cardinality(l.f))]
+					WHEN l.f[1] NOT IN ('', v_channel) THEN
+						ARRAY['channel_no', l.f[1], format('is not the channel of this bill (%s)', v_channel)]
+					WHEN l.f[2] <> '' AND l.f[2] !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}$' THEN
+						ARRAY['bill_date', l.f[2], 'is not a date written YYYY-MM-DD']
+					WHEN l.f[2] <> '' AND l.f[2] <> v_day_text THEN
+						ARRAY['bill_date', l.f[2], format('is not the day of this bill (%s)', v_day_text)]
+					WHEN NOT payidem._fits(l.f[3], 'payidem.channel_ref') THEN
+						ARRAY['transaction_id', l.f[3], 'must be ' || payidem._format_rule('payidem.channel_ref')]
+					WHEN l.f[4] <> '' AND NOT payidem._fits(l.f[4], 'payidem.channel_ref') THEN
+						ARRAY['payment_no', l.f[4], 'must be empty or ' || payidem._format_rule('payidem.channel_ref')]
+					-- at most the bigint maximum, as create_order() takes (compared as text)
+					WHEN l.f[5] !~ '^[0-9]+$' OR l.f[5] ~ '^0+$' OR length(ltrim(l.f[5], '0')) > 19
+						 OR (length(ltrim(l.f[5], '0')) = 19
+							 AND ltrim(l.f[5], '0') COLLATE "C" > '9223372036854775807') THEN
+						ARRAY['amount', l.f[5], 'must be a positive integer in minor units (fen, cents)']
+					WHEN l.f[6] <> '' AND (l.f[6] !~ '^[0-9]+$' OR length(ltrim(l.f[6], '0')) > 19
+						 OR (length(ltrim(l.f[6], '0')) = 19
+							 AND ltrim(l.f[6], '0') COLLATE "C" > '9223372036854775807')) THEN
+						ARRAY['fee', l.f[6], 'must be empty or a non-negative integer in minor units (fen, cents)']
+					WHEN l.f[7] NOT IN ('succeeded', 'refunded') THEN
+						ARRAY['status', l.f[7], 'must be succeeded or refunded']
+					WHEN l.f[8] <> '' AND l.f[8] !~ c_time THEN
+						ARRAY['paid_at', l.f[8], 'is not a time written YYYY-MM-DD HH:MM:SS[.ffffff][+HH:MM]']
+					WHEN l.first_line <> l.line_no THEN
+						ARRAY['transaction_id', l.f[3], format('appears already on line %s', l.first_line)]
+				   END AS problem
+			  FROM (SELECT b.line_no, b.fields AS f,
+						   min(b.line_no) OVER (PARTITION BY b.fields[3]) AS first_line
+					  FROM payidem._bill_lines(v_csv) b) l) c
+	 WHERE c.problem IS NOT NULL
+	 ORDER BY c.line_no
+	 LIMIT 1;
+	IF FOUND THEN
+		IF v_bad.field IS NULL THEN
+			PERFORM payidem._raise_invalid(format('invalid line %s in the channel bill', v_bad.line_no),
+				format('Line %s: %s.', v_bad.line_no, v_bad.rule),
+				c_hint);
+		END IF;
+		PERFORM payidem._raise_invalid(format('invalid %s on line %s of the channel bill', v_bad.field, v_bad.line_no),
+			format('Line %s, field %s: %s %s.', v_bad.line_no, v_bad.field,
+				quote_literal(left(v_bad.value, 64)), v_bad.rule),
+			c_hint);
+	END IF;
+
+	-- a bill loaded again replaces the channel's earlier bill of that day
+	DELETE FROM payidem.channel_bill cb
+	 WHERE cb.channel_no OPERATOR(pg_catalog.=) v_channel AND cb.bill_date OPERATOR(pg_catalog.=) v_day;
+	BEGIN
+		INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at)
+		SELECT v_channel, v_day, b.fields[3], nullif(b.fields[4], ''), b.fields[5]::bigint,
+			   coalesce(nullif(b.fields[6], '')::bigint, 0), b.fields[7],
+			   CASE
+				WHEN b.fields[8] = '' THEN NULL
+				WHEN b.fields[8] ~ '([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$' THEN b.fields[8]::timestamptz
+				ELSE timezone(v_tz, b.fields[8]::timestamp)
+			   END
+		  FROM payidem._bill_lines(v_csv) b;
+		GET DIAGNOSTICS v_rows = ROW_COUNT;
+	EXCEPTION WHEN data_exception THEN
+		-- a paid_at of the right shape but out of range (month 13, 25 o'clock):
+		-- find its line (only on this error path, line by line)
+		FOR v_bad IN SELECT b.line_no, b.fields[8] AS value FROM payidem._bill_lines(v_csv) b ORDER BY b.line_no LOOP
+			BEGIN
+				PERFORM payidem._bill_time(v_bad.value, v_tz);
+			EXCEPTION WHEN data_exception THEN
+				PERFORM payidem._raise_invalid(format('invalid paid_at on line %s of the channel bill', v_bad.line_no),
+					format('Line %s, field paid_at: %s is not a valid time (%s).', v_bad.line_no,
+						quote_literal(left(v_bad.value, 64)), SQLERRM),
+					c_hint);
+			END;
+		END LOOP;
+		RAISE;
+	END;
+	RETURN v_rows;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem._bill_day_lines(channel_no text, bill_date date)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF channel_no IS NULL OR bill_date IS NULL THEN
+		PERFORM payidem._raise_invalid('channel_no and bill_date must not be null');
+	END IF;
+	PERFORM payidem._check_bill_date(bill_date);
+	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) _bill_day_lines.channel_no) THEN
+		PERFORM payidem._raise_not_found('channel', channel_no, 'payidem.channel', 'channel_no');
+	END IF;
+	RETURN (SELECT count(*) FROM payidem.channel_bill b
+			 WHERE b.channel_no OPERATOR(pg_catalog.=) _bill_day_lines.channel_no
+			   AND b.bill_date OPERATOR(pg_catalog.=) _bill_day_lines.bill_date);
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_id		bigint := resolve_diff.recon_id;
+	v_status	text := resolve_diff.handle_status;
+	v_note		text := resolve_diff.note;
+	d			payidem.reconciliation;
+BEGIN
+	PERFORM payidem._require('recon_id', resolve_diff.recon_id::text);
+	PERFORM payidem._check_resolution('a difference', v_status, v_note);
+
+	UPDATE payidem.reconciliation rc
+	   SET handle_status = v_status, handled_by = session_user, handled_at = now(),
+		   note = v_note, updated_at = now()
+	 WHERE rc.recon_id = v_id AND rc.handle_status = 'open'
+	RETURNING rc.* INTO d;
+	IF NOT FOUND THEN
+		SELECT rc.* INTO d FROM payidem.reconciliation rc WHERE rc.recon_id = v_id;
+		IF NOT FOUND THEN
+			PERFORM payidem._raise_not_found('reconciliation difference', v_id);
+		END IF;
+		RAISE EXCEPTION 'reconciliation difference % is not open', v_id USING
+			ERRCODE = 'PI002',
+			DETAIL = format('It is already %s%s.', d.handle_status,
+							CASE WHEN d.handled_by IS NOT NULL THEN ' by ' || d.handled_by ELSE '' END),
+			HINT = 'Only an open difference can be resolved.';
+	END IF;
+
+	-- the alarm raised for a channel_only difference is closed with it
+	IF d.diff_type = 'channel_only' THEN
+		UPDATE payidem.anomaly a
+		   SET handle_status = v_status, handled_by = session_user, handled_at = now(),
+			   note = v_note, updated_at = now()
+		 WHERE a.kind = 'channel_only' AND a.channel_no = d.channel_no
+		   AND a.detail ->> 'bill_date' = to_char(d.bill_date, 'YYYY-MM-DD')
+		   AND a.detail ->> 'transaction_id' = d.transaction_id
+		   AND a.handle_status = 'open';
+	END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.import_merchant(merchant_no text, name text, merchant_type text, fee_rate numeric,
+	settle_cycle text, api_key text, api_secret text)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	m        payidem.merchant;
+	v_sealed record;
+BEGIN
+	PERFORM payidem._check_code('merchant number', import_merchant.merchant_no, '^M[0-9A-HJKMNP-TV-Z]{15}$',
+		'a merchant number is M followed by 15 Crockford base32 characters.');
+	PERFORM payidem._check_code('API key', import_merchant.api_key, '^[0-9A-Za-z_-]{16,64}$',
+		'an API key has 16 to 64 characters of 0-9, A-Z, a-z, _ and -.');
+	IF api_secret IS NULL OR length(api_secret) NOT BETWEEN 16 AND 256 THEN
+		PERFORM payidem._raise_invalid('invalid API secret', 'An API secret has 16 to 256 characters.');	-- never the value
+	END IF;
+	PERFORM payidem._check_merchant_fields(name, import_merchant.merchant_type,
+										   import_merchant.fee_rate, import_merchant.settle_cycle);
+
+	INSERT INTO payidem.merchant (merchant_no, merchant_name, merchant_type, fee_rate, settle_cycle, api_key)
+	VALUES (import_merchant.merchant_no, btrim(name), import_merchant.merchant_type, import_merchant.fee_rate,
+			import_merchant.settle_cycle, import_merchant.api_key)
+	ON CONFLICT DO NOTHING;
+	IF FOUND THEN
+		v_sealed := payidem._seal(payidem._secret_aad(import_merchant.merchant_no, 1), convert_to(api_secret, 'UTF8'));
+		INSERT INTO payidem.merchant_secret (merchant_no, secret_version, key_version, nonce, ciphertext, auth_tag)
+		VALUES (import_merchant.merchant_no, 1, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext, v_sealed.auth_tag);
+		RETURN 'imported';
+	END IF;
+
+	-- already here (partition 0 made it, or a replay): it must be the same merchant
+	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) import_merchant.merchant_no;
+	IF NOT FOUND OR m.api_key <> import_merchant.api_key OR m.merchant_type <> import_merchant.merchant_type
+	   OR m.fee_rate <> import_merchant.fee_rate OR m.settle_cycle <> import_merchant.settle_cycle
+	   OR m.merchant_name <> btrim(name)
+	   OR NOT payidem._current_secret_is(m.merchant_no, api_secret) THEN
+		RAISE EXCEPTION 'merchant % exists on shard % with other attributes',
+			import_merchant.merchant_no, payidem.shard_id() USING
+			ERRCODE = 'duplicate_object',
+			DETAIL = CASE WHEN NOT FOUND THEN format('The API key %s belongs to another merchant.', import_merchant.api_key)
+						  ELSE 'Its name, type, rate, settlement cycle, API key or current secret differ from the copy.' END,
+			HINT = 'Reference data must be written through the router, which writes the same row on every shard.';
+	END IF;
+	RETURN 'present';
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.import_merchant_secret(merchant_no text, api_secret text, grace interval DEFAULT '24 hours')
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_sealed  record;
+	v_version integer;
+BEGIN
+	IF api_secret IS NULL OR length(api_secret) NOT BETWEEN 16 AND 256 THEN
+		PERFORM payidem._raise_invalid('invalid API secret', 'An API secret has 16 to 256 characters.');
+	END IF;
+	PERFORM payidem._merchant_for_update(import_merchant_secret.merchant_no);
+	IF payidem._current_secret_is(import_merchant_secret.merchant_no, api_secret) THEN
+		RETURN 'present';
+	END IF;
+	-- the same rotation (grace windows and all) as rotate_merchant_secret(),
+	-- then its fresh random secret is replaced by the one of partition 0
+	PERFORM payidem.rotate_merchant_secret(import_merchant_secret.merchant_no, grace);
+	SELECT s.secret_version INTO v_version FROM payidem.merchant_secret s
+	 WHERE s.merchant_no OPERATOR(pg_catalog.=) import_merchant_secret.merchant_no AND s.valid_until IS NULL;
+	v_sealed := payidem._seal(payidem._secret_aad(import_merchant_secret.merchant_no, v_version),
+							  convert_to(api_secret, 'UTF8'));
+	UPDATE payidem.merchant_secret s
+	   SET key_version = v_sealed.key_version, nonce = v_sealed.nonce,
+		   ciphertext = v_sealed.ciphertext, auth_tag = v_sealed.auth_tag
+	 WHERE s.merchant_no OPERATOR(pg_catalog.=) import_merchant_secret.merchant_no AND s.secret_version = v_version;
+	RETURN 'rotated';
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.import_reference(reference jsonb)
+RETURNS TABLE (kind text, added bigint, changed bigint, removed bigint, left_alone bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	s        record;
+	v_sealed record;
+	v_add    bigint;
+	v_change bigint;
+	v_remove bigint;
+BEGIN
+	IF reference IS NULL OR jsonb_typeof(reference) <> 'object'
+	   OR NOT reference ?& ARRAY['merchants', 'secrets', 'channels', 'configs', 'bindings'] THEN
+		PERFORM payidem._raise_invalid('invalid reference document',
+			'It must be what payidem.export_reference() returns: an object with merchants, secrets, channels, configs and bindings.');
+	END IF;
+	-- a merchant closed here stays closed: partition 0 must close it too,
+	-- not this shard reopen it
+	PERFORM payidem._merchant_status_change(m.merchant_no, m.status, r.status,
+			format('It is closed on shard %s: close it everywhere through the router (payidem.close_merchant(%L)), then repeat.',
+				   payidem.shard_id(), m.merchant_no))
+	   FROM jsonb_populate_recordset(NULL::payidem.merchant, reference -> 'merchants') r
+	   JOIN payidem.merchant m ON m.merchant_no = r.merchant_no
+	  WHERE m.status IS DISTINCT FROM r.status;
+
+	-- merchants
+	WITH r AS (SELECT * FROM jsonb_populate_recordset(NULL::payidem.merchant, reference -> 'merchants')),
+	w AS (
+		INSERT INTO payidem.merchant AS m (merchant_no, merchant_name, merchant_type, fee_rate, settle_cycle, status, api_key)
+		SELECT r.merchant_no, r.merchant_name, r.merchant_type, r.fee_rate, r.settle_cycle, r.status, r.api_key FROM r
+		ON CONFLICT ON CONSTRAINT merchant_pkey DO UPDATE
+		   SET merchant_name = excluded.merchant_name, merchant_type = excluded.merchant_type,
+			   fee_rate = excluded.fee_rate, settle_cycle = excluded.settle_cycle, status = excluded.status,
+			   api_key = excluded.api_key, updated_at = now()
+		 WHERE (m.merchant_name, m.merchant_type, m.fee_rate, m.settle_cycle, m.status, m.api_key)
+			   IS DISTINCT FROM (excluded.merchant_name, excluded.merchant_type, excluded.fee_rate,
+								 excluded.settle_cycle, excluded.status, excluded.api_key)
+		RETURNING m.xmax = 0 AS inserted)
+	SELECT count(*) FILTER (WHERE w.inserted), count(*) FILTER (WHERE NOT w.inserted) INTO v_add, v_change FROM w;
+	kind := 'merchants'; added := v_add; changed := v_change; removed := 0;
+	left_alone := (SELECT count(*) FROM payidem.merchant m
+					WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'merchants') e
+									   WHERE e ->> 'merchant_no' = m.merchant_no));
+	RETURN NEXT;
+
+	-- secrets: the same versions, windows and secrets; first those this
+	-- shard has and partition 0 has not, then the ones that stop being
+	-- current, then the rest (one current secret per merchant at all times)
+	v_add := 0; v_change := 0;
+	WITH r AS (SELECT * FROM jsonb_to_recordset(reference -> 'secrets') AS x(merchant_no text, secret_version integer))
+	DELETE FROM payidem.merchant_secret s
+	 WHERE EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'merchants') e
+					WHERE e ->> 'merchant_no' = s.merchant_no)
+	   AND NOT EXISTS (SELECT 1 FROM r WHERE r.merchant_no = s.merchant_no AND r.secret_version = s.secret_version);
+	GET DIAGNOSTICS v_remove = ROW_COUNT;
+	FOR s IN
+		SELECT r.*, x.merchant_no IS NOT NULL AS present,
+			   x.merchant_no IS NOT NULL
+			   AND (x.valid_from, x.valid_until) IS NOT DISTINCT FROM (r.valid_from, r.valid_until)
+			   AND payidem._open(payidem._secret_aad(x.merchant_no, x.secret_version),
+								 x.key_version, x.nonce, x.ciphertext, x.auth_tag)
+				   = convert_to(r.secret, 'UTF8') AS same
+		  FROM jsonb_to_recordset(reference -> 'secrets')
+			   AS r(merchant_no text, secret_version integer, secret text, valid_from timestamptz, valid_until timestamptz)
+		  LEFT JOIN payidem.merchant_secret x ON x.merchant_no = r.merchant_no AND x.secret_version = r.secret_version
+		 ORDER BY r.valid_until IS NULL, r.merchant_no, r.secret_version
+	LOOP
+		CONTINUE WHEN s.same;
+		v_sealed := payidem._seal(payidem._secret_aad(s.merchant_no, s.secret_version), convert_to(s.secret, 'UTF8'));
+		IF s.present THEN
+			UPDATE payidem.merchant_secret x
+			   SET key_version = v_sealed.key_version, nonce = v_sealed.nonce, ciphertext = v_sealed.ciphertext,
+				   auth_tag = v_sealed.auth_tag, valid_from = s.valid_from, valid_until = s.valid_until
+			 WHERE x.merchant_no = s.merchant_no AND x.secret_version = s.secret_version;
+			v_change := v_change + 1;
+		ELSE
+			INSERT INTO payidem.merchant_secret (merchant_no, secret_version, key_version, nonce, ciphertext,
+												 auth_tag, valid_from, valid_until)
+			VALUES (s.merchant_no, s.secret_version, v_sealed.key_version, v_sealed.nonce, v_sealed.ciphertext,
+					v_sealed.auth_tag, s.valid_from, s.valid_until);
+			v_add := v_add + 1;
+		END IF;
+	END LOOP;
+	kind := 'secrets'; added := v_add; changed := v_change; removed := v_remove; left_alone := 0;
+	RETURN NEXT;
+
+	-- channels
+	WITH r AS (SELECT * FROM jsonb_populate_recordset(NULL::payidem.channel, reference -> 'channels')),
+	w AS (
+		INSERT INTO payidem.channel AS c (channel_no, channel_type, fee_rate, status, weight, allowed_merchant_types,
+										  single_limit, daily_limit)
+		SELECT r.channel_no, r.channel_type, r.fee_rate, r.status, r.weight, r.allowed_merchant_types,
+			   r.single_limit, r.daily_limit FROM r
+		ON CONFLICT ON CONSTRAINT channel_pkey DO UPDATE
+		   SET channel_type = excluded.channel_type, fee_rate = excluded.fee_rate, status = excluded.status,
+			   weight = excluded.weight, allowed_merchant_types = excluded.allowed_merchant_types,
+			   single_limit = excluded.single_limit, daily_limit = excluded.daily_limit, updated_at = now()
+		 WHERE (c.channel_type, c.fee_rate, c.status, c.weight, c.allowed_merchant_types, c.single_limit, c.daily_limit)
+			   IS DISTINCT FROM (excluded.channel_type, excluded.fee_rate, excluded.status, excluded.weight,
+								 excluded.allowed_merchant_types, excluded.single_limit, excluded.daily_limit)
+		RETURNING c.xmax = 0 AS inserted)
+	SELECT count(*) FILTER (WHERE w.inserted), count(*) FILTER (WHERE NOT w.inserted) INTO v_add, v_change FROM w;
+	kind := 'channels'; added := v_add; changed := v_change; removed := 0;
+	left_alone := (SELECT count(*) FROM payidem.channel c
+					WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'channels') e
+									   WHERE e ->> 'channel_no' = c.channel_no));
+	RETURN NEXT;
+
+	-- channel configurations
+	v_add := 0; v_change := 0;
+	DELETE FROM payidem.channel_config cc
+	 WHERE EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'channels') e
+					WHERE e ->> 'channel_no' = cc.channel_no)
+	   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'configs') e
+						WHERE e ->> 'channel_no' = cc.channel_no);
+	GET DIAGNOSTICS v_remove = ROW_COUNT;
+	FOR s IN
+		SELECT r.*, x.channel_no IS NOT NULL AS present,
+			   x.channel_no IS NOT NULL
+			   AND convert_from(payidem._open(payidem._config_aad(x.channel_no), x.key_version, x.nonce,
+											  x.ciphertext, x.auth_tag), 'UTF8')::jsonb = r.config AS same
+		  FROM jsonb_to_recordset(reference -> 'configs') AS r(channel_no text, config jsonb)
+		  LEFT JOIN payidem.channel_config x ON x.channel_no = r.channel_no
+	LOOP
+		CONTINUE WHEN s.same;
+		PERFORM payidem.set_channel_config(s.channel_no, s.config);
+		IF s.present THEN v_change := v_change + 1; ELSE v_add := v_add + 1; END IF;
+	END LOOP;
+	kind := 'configs'; added := v_add; changed := v_change; removed := v_remove; left_alone := 0;
+	RETURN NEXT;
+
+	-- bindings; one partition 0 does not have is disabled here (unbound)
+	WITH r AS (SELECT * FROM jsonb_populate_recordset(NULL::payidem.merchant_channel, reference -> 'bindings')),
+	w AS (
+		INSERT INTO payidem.merchant_channel AS b (merchant_no, channel_no, fee_rate, single_limit, daily_limit,
+												   status, weight)
+		SELECT r.merchant_no, r.channel_no, r.fee_rate, r.single_limit, r.daily_limit, r.status, r.weight FROM r
+		ON CONFLICT ON CONSTRAINT merchant_channel_pkey DO UPDATE
+		   SET fee_rate = excluded.fee_rate, single_limit = excluded.single_limit, daily_limit = excluded.daily_limit,
+			   status = excluded.status, weight = excluded.weight, updated_at = now()
+		 WHERE (b.fee_rate, b.single_limit, b.daily_limit, b.status, b.weight)
+			   IS DISTINCT FROM (excluded.fee_rate, excluded.single_limit, excluded.daily_limit,
+								 excluded.status, excluded.weight)
+		RETURNING b.xmax = 0 AS inserted)
+	SELECT count(*) FILTER (WHERE w.inserted), count(*) FILTER (WHERE NOT w.inserted) INTO v_add, v_change FROM w;
+	UPDATE payidem.merchant_channel b SET status = 'disabled', updated_at = now()
+	 WHERE b.status <> 'disabled'
+	   AND EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'merchants') e
+					WHERE e ->> 'merchant_no' = b.merchant_no)
+	   AND EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'channels') e
+					WHERE e ->> 'channel_no' = b.channel_no)
+	   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(reference -> 'bindings') e
+						WHERE e ->> 'merchant_no' = b.merchant_no AND e ->> 'channel_no' = b.channel_no);
+	GET DIAGNOSTICS v_remove = ROW_COUNT;
+	kind := 'bindings'; added := v_add; changed := v_change; removed := v_remove; left_alone := 0;
+	RETURN NEXT;
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.load_bill_part(channel_no text, bill_date date, csv text, partitions integer,
+	placed_lines bigint[] DEFAULT NULL, placed_partitions integer[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_me   integer := payidem.shard_id();
+	v_mine text;
+BEGIN
+	IF partitions IS NULL OR partitions < 1 OR v_me >= partitions THEN
+		RAISE EXCEPTION 'shard % is not a partition of a %-partition cluster', v_me, partitions USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'Check payidem.shard_id on the shards against the router''s server payidem (payidem.cluster_check()).';
+	END IF;
+	IF cardinality(placed_lines) IS DISTINCT FROM cardinality(placed_partitions) THEN
+		PERFORM payidem._raise_invalid('placed_lines and placed_partitions differ in length',
+			format('%s lines, %s partitions.', coalesce(cardinality(placed_lines), 0),
+				coalesce(cardinality(placed_partitions), 0)));
+	END IF;
+	-- every shard checks the whole bill, so a bad line fails the load on all
+	-- of them and none keeps a part (the router has no two-phase commit)
+	PERFORM payidem._bill_check(channel_no, bill_date, csv);
+	-- this shard's lines: those its payment number names, then those the
+	-- router placed by transaction id, the rest on partition 0; the others
+	-- become blank lines, so that line numbers in messages stay those of the
+	-- whole bill
+	SELECT string_agg(CASE WHEN b.line_no IS NULL
+							 OR coalesce(payidem._bill_line_partition(nullif(b.fields[4], ''), partitions),
+										 pl.partition, 0) = v_me
+						   THEN t.line ELSE '' END,
+					  chr(10) ORDER BY t.n)
+	  INTO v_mine
+	  FROM string_to_table(csv, chr(10)) WITH ORDINALITY AS t(line, n)
+	  LEFT JOIN payidem._bill_lines(csv) b ON b.line_no = t.n
+	  LEFT JOIN unnest(placed_lines, placed_partitions) AS pl(line_no, partition) ON pl.line_no = t.n;
+	RETURN payidem.load_bill(channel_no, bill_date, coalesce(v_mine, ''));
+END
+$$;
+CREATE OR REPLACE FUNCTION payidem.resolve_anomaly(anomaly_id bigint, handle_status text, note text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	a payidem.anomaly;
+BEGIN
+	PERFORM payidem._require('anomaly_id', resolve_anomaly.anomaly_id::text);
+	PERFORM payidem._check_resolution('an anomaly', resolve_anomaly.handle_status, resolve_anomaly.note);
+	UPDATE payidem.anomaly x
+	   SET handle_status = resolve_anomaly.handle_status, handled_by = session_user, handled_at = now(),
+		   note = resolve_anomaly.note, updated_at = now()
+	 WHERE x.anomaly_id = resolve_anomaly.anomaly_id AND x.handle_status = 'open'
+	RETURNING x.* INTO a;
+	IF NOT FOUND THEN
+		SELECT x.* INTO a FROM payidem.anomaly x WHERE x.anomaly_id = resolve_anomaly.anomaly_id;
+		IF NOT FOUND THEN
+			PERFORM payidem._raise_not_found('anomaly', resolve_anomaly.anomaly_id,
+				'payidem.anomaly', 'anomaly_id');
+		END IF;
+		RAISE EXCEPTION 'anomaly % is not open', a.anomaly_id USING
+			ERRCODE = 'PI002',
+			DETAIL = format('It is already %s.', a.handle_status),
+			HINT = 'Only an open anomaly can be resolved.';
+	END IF;
 END
 $$;

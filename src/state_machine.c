@@ -1127,3 +1127,23 @@ payidem_transit_refund(PG_FUNCTION_ARGS)
 {
 	return transit(fcinfo, TRANSIT_REFUND);
 }
+
+/*
+ * payidem._transition_allowed(entity text, from_status text, to_status text)
+ *     RETURNS boolean, STRICT
+ *		Whether the whitelist status_guard enforces allows the move, read from
+ *		the same cache: for a caller that chooses a status (apply_refund_result()
+ *		keeps an order's status a DBA added after paid).
+ */
+PG_FUNCTION_INFO_V1(payidem_transition_allowed);
+Datum
+payidem_transition_allowed(PG_FUNCTION_ARGS)
+{
+	text	   *from = PG_GETARG_TEXT_PP(1);
+	text	   *to = PG_GETARG_TEXT_PP(2);
+	WhitelistEntity *ent = find_entity_in(whitelist_get(), text_to_cstring(PG_GETARG_TEXT_PP(0)));
+
+	PG_RETURN_BOOL(ent != NULL &&
+				   transition_allowed(ent, VARDATA_ANY(from), VARSIZE_ANY_EXHDR(from),
+									  VARDATA_ANY(to), VARSIZE_ANY_EXHDR(to)));
+}

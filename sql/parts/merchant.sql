@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------
--- Merchants, channels, secrets, routing, roles (crypto in C: src/crypto.c)
+-- Merchants, their secrets and signatures, channels, bindings, routing (crypto
+-- in C: src/crypto.c)
 ------------------------------------------------------------------------------
 
 -- C primitives.  The master key never passes through SQL; these see only
@@ -51,98 +52,6 @@ LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION payidem.master_key_version() IS
 	'Version of the current master key (payidem.master_key_file); 55000 if it is not configured.';
 
--- Shared input checks: one place for each rule and its message.
-CREATE FUNCTION payidem._check_rate(what text, rate numeric)
-RETURNS numeric
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF rate IS NULL OR rate < 0 OR rate >= 1 OR rate <> round(rate, 6) THEN
-		RAISE EXCEPTION 'invalid % rate', what USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The rate was %s; it must be a fraction from 0 up to but not including 1, with at most 6 decimals.',
-							coalesce(rate::text, 'NULL')),
-			HINT = 'Write 0.6% as 0.006.';
-	END IF;
-	RETURN rate;
-END
-$$;
-
-CREATE FUNCTION payidem._check_code(what text, value text, pattern text, rule text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	PERFORM payidem._check_no_controls('invalid ' || what, 'The value', value);
-	IF value IS NULL OR value !~ pattern THEN
-		RAISE EXCEPTION 'invalid %', what USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; %s', coalesce(quote_literal(left(value, 64)), 'NULL'), rule);
-	END IF;
-	RETURN value;
-END
-$$;
-
-CREATE FUNCTION payidem._check_limit(what text, value bigint)
-RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF value IS NOT NULL AND value <= 0 THEN
-		RAISE EXCEPTION 'invalid %', what USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The limit was %s; a limit is a positive amount in minor units, or NULL for none.', value);
-	END IF;
-	RETURN value;
-END
-$$;
-
--- A duration argument (an order's expiry, a secret's grace period): not NULL,
--- and now() plus it is after now (or now itself, where allow_zero) and at most
--- now() plus 100 years.  The end is what is checked: PostgreSQL compares
--- intervals counting a month as 30 days, but adds months and days to a time
--- by the calendar ('1 month -29 days' can end before it starts), and a sum past
--- the timestamp range is 22008, so each part is bounded before the sum.
--- 22023 for all of these.  In C (src/payidem.c, payidem_check_interval),
--- where idem_claim's lease and idem_purge's retention are checked by the same
--- code: the rule is written once.
-CREATE FUNCTION payidem._check_duration(message text, what text, value interval,
-										allow_zero boolean, hint text)
-RETURNS interval
-AS 'MODULE_PATHNAME', 'payidem_check_duration'
-LANGUAGE C STABLE PARALLEL SAFE;
-COMMENT ON FUNCTION payidem._check_duration(text, text, interval, boolean, text) IS
-	'Internal: value, if now() plus it is after now() (or now() itself, where allow_zero) and at most 100 years later, each of its parts within 100 years; 22023 with message, the value in DETAIL and hint otherwise.';
-
--- The one rule for a name or description a person reads (a merchant's name,
--- an order's subject, the codes _check_code checks): no control character
--- (tab, line break, U+0000 to U+001F, DEL).  22023 with the value escaped in
--- DETAIL, never its raw bytes.  In C (src/payidem.c), as the escaping of
--- values in payidem's C errors is.
-CREATE FUNCTION payidem._check_no_controls(message text, what text, value text)
-RETURNS text
-AS 'MODULE_PATHNAME', 'payidem_check_no_controls'
-LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION payidem._check_no_controls(text, text, text) IS
-	'Internal: value, unless it holds a control character (tab, line break, U+0000 to U+001F, DEL): 22023 with message and the value escaped in DETAIL.';
-
--- The day of a channel's bill (load_bill, reconcile): a calendar day a bill
--- can have, from 1970 to 9999 (so that the next midnight exists too).
-CREATE FUNCTION payidem._check_bill_date(bill_date date)
-RETURNS date
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF NOT isfinite(bill_date) OR bill_date < date '1970-01-01' OR bill_date > date '9999-12-31' THEN
-		RAISE EXCEPTION 'invalid bill date' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The bill date was %s; a bill covers one calendar day from 1970-01-01 to 9999-12-31.',
-							CASE WHEN isfinite(bill_date)	-- ISO, whatever DateStyle (to_char stops at 294276)
-								 THEN format('%s-%s-%s', extract(year FROM bill_date),
-											 lpad(extract(month FROM bill_date)::text, 2, '0'),
-											 lpad(extract(day FROM bill_date)::text, 2, '0'))
-								 ELSE bill_date::text END);
-	END IF;
-	RETURN bill_date;
-END
-$$;
-
 -- The attributes of a new merchant (create_merchant, and its copies on shards).
 CREATE FUNCTION payidem._check_merchant_fields(name text, merchant_type text, fee_rate numeric,
 	settle_cycle text)
@@ -150,9 +59,8 @@ RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF name IS NULL OR length(btrim(name)) NOT BETWEEN 1 AND 128 THEN
-		RAISE EXCEPTION 'invalid merchant name' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid merchant name',
+			format('The name was %s; it must have 1 to 128 characters.', coalesce(quote_literal(left(name, 64)), 'NULL')));
 	END IF;
 	PERFORM payidem._check_no_controls('invalid merchant name', 'The name', name);
 	PERFORM payidem._check_code('merchant type', merchant_type, '^[a-z][a-z0-9_]{0,31}$',
@@ -160,67 +68,6 @@ BEGIN
 	PERFORM payidem._check_rate('merchant fee', fee_rate);
 	PERFORM payidem._check_code('settlement cycle', settle_cycle, '^[TD][0-9]{1,2}$',
 		'a settlement cycle is T<n> or D<n>, e.g. T1 or D0.');
-END
-$$;
-
--- A missing identifier is malformed input (22023), not "does not exist".
-CREATE FUNCTION payidem._require(what text, value text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF value IS NULL THEN
-		RAISE EXCEPTION '% must not be NULL', what USING
-			ERRCODE = 'invalid_parameter_value',
-			HINT = format('Pass the %s.', what);
-	END IF;
-	RETURN value;
-END
-$$;
-
--- An order, payment or refund number must be one before it is looked up:
--- PO/PY/RF, 24 digits, a real date and matching check digits (a valid number
--- that names no row is PI009).
--- A point in time as an application reads it, whatever its session's
--- DateStyle and TimeZone: UTC, ISO 8601, microseconds.
--- C (src/notify.c), where the events' payloads are written with the same
--- code: the format is written once.
-CREATE FUNCTION payidem._utc(t timestamptz)
-RETURNS text
-LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
-AS 'MODULE_PATHNAME', 'payidem_utc';
-COMMENT ON FUNCTION payidem._utc(timestamptz) IS
-	'Internal: a timestamp as UTC ISO 8601 text (2026-11-30T07:33:36.463208Z), for payloads and the read API.';
-
-CREATE FUNCTION payidem._check_number(kind text, value text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_prefix text := CASE kind WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' ELSE 'RF' END;
-	v_detail text;
-BEGIN
-	IF value IS NULL OR value !~ ('^' || v_prefix || '[0-9]{24}$') THEN
-		RAISE EXCEPTION 'invalid % number', kind USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The value was %s; %s %s number is %s followed by 24 digits.',
-							coalesce(quote_literal(left(value, 64)) ||
-									 CASE WHEN length(value) > 64 THEN format('... (%s characters)', length(value)) ELSE '' END,
-									 'NULL'),
-							CASE kind WHEN 'order' THEN 'an' ELSE 'a' END, kind, v_prefix),
-			HINT = 'Pass the number payidem returned when it created the ' || kind || '.';
-	END IF;
-	IF NOT payidem.order_no_valid(value) THEN
-		-- only on this error path: order_no_parse() says what is wrong
-		BEGIN
-			PERFORM payidem.order_no_parse(value);
-		EXCEPTION WHEN invalid_parameter_value THEN
-			GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-		END;
-		RAISE EXCEPTION 'invalid % number %', kind, quote_literal(value) USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = v_detail,
-			HINT = 'Pass the number payidem returned when it created the ' || kind || '.';
-	END IF;
-	RETURN value;
 END
 $$;
 
@@ -233,9 +80,7 @@ BEGIN
 	PERFORM payidem._require('merchant_no', p_merchant_no);
 	SELECT * INTO m FROM payidem.merchant WHERE merchant_no OPERATOR(pg_catalog.=) p_merchant_no FOR UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(p_merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+		PERFORM payidem._raise_not_found('merchant', p_merchant_no, 'payidem.merchant', 'merchant_no');
 	END IF;
 	RETURN m;
 END
@@ -269,9 +114,7 @@ BEGIN
 	PERFORM payidem._require('channel_no', p_channel_no);
 	SELECT * INTO c FROM payidem.channel WHERE channel_no OPERATOR(pg_catalog.=) p_channel_no FOR UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'channel % does not exist', coalesce(quote_literal(left(p_channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.channel has no row with that channel_no.';
+		PERFORM payidem._raise_not_found('channel', p_channel_no, 'payidem.channel', 'channel_no');
 	END IF;
 	RETURN c;
 END
@@ -372,9 +215,7 @@ BEGIN
 	SELECT * INTO s FROM payidem.merchant_secret ms
 	 WHERE ms.merchant_no OPERATOR(pg_catalog.=) sign.merchant_no AND ms.valid_until IS NULL;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(sign.merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+		PERFORM payidem._raise_not_found('merchant', sign.merchant_no, 'payidem.merchant', 'merchant_no');
 	END IF;
 	-- a closed merchant's key is dead: it signs nothing more
 	IF EXISTS (SELECT 1 FROM payidem.merchant m
@@ -384,10 +225,9 @@ BEGIN
 			DETAIL = format('Merchant %s has status closed; its API secret no longer signs or verifies.', s.merchant_no);
 	END IF;
 	IF payload IS NULL THEN
-		RAISE EXCEPTION 'payload to sign must not be NULL' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = 'payload was NULL.',
-			HINT = 'Pass the exact text that will be sent, e.g. the JSON body.';
+		PERFORM payidem._raise_invalid('payload to sign must not be NULL',
+			'payload was NULL.',
+			'Pass the exact text that will be sent, e.g. the JSON body.');
 	END IF;
 	RETURN payidem._hmac_sign(payidem._secret_aad(s.merchant_no, s.secret_version),
 							  s.key_version, s.nonce, s.ciphertext, s.auth_tag, payload);
@@ -460,9 +300,8 @@ DECLARE
 	m payidem.merchant;
 BEGIN
 	IF status IS NULL OR status NOT IN ('active', 'frozen', 'closed') THEN
-		RAISE EXCEPTION 'invalid merchant status' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The status was %s; it must be active, frozen or closed.', coalesce(quote_literal(left(status, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid merchant status',
+			format('The status was %s; it must be active, frozen or closed.', coalesce(quote_literal(left(status, 64)), 'NULL')));
 	END IF;
 	m := payidem._merchant_for_update(set_merchant_status.merchant_no);
 	PERFORM payidem._merchant_status_change(m.merchant_no, m.status, status,
@@ -494,17 +333,15 @@ BEGIN
 		'a channel type is a lower-case code such as wechat, alipay or unionpay.');
 	PERFORM payidem._check_rate('channel fee', create_channel.fee_rate);
 	IF weight IS NULL OR weight NOT BETWEEN 0 AND 10000 THEN
-		RAISE EXCEPTION 'invalid channel weight' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The weight was %s; it must be from 0 to 10000.', coalesce(weight::text, 'NULL'));
+		PERFORM payidem._raise_invalid('invalid channel weight',
+			format('The weight was %s; it must be from 0 to 10000.', coalesce(weight::text, 'NULL')));
 	END IF;
 	IF allowed_merchant_types IS NOT NULL AND (cardinality(allowed_merchant_types) = 0
 		OR array_position(allowed_merchant_types, NULL) IS NOT NULL
 		OR array_to_string(allowed_merchant_types, ',') !~ '^[a-z][a-z0-9_]{0,31}(,[a-z][a-z0-9_]{0,31})*$') THEN
-		RAISE EXCEPTION 'invalid list of allowed merchant types' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The list was %s; it must be NULL (all types) or a non-empty list of lower-case merchant types.',
-							left(allowed_merchant_types::text, 200));
+		PERFORM payidem._raise_invalid('invalid list of allowed merchant types',
+			format('The list was %s; it must be NULL (all types) or a non-empty list of lower-case merchant types.',
+				left(allowed_merchant_types::text, 200)));
 	END IF;
 	INSERT INTO payidem.channel (channel_no, channel_type, fee_rate, weight, allowed_merchant_types)
 	VALUES (create_channel.channel_no, create_channel.channel_type, create_channel.fee_rate,
@@ -527,9 +364,8 @@ DECLARE
 	c payidem.channel;
 BEGIN
 	IF status IS NULL OR status NOT IN ('active', 'disabled') THEN
-		RAISE EXCEPTION 'invalid channel status' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The status was %s; it must be active or disabled.', coalesce(quote_literal(left(status, 64)), 'NULL'));
+		PERFORM payidem._raise_invalid('invalid channel status',
+			format('The status was %s; it must be active or disabled.', coalesce(quote_literal(left(status, 64)), 'NULL')));
 	END IF;
 	c := payidem._channel_for_update(set_channel_status.channel_no);
 	UPDATE payidem.channel SET status = set_channel_status.status, updated_at = now()
@@ -548,10 +384,9 @@ DECLARE
 BEGIN
 	c := payidem._channel_for_update(set_channel_config.channel_no);
 	IF config IS NULL OR jsonb_typeof(config) <> 'object' THEN
-		RAISE EXCEPTION 'channel configuration must be a JSON object' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('It was a JSON %s.', coalesce(jsonb_typeof(config), 'NULL')),
-			HINT = 'Pass e.g. {"app_id": "...", "private_key": "..."}.';
+		PERFORM payidem._raise_invalid('channel configuration must be a JSON object',
+			format('It was a JSON %s.', coalesce(jsonb_typeof(config), 'NULL')),
+			'Pass e.g. {"app_id": "...", "private_key": "..."}.');
 	END IF;
 	v_sealed := payidem._seal(payidem._config_aad(c.channel_no), convert_to(config::text, 'UTF8'));
 	INSERT INTO payidem.channel_config AS cc (channel_no, key_version, nonce, ciphertext, auth_tag)
@@ -583,9 +418,9 @@ BEGIN
 	PERFORM payidem._require('channel_no', get_channel_config.channel_no);
 	SELECT * INTO cc FROM payidem.channel_config x WHERE x.channel_no OPERATOR(pg_catalog.=) get_channel_config.channel_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'channel % has no configuration', coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			HINT = 'Store one with payidem.set_channel_config().';
+		PERFORM payidem._raise('PI009', format('channel %s has no configuration',
+			coalesce(quote_literal(left(get_channel_config.channel_no, 64)), 'NULL')),
+			hint => 'Store one with payidem.set_channel_config().');
 	END IF;
 	RETURN convert_from(payidem._open(payidem._config_aad(cc.channel_no), cc.key_version, cc.nonce,
 									  cc.ciphertext, cc.auth_tag), 'UTF8')::jsonb;
@@ -610,9 +445,8 @@ BEGIN
 	PERFORM payidem._check_limit('single limit', single_limit);
 	PERFORM payidem._check_limit('daily limit', daily_limit);
 	IF single_limit > daily_limit THEN
-		RAISE EXCEPTION 'single limit exceeds daily limit' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The single limit was %s and the daily limit %s.', single_limit, daily_limit);
+		PERFORM payidem._raise_invalid('single limit exceeds daily limit',
+			format('The single limit was %s and the daily limit %s.', single_limit, daily_limit));
 	END IF;
 	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
 		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
@@ -641,10 +475,9 @@ BEGIN
 	 WHERE b.merchant_no OPERATOR(pg_catalog.=) unbind_channel.merchant_no
 	   AND b.channel_no OPERATOR(pg_catalog.=) unbind_channel.channel_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % is not bound to channel %',
+		PERFORM payidem._raise('PI009', format('merchant %s is not bound to channel %s',
 			coalesce(quote_literal(left(unbind_channel.merchant_no, 64)), 'NULL'),
-			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+			coalesce(quote_literal(left(unbind_channel.channel_no, 64)), 'NULL')));
 	END IF;
 END
 $$;
@@ -664,9 +497,8 @@ BEGIN
 	PERFORM payidem._require('channel_type', route_channel.channel_type);
 	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no OPERATOR(pg_catalog.=) route_channel.merchant_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'merchant % does not exist', coalesce(quote_literal(left(route_channel.merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.merchant has no row with that merchant_no.';
+		PERFORM payidem._raise_not_found('merchant', route_channel.merchant_no,
+			'payidem.merchant', 'merchant_no');
 	END IF;
 	IF m.status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING

@@ -18,9 +18,8 @@ BEGIN
 	IF NOT FOUND THEN
 		SELECT x.* INTO a FROM payidem.anomaly x WHERE x.anomaly_id = resolve_anomaly.anomaly_id;
 		IF NOT FOUND THEN
-			RAISE EXCEPTION 'anomaly % does not exist', resolve_anomaly.anomaly_id USING
-				ERRCODE = 'PI009',
-				DETAIL = 'payidem.anomaly has no row with that anomaly_id.';
+			PERFORM payidem._raise_not_found('anomaly', resolve_anomaly.anomaly_id,
+				'payidem.anomaly', 'anomaly_id');
 		END IF;
 		RAISE EXCEPTION 'anomaly % is not open', a.anomaly_id USING
 			ERRCODE = 'PI002',

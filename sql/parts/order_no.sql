@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------
--- Order numbers (C, shared memory)
+-- Order numbers and the counters of stats() (C, shared memory)
 ------------------------------------------------------------------------------
 
 CREATE SEQUENCE payidem.order_no_hwm AS bigint MINVALUE 0 START WITH 0 NO CYCLE;

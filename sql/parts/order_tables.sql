@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------
--- Orders, payment attempts, refunds
+-- Orders, payment attempts, refunds, notification events, query leases: their
+-- domains and tables
 ------------------------------------------------------------------------------
 
 -- Formats of the values that are written once and never change, as domains
@@ -70,44 +71,6 @@ CREATE DOMAIN payidem.refund_reason AS text
 	CONSTRAINT refund_reason_length CHECK (pg_catalog.length(VALUE) <= 256);
 COMMENT ON DOMAIN payidem.refund_reason IS
 	'Why a refund was made: at most 256 characters.';
-
--- A format's pattern is written once, in its domain; the flow functions test
--- an argument against the domain of the column it goes to (payidem._fits,
--- src/payidem.c: the domain's own CHECKs, without raising), so they can say
--- which argument is wrong, with the rule in words written once below.
-CREATE FUNCTION payidem._fits(value text, domain regtype)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'payidem_fits'
-LANGUAGE C STABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION payidem._fits(text, regtype) IS
-	'Internal: whether value satisfies every CHECK of the text domain (no error raised).';
-CREATE FUNCTION payidem._format_rule(domain regtype)
-RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE domain::text
-	WHEN 'payidem.merchant_ref' THEN '1 to 64 characters of 0-9, A-Z, a-z and _ . | * @ -'
-	WHEN 'payidem.channel_ref' THEN '1 to 64 printable characters without spaces'
-	WHEN 'payidem.http_url' THEN 'an http:// or https:// URL without spaces, at most 1024 characters'
-	END;
-COMMENT ON FUNCTION payidem._format_rule(regtype) IS
-	'Internal: the format of a domain that arguments are checked against, in words, for error messages.';
--- 22023 for an argument (what) that is not of its format; DETAIL shows the
--- value (at most 64 characters) and the rule
-CREATE FUNCTION payidem._invalid_format(what text, value text, domain regtype, hint text DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_detail text := format('The value was %s; it must be %s.', coalesce(quote_literal(left(value, 64)), 'NULL'),
-							payidem._format_rule(domain));
-BEGIN
-	IF hint IS NULL THEN
-		RAISE EXCEPTION 'invalid %', what USING ERRCODE = 'invalid_parameter_value', DETAIL = v_detail;
-	END IF;
-	RAISE EXCEPTION 'invalid %', what USING ERRCODE = 'invalid_parameter_value', DETAIL = v_detail, HINT = hint;
-END
-$$;
-COMMENT ON FUNCTION payidem._invalid_format(text, text, regtype, text) IS
-	'Internal: raise 22023 "invalid <what>" for a value not of the domain''s format.';
 
 CREATE TABLE payidem."order" (
 	order_no		payidem.order_number NOT NULL,
@@ -337,4 +300,14 @@ COMMENT ON COLUMN payidem.notify_event.next_attempt_at IS
 	'When a pending event is due next (also pushed forward while a worker holds it, the lease).';
 COMMENT ON COLUMN payidem.notify_event.last_response IS
 	'The start (256 characters) of the last failed attempt''s response, as notify_result() reported it.';
+
+-- Leases of expired attempts query_due() handed out (60 s, as notify_due()'s):
+-- two callers, or one calling again, never query the same attempt at once.
+CREATE TABLE payidem.query_lease (
+	payment_no		text		NOT NULL,
+	leased_until	timestamptz	NOT NULL,
+	CONSTRAINT query_lease_pkey PRIMARY KEY (payment_no)
+);
+COMMENT ON TABLE payidem.query_lease IS
+	'Which expired pending attempts query_due() handed out, until when; query_due() drops the leases of attempts no longer pending.';
 

@@ -122,14 +122,11 @@ DECLARE
 	c_hint		constant text := 'Nothing was imported. The layout is channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at (see docs/reconciliation.md); fix the line and load the whole bill again.';
 BEGIN
 	IF v_channel IS NULL OR v_day IS NULL OR v_csv IS NULL THEN
-		RAISE EXCEPTION 'channel_no, bill_date and csv must not be null' USING
-			ERRCODE = 'invalid_parameter_value';
+		PERFORM payidem._raise_invalid('channel_no, bill_date and csv must not be null');
 	END IF;
 	PERFORM payidem._check_bill_date(v_day);
 	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
-		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(v_channel, 64)) USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.channel has no row with that channel_no.';
+		PERFORM payidem._raise_not_found('channel', v_channel, 'payidem.channel', 'channel_no');
 	END IF;
 	v_day_text := to_char(v_day, 'YYYY-MM-DD');
 	PERFORM pg_advisory_xact_lock(hashtext('payidem.reconcile'), hashtext(v_channel));
@@ -177,16 +174,14 @@ BEGIN
 	 LIMIT 1;
 	IF FOUND THEN
 		IF v_bad.field IS NULL THEN
-			RAISE EXCEPTION 'invalid line % in the channel bill', v_bad.line_no USING
-				ERRCODE = 'invalid_parameter_value',
-				DETAIL = format('Line %s: %s.', v_bad.line_no, v_bad.rule),
-				HINT = c_hint;
+			PERFORM payidem._raise_invalid(format('invalid line %s in the channel bill', v_bad.line_no),
+				format('Line %s: %s.', v_bad.line_no, v_bad.rule),
+				c_hint);
 		END IF;
-		RAISE EXCEPTION 'invalid % on line % of the channel bill', v_bad.field, v_bad.line_no USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('Line %s, field %s: %s %s.', v_bad.line_no, v_bad.field,
-							quote_literal(left(v_bad.value, 64)), v_bad.rule),
-			HINT = c_hint;
+		PERFORM payidem._raise_invalid(format('invalid %s on line %s of the channel bill', v_bad.field, v_bad.line_no),
+			format('Line %s, field %s: %s %s.', v_bad.line_no, v_bad.field,
+				quote_literal(left(v_bad.value, 64)), v_bad.rule),
+			c_hint);
 	END IF;
 
 	-- a bill loaded again replaces the channel's earlier bill of that day
@@ -210,11 +205,10 @@ BEGIN
 			BEGIN
 				PERFORM payidem._bill_time(v_bad.value, v_tz);
 			EXCEPTION WHEN data_exception THEN
-				RAISE EXCEPTION 'invalid paid_at on line % of the channel bill', v_bad.line_no USING
-					ERRCODE = 'invalid_parameter_value',
-					DETAIL = format('Line %s, field paid_at: %s is not a valid time (%s).', v_bad.line_no,
-									quote_literal(left(v_bad.value, 64)), SQLERRM),
-					HINT = c_hint;
+				PERFORM payidem._raise_invalid(format('invalid paid_at on line %s of the channel bill', v_bad.line_no),
+					format('Line %s, field paid_at: %s is not a valid time (%s).', v_bad.line_no,
+						quote_literal(left(v_bad.value, 64)), SQLERRM),
+					c_hint);
 			END;
 		END LOOP;
 		RAISE;
@@ -255,14 +249,11 @@ RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	IF channel_no IS NULL OR bill_date IS NULL THEN
-		RAISE EXCEPTION 'channel_no and bill_date must not be null' USING
-			ERRCODE = 'invalid_parameter_value';
+		PERFORM payidem._raise_invalid('channel_no and bill_date must not be null');
 	END IF;
 	PERFORM payidem._check_bill_date(bill_date);
 	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) _bill_day_lines.channel_no) THEN
-		RAISE EXCEPTION 'channel % does not exist', quote_literal(left(channel_no, 64)) USING
-			ERRCODE = 'PI009',
-			DETAIL = 'payidem.channel has no row with that channel_no.';
+		PERFORM payidem._raise_not_found('channel', channel_no, 'payidem.channel', 'channel_no');
 	END IF;
 	RETURN (SELECT count(*) FROM payidem.channel_bill b
 			 WHERE b.channel_no OPERATOR(pg_catalog.=) _bill_day_lines.channel_no
@@ -586,26 +577,6 @@ $$;
 COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
 	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments (55000 if no bill line of that day is loaded, unless allow_empty): one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
 
--- How a person closes a difference or an anomaly: one rule for both.
-CREATE FUNCTION payidem._check_resolution(what text, handle_status text, note text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-	IF handle_status IS NULL OR handle_status NOT IN ('handled', 'ignored') THEN
-		RAISE EXCEPTION 'invalid handle status %', coalesce(quote_literal(left(handle_status, 64)), 'NULL') USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('A person resolves %s as handled or ignored.', what);
-	END IF;
-	IF length(note) > 1024 THEN
-		RAISE EXCEPTION 'note too long' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('The note has %s characters; at most 1024 are kept.', length(note));
-	END IF;
-END
-$$;
-COMMENT ON FUNCTION payidem._check_resolution(text, text, text) IS
-	'Internal to resolve_diff() and resolve_anomaly(): handle_status handled or ignored, a note of at most 1024 characters (22023).';
-
 CREATE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -627,8 +598,7 @@ BEGIN
 	IF NOT FOUND THEN
 		SELECT rc.* INTO d FROM payidem.reconciliation rc WHERE rc.recon_id = v_id;
 		IF NOT FOUND THEN
-			RAISE EXCEPTION 'reconciliation difference % does not exist', coalesce(v_id::text, 'NULL') USING
-				ERRCODE = 'PI009';
+			PERFORM payidem._raise_not_found('reconciliation difference', v_id);
 		END IF;
 		RAISE EXCEPTION 'reconciliation difference % is not open', v_id USING
 			ERRCODE = 'PI002',

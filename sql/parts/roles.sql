@@ -78,9 +78,7 @@ DECLARE
 	r pg_roles;
 BEGIN
 	IF role IS NULL THEN
-		RAISE EXCEPTION 'role must not be null' USING
-			ERRCODE = 'invalid_parameter_value',
-			HINT = 'Name an existing role, e.g. ''shop_app''.';
+		PERFORM payidem._raise_invalid('role must not be null', hint => 'Name an existing role, e.g. ''shop_app''.');
 	END IF;
 	SELECT * INTO r FROM pg_catalog.pg_roles WHERE oid = role;
 	IF NOT FOUND THEN
@@ -95,15 +93,13 @@ BEGIN
 	-- pg_ prefix is reserved to them) hold or pass on more than a grant here
 	-- should give
 	IF r.rolname ~ '^pg_' AND NOT (r.rolsuper OR r.rolbypassrls) THEN
-		RAISE EXCEPTION 'role % is a predefined role', r.rolname USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = 'Predefined roles are shared by every database of the server, and some are members of others.',
-			HINT = 'Create a role of its own for the application and name that one.';
+		PERFORM payidem._raise_invalid(format('role %s is a predefined role', r.rolname),
+			'Predefined roles are shared by every database of the server, and some are members of others.',
+			'Create a role of its own for the application and name that one.');
 	END IF;
 	IF r.rolsuper OR r.rolbypassrls THEN
-		RAISE EXCEPTION 'role % bypasses row-level security', r.rolname USING
-			ERRCODE = 'invalid_parameter_value',
-			HINT = 'Use an ordinary role without SUPERUSER or BYPASSRLS.';
+		PERFORM payidem._raise_invalid(format('role %s bypasses row-level security', r.rolname),
+			hint => 'Use an ordinary role without SUPERUSER or BYPASSRLS.');
 	END IF;
 	RETURN r.rolname;
 END
@@ -293,9 +289,8 @@ BEGIN
 	PERFORM payidem._forget_dropped_roles();
 	DELETE FROM payidem.auditor_role a WHERE a.role = revoke_auditor.role;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'role % is not an auditor', role USING
-			ERRCODE = 'PI009',
-			HINT = 'payidem.auditor_role lists the roles grant_auditor() has made auditors.';
+		PERFORM payidem._raise('PI009', format('role %s is not an auditor', role),
+			hint => 'payidem.auditor_role lists the roles grant_auditor() has made auditors.');
 	END IF;
 	-- what grant_auditor() granted, except what a merchant mapping still needs
 	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
@@ -344,9 +339,8 @@ BEGIN
 	DELETE FROM payidem.merchant_role r
 	 WHERE r.role = unmap_merchant_role.role AND r.merchant_no OPERATOR(pg_catalog.=) unmap_merchant_role.merchant_no;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'role % is not mapped to merchant %', role,
-			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL') USING
-			ERRCODE = 'PI009';
+		PERFORM payidem._raise('PI009', format('role %s is not mapped to merchant %s', role,
+			coalesce(quote_literal(left(unmap_merchant_role.merchant_no, 64)), 'NULL')));
 	END IF;
 	PERFORM payidem._revoke_reader_grants(role, v_role);
 END

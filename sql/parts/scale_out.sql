@@ -116,9 +116,7 @@ BEGIN
 	PERFORM payidem._check_code('API key', import_merchant.api_key, '^[0-9A-Za-z_-]{16,64}$',
 		'an API key has 16 to 64 characters of 0-9, A-Z, a-z, _ and -.');
 	IF api_secret IS NULL OR length(api_secret) NOT BETWEEN 16 AND 256 THEN
-		RAISE EXCEPTION 'invalid API secret' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = 'An API secret has 16 to 256 characters.';	-- never the value
+		PERFORM payidem._raise_invalid('invalid API secret', 'An API secret has 16 to 256 characters.');	-- never the value
 	END IF;
 	PERFORM payidem._check_merchant_fields(name, import_merchant.merchant_type,
 										   import_merchant.fee_rate, import_merchant.settle_cycle);
@@ -161,9 +159,7 @@ DECLARE
 	v_version integer;
 BEGIN
 	IF api_secret IS NULL OR length(api_secret) NOT BETWEEN 16 AND 256 THEN
-		RAISE EXCEPTION 'invalid API secret' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = 'An API secret has 16 to 256 characters.';
+		PERFORM payidem._raise_invalid('invalid API secret', 'An API secret has 16 to 256 characters.');
 	END IF;
 	PERFORM payidem._merchant_for_update(import_merchant_secret.merchant_no);
 	IF payidem._current_secret_is(import_merchant_secret.merchant_no, api_secret) THEN
@@ -281,9 +277,8 @@ DECLARE
 BEGIN
 	IF reference IS NULL OR jsonb_typeof(reference) <> 'object'
 	   OR NOT reference ?& ARRAY['merchants', 'secrets', 'channels', 'configs', 'bindings'] THEN
-		RAISE EXCEPTION 'invalid reference document' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = 'It must be what payidem.export_reference() returns: an object with merchants, secrets, channels, configs and bindings.';
+		PERFORM payidem._raise_invalid('invalid reference document',
+			'It must be what payidem.export_reference() returns: an object with merchants, secrets, channels, configs and bindings.');
 	END IF;
 	-- a merchant closed here stays closed: partition 0 must close it too,
 	-- not this shard reopen it
@@ -487,10 +482,9 @@ BEGIN
 			HINT = 'Check payidem.shard_id on the shards against the router''s server payidem (payidem.cluster_check()).';
 	END IF;
 	IF cardinality(placed_lines) IS DISTINCT FROM cardinality(placed_partitions) THEN
-		RAISE EXCEPTION 'placed_lines and placed_partitions differ in length' USING
-			ERRCODE = 'invalid_parameter_value',
-			DETAIL = format('%s lines, %s partitions.', coalesce(cardinality(placed_lines), 0),
-							coalesce(cardinality(placed_partitions), 0));
+		PERFORM payidem._raise_invalid('placed_lines and placed_partitions differ in length',
+			format('%s lines, %s partitions.', coalesce(cardinality(placed_lines), 0),
+				coalesce(cardinality(placed_partitions), 0)));
 	END IF;
 	-- every shard checks the whole bill, so a bad line fails the load on all
 	-- of them and none keeps a part (the router has no two-phase commit)

@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------
--- State machines: transition functions and triggers (C)
+-- State machines and the books (C): the whitelist's guards, the status and
+-- bookkeeping triggers, transit_order/payment/refund()
 ------------------------------------------------------------------------------
 
 -- Whitelist cache invalidation: DML does not invalidate anything by itself,
@@ -295,6 +296,13 @@ AS 'MODULE_PATHNAME', 'payidem_transit_refund'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION payidem.transit_refund(text, text) IS
 	'Move a refund to to_status if payidem.transition allows it: true = moved, false = already there, PI009 = no such refund, PI002 = not allowed, 22023 = unknown status.';
+
+CREATE FUNCTION payidem._transition_allowed(entity text, from_status text, to_status text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_transition_allowed'
+LANGUAGE C STABLE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION payidem._transition_allowed(text, text, text) IS
+	'Internal: whether the whitelist allows entity''s move from from_status to to_status (the cache status_guard checks with).';
 
 -- (end of state-machine functions)
 
