@@ -192,3 +192,13 @@ SELECT DISTINCT ON (x ->> 'kind') x ->> 'kind' AS kind, x -> 'amount' AS amount,
 SELECT count(*) AS cases, count(*) FILTER (WHERE (c_path - 'fallback') = (sql_path - 'fallback')) AS same,
        string_agg(c, ', ') FILTER (WHERE (c_path - 'fallback') <> (sql_path - 'fallback')) AS differ
   FROM runs;
+
+-- A repeated success is answered from the committed row without a lock, by
+-- both paths: also in a read-only transaction (a standby's, say), where the
+-- locking read of any other case fails
+SELECT a.po AS ro_order, a.py AS ro_payment FROM pg_temp.attempt(:'m', 'PATH_WX', 1000) a \gset
+SELECT payidem.apply_payment_result(:'ro_payment', 'callback', 'succeeded', 'T-read-only', 1000) AS first;
+BEGIN READ ONLY;
+SELECT payidem.apply_payment_result(:'ro_payment', 'query', 'succeeded', 'T-read-only', 1000) AS c_path,
+       payidem._apply_payment_result(:'ro_payment', 'query', 'succeeded', 'T-read-only', 1000, NULL, NULL) AS sql_path;
+COMMIT;
