@@ -57,6 +57,11 @@ BEGIN
 			v_py := a.py;
 			v_amount := 1250;
 		WHEN 'first success, paid_at given' THEN v_paid_at := now() - interval '1 minute';
+		WHEN 'first success, binding rate' THEN
+			-- an amount whose fee differs at the binding's rate (55) and the merchant's (60)
+			SELECT * INTO a FROM pg_temp.attempt(m, 'PATH_WX', 10000);
+			v_py := a.py;
+			v_amount := 10000;
 		WHEN 'repeated success' THEN
 			PERFORM payidem.apply_payment_result(v_py, 'callback', 'succeeded', v_txn, 1000);
 			v_source := 'query';
@@ -85,6 +90,9 @@ BEGIN
 		WHEN 'repeated failure' THEN
 			PERFORM payidem.apply_payment_result(v_py, 'callback', 'failed');
 			v_status := 'failed'; v_txn := NULL; v_amount := NULL;
+		WHEN 'failure after close' THEN
+			PERFORM payidem.apply_payment_result(v_py, 'close', 'closed');
+			v_status := 'failed'; v_txn := NULL; v_amount := NULL;
 		WHEN 'close after failure' THEN
 			PERFORM payidem.apply_payment_result(v_py, 'callback', 'failed');
 			v_status := 'closed'; v_txn := NULL; v_amount := NULL;
@@ -92,8 +100,14 @@ BEGIN
 			PERFORM payidem.apply_payment_result(v_py, 'callback', 'succeeded', v_txn, 1000);
 			v_status := 'failed';
 		WHEN 'success, unknown payment' THEN v_py := payidem.gen_order_no('PY');
+		WHEN 'success, unknown payment of another shard' THEN
+			v_py := payidem.order_no_make('PY', now(), 7, 1);
 		WHEN 'failure, unknown payment' THEN v_py := payidem.gen_order_no('PY'); v_status := 'failed';
 		WHEN 'success, paid_at before the attempt' THEN v_paid_at := now() - interval '1 day';
+		WHEN 'success, paid_at after now' THEN v_paid_at := now() + interval '1 hour';
+		WHEN 'success, paid_at after now, wider clock skew' THEN
+			PERFORM set_config('payidem.max_clock_skew', '2h', true);	-- undone with the case
+			v_paid_at := now() + interval '1 hour';
 		WHEN 'success, paid_at infinite' THEN v_paid_at := 'infinity';
 		WHEN 'success without amount' THEN v_amount := NULL;
 		WHEN 'success without transaction id' THEN v_txn := NULL;
@@ -155,6 +169,8 @@ INSERT INTO cases (c) VALUES
 	('failure'), ('close'), ('repeated failure'), ('close after failure'), ('failure after success'),
 	('success, unknown payment'), ('failure, unknown payment'),
 	('success, paid_at before the attempt'), ('success, paid_at infinite'),
+	('first success, binding rate'), ('failure after close'), ('success, unknown payment of another shard'),
+	('success, paid_at after now'), ('success, paid_at after now, wider clock skew'),
 	('success without amount'), ('success without transaction id'), ('amount zero'),
 	('transaction id with a space'), ('bad source'), ('bad status'), ('bad number'), ('no number');
 CREATE TEMP TABLE runs AS
@@ -176,3 +192,13 @@ SELECT DISTINCT ON (x ->> 'kind') x ->> 'kind' AS kind, x -> 'amount' AS amount,
 SELECT count(*) AS cases, count(*) FILTER (WHERE (c_path - 'fallback') = (sql_path - 'fallback')) AS same,
        string_agg(c, ', ') FILTER (WHERE (c_path - 'fallback') <> (sql_path - 'fallback')) AS differ
   FROM runs;
+
+-- A repeated success is answered from the committed row without a lock, by
+-- both paths: also in a read-only transaction (a standby's, say), where the
+-- locking read of any other case fails
+SELECT a.po AS ro_order, a.py AS ro_payment FROM pg_temp.attempt(:'m', 'PATH_WX', 1000) a \gset
+SELECT payidem.apply_payment_result(:'ro_payment', 'callback', 'succeeded', 'T-read-only', 1000) AS first;
+BEGIN READ ONLY;
+SELECT payidem.apply_payment_result(:'ro_payment', 'query', 'succeeded', 'T-read-only', 1000) AS c_path,
+       payidem._apply_payment_result(:'ro_payment', 'query', 'succeeded', 'T-read-only', 1000, NULL, NULL) AS sql_path;
+COMMIT;
