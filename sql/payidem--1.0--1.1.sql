@@ -255,7 +255,7 @@ COMMENT ON FUNCTION payidem._whitelist_guard() IS
 -- The keys a logical-replication worker receives (a publication FOR ALL
 -- TABLES or TABLES IN SCHEMA payidem includes them): skipped, as the
 -- subscriber's status_keys makes them from the payments it receives
--- (src/flow.c).  ENABLE REPLICA: it fires in session_replication_role =
+-- (src/payment_keys.c).  ENABLE REPLICA: it fires in session_replication_role =
 -- replica only, where such a worker writes.
 CREATE FUNCTION payidem._payment_keys_received()
 RETURNS trigger
@@ -273,7 +273,7 @@ CREATE TRIGGER keys_received
 	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys_received();
 ALTER TABLE payidem.payment_paid ENABLE REPLICA TRIGGER keys_received;
 -- A TRUNCATE of a key table such a worker applies: the table made again from
--- the subscriber's payments (src/flow.c).
+-- the subscriber's payments (src/payment_keys.c).
 CREATE FUNCTION payidem._payment_keys_truncated()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'payidem_payment_keys_truncated'
@@ -329,7 +329,7 @@ REVOKE ALL ON FUNCTION payidem.replication_mode() FROM PUBLIC;
 -- intervals counting a month as 30 days, but adds months and days to a time
 -- by the calendar ('1 month -29 days' can end before it starts), and a sum past
 -- the timestamp range is 22008, so each part is bounded before the sum.
--- 22023 for all of these.  In C (src/payidem.c, payidem_check_interval),
+-- 22023 for all of these.  In C (src/util.c, payidem_check_interval),
 -- where idem_claim's lease and idem_purge's retention are checked by the same
 -- code: the rule is written once.
 CREATE OR REPLACE FUNCTION payidem._check_duration(message text, what text, value interval,
@@ -343,7 +343,7 @@ COMMENT ON FUNCTION payidem._check_duration(text, text, interval, boolean, text)
 -- The one rule for a name or description a person reads (a merchant's name,
 -- an order's subject, the codes _check_code checks): no control character
 -- (tab, line break, U+0000 to U+001F, DEL).  22023 with the value escaped in
--- DETAIL, never its raw bytes.  In C (src/payidem.c), as the escaping of
+-- DETAIL, never its raw bytes.  In C (src/util.c), as the escaping of
 -- values in payidem's C errors is.
 CREATE FUNCTION payidem._check_no_controls(message text, what text, value text)
 RETURNS text
@@ -761,7 +761,7 @@ BEGIN
 	-- in one update of the row we hold locked (then the order's): the
 	-- status_guard trigger checks each change against the whitelist and logs
 	-- it, exactly as for transit_payment(); one new row version each.  A
-	-- direct update (src/flow.c) unless the table has statement triggers,
+	-- direct update (src/payment_result.c) unless the table has statement triggers,
 	-- rules or row security that applies: then the same UPDATE in SQL.
 	v_paid_at := coalesce(v_reported_at, now());
 	SELECT * INTO f FROM payidem._payment_fees(p.amount, v_merchant_rate, v_binding_rate, v_channel_rate);

@@ -48,7 +48,7 @@ COMMENT ON FUNCTION payidem._raise_not_found(text, anyelement, text, text, text)
 
 -- A format's pattern is written once, in its domain; the flow functions test
 -- an argument against the domain of the column it goes to (payidem._fits,
--- src/payidem.c: the domain's own CHECKs, without raising), so they can say
+-- src/util.c: the domain's own CHECKs, without raising), so they can say
 -- which argument is wrong, with the rule in words written once below.
 CREATE FUNCTION payidem._fits(value text, domain regtype)
 RETURNS boolean
@@ -124,7 +124,7 @@ $$;
 -- intervals counting a month as 30 days, but adds months and days to a time
 -- by the calendar ('1 month -29 days' can end before it starts), and a sum past
 -- the timestamp range is 22008, so each part is bounded before the sum.
--- 22023 for all of these.  In C (src/payidem.c, payidem_check_interval),
+-- 22023 for all of these.  In C (src/util.c, payidem_check_interval),
 -- where idem_claim's lease and idem_purge's retention are checked by the same
 -- code: the rule is written once.
 CREATE FUNCTION payidem._check_duration(message text, what text, value interval,
@@ -138,7 +138,7 @@ COMMENT ON FUNCTION payidem._check_duration(text, text, interval, boolean, text)
 -- The one rule for a name or description a person reads (a merchant's name,
 -- an order's subject, the codes _check_code checks): no control character
 -- (tab, line break, U+0000 to U+001F, DEL).  22023 with the value escaped in
--- DETAIL, never its raw bytes.  In C (src/payidem.c), as the escaping of
+-- DETAIL, never its raw bytes.  In C (src/util.c), as the escaping of
 -- values in payidem's C errors is.
 CREATE FUNCTION payidem._check_no_controls(message text, what text, value text)
 RETURNS text

@@ -13,7 +13,7 @@
 -- (docs/notifications.md).  Not SECURITY DEFINER: it switches to the tables'
 -- owner itself, so that the event is written whoever changed the row,
 -- without a setting saved and restored on every call; it reads by key and
--- writes the event directly (src/write.c), without SQL.
+-- writes the event directly (src/direct.c), without SQL.
 CREATE FUNCTION payidem._status_event()
 RETURNS trigger
 LANGUAGE c

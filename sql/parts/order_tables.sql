@@ -173,7 +173,7 @@ CREATE INDEX payment_merchant_channel_created ON payidem.payment (merchant_no, c
 
 -- A payment's keys that change when it is paid or ends, each a table of its
 -- own with the payment's unique constraint of old, kept by the trigger
--- status_keys (src/flow.c) for every writer of payment:
+-- status_keys (src/payment_keys.c) for every writer of payment:
 --   payment_pending: at most one pending attempt per order (its primary key,
 --     payment_one_pending_per_order): a row while an attempt is pending, so
 --     two concurrent begin_payment calls can never both leave one behind;

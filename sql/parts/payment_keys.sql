@@ -1,6 +1,6 @@
 ------------------------------------------------------------------------------
 -- The payment's keys (payidem.payment_pending, payidem.payment_paid): its
--- trigger, on every write of a payment (src/flow.c: in C, it returns at once
+-- trigger, on every write of a payment (src/payment_keys.c: in C, it returns at once
 -- unless the payment became or stopped being pending, or its channel,
 -- transaction id or paid_at changed; the keys are written as their owner,
 -- whoever writes the payment).  status_keys fires after status_guard, so a
@@ -36,7 +36,7 @@ ALTER TABLE payidem.payment ENABLE ALWAYS TRIGGER status_keys_truncate;
 -- The keys a logical-replication worker receives (a publication FOR ALL
 -- TABLES or TABLES IN SCHEMA payidem includes them): skipped, as the
 -- subscriber's status_keys makes them from the payments it receives
--- (src/flow.c).  ENABLE REPLICA: it fires in session_replication_role =
+-- (src/payment_keys.c).  ENABLE REPLICA: it fires in session_replication_role =
 -- replica only, where such a worker writes.
 CREATE FUNCTION payidem._payment_keys_received()
 RETURNS trigger
@@ -53,7 +53,7 @@ CREATE TRIGGER keys_received
 	FOR EACH ROW EXECUTE FUNCTION payidem._payment_keys_received();
 ALTER TABLE payidem.payment_paid ENABLE REPLICA TRIGGER keys_received;
 -- A TRUNCATE of a key table such a worker applies: the table made again from
--- the subscriber's payments (src/flow.c).
+-- the subscriber's payments (src/payment_keys.c).
 CREATE FUNCTION payidem._payment_keys_truncated()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'payidem_payment_keys_truncated'

@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------
--- Payment results: apply_payment_result() (C, src/flow.c) and the PL/pgSQL
+-- Payment results: apply_payment_result() (C, src/payment_result.c) and the PL/pgSQL
 -- contract behind it, with the C helpers both paths share
 ------------------------------------------------------------------------------
 
@@ -43,7 +43,7 @@ COMMENT ON FUNCTION payidem._payment_fees(bigint, numeric, numeric, numeric) IS
 	'Internal to apply_payment_result(): what the merchant pays (the binding''s rate, else the merchant''s) and what the channel costs on amount, rounded half-up.';
 
 -- The two writes of a first success, as direct executor updates of the rows
--- apply_payment_result() holds locked (src/flow.c): triggers, constraints,
+-- apply_payment_result() holds locked (src/payment_result.c): triggers, constraints,
 -- domains and indexes as for an UPDATE, without its per-statement work.
 CREATE FUNCTION payidem._record_payment_success(payment_row tid, payment_no text,
 	transaction_id payidem.channel_ref, paid_at timestamptz, fee_amount bigint, cost_amount bigint)
@@ -61,7 +61,7 @@ COMMENT ON FUNCTION payidem._record_order_paid(tid, text, payidem.payment_number
 	'Internal to apply_payment_result(): the order at order_row (locked by the caller, key order_no) becomes paid by paid_payment_no at paid_at (its order.paid event is written by the status_notify trigger). False (nothing done) as for _record_payment_success().';
 
 -- The transaction-level lock two deliveries of one channel transaction id
--- for two payments take (src/flow.c, where its key is made for both paths).
+-- for two payments take (src/payment_result.c, where its key is made for both paths).
 CREATE FUNCTION payidem._lock_transaction_id(channel_no text, transaction_id text, wait boolean)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'payidem_lock_transaction_id'
@@ -70,7 +70,7 @@ COMMENT ON FUNCTION payidem._lock_transaction_id(text, text, boolean) IS
 	'Internal to apply_payment_result(): take the transaction-level lock on channel_no''s transaction_id; without waiting, false if another transaction holds it.';
 
 -- The contract of apply_payment_result() in full.  apply_payment_result()
--- itself (src/flow.c) answers a repeated success and writes the first success
+-- itself (src/payment_result.c) answers a repeated success and writes the first success
 -- of a pending payment of a pending order, and passes every other call here
 -- unchanged.  Both read the facts and take _decide_payment_result()'s verdict.
 CREATE FUNCTION payidem._apply_payment_result(payment_no text, source text, status text,
@@ -218,7 +218,7 @@ BEGIN
 	-- in one update of the row we hold locked (then the order's): the
 	-- status_guard trigger checks each change against the whitelist and logs
 	-- it, exactly as for transit_payment(); one new row version each.  A
-	-- direct update (src/flow.c) unless the table has statement triggers,
+	-- direct update (src/payment_result.c) unless the table has statement triggers,
 	-- rules or row security that applies: then the same UPDATE in SQL.
 	v_paid_at := coalesce(v_reported_at, now());
 	SELECT * INTO f FROM payidem._payment_fees(p.amount, v_merchant_rate, v_binding_rate, v_channel_rate);
