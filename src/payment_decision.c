@@ -338,13 +338,18 @@ plain_txn(const text *t)
 	return true;
 }
 
+/* the saved plans of the queries below */
+static SPIPlanPtr check_number_plan = NULL;
+static SPIPlanPtr fits_plan = NULL;
+static SPIPlanPtr invalid_format_plan = NULL;
+
 /*
  * Run a one-parameter query of payidem's own functions (on the error path,
- * and for a transaction id that is not plain ASCII); the first column of its
- * row.
+ * and for a transaction id that is not plain ASCII) with its plan saved in
+ * *plan; the first column of its row.
  */
 static bool
-sql_bool(const char *query, text *arg)
+sql_bool(SPIPlanPtr *plan, const char *query, text *arg)
 {
 	Oid			argtype = TEXTOID;
 	Datum		value = PointerGetDatum(arg);
@@ -354,7 +359,7 @@ sql_bool(const char *query, text *arg)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "payidem: SPI_connect failed");
-	if (SPI_execute_with_args(query, 1, &argtype, &value, &argnull, true, 1) != SPI_OK_SELECT)
+	if (SPI_execute_plan(payidem_saved_plan(plan, query, 1, &argtype), &value, &argnull, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "payidem: \"%s\" failed", query);
 	if (SPI_processed == 1)
 	{
@@ -395,7 +400,7 @@ payment_result_args_valid(text *payment_no, text *source, text *status, text *tx
 		order_no_parse(VARDATA_ANY(payment_no), VARSIZE_ANY_EXHDR(payment_no), &parts) != ORDER_NO_OK)
 	{
 		if (raise)
-			sql_bool("SELECT payidem._check_number('payment', $1) IS NULL", payment_no);
+			sql_bool(&check_number_plan, "SELECT payidem._check_number('payment', $1) IS NULL", payment_no);
 		return false;
 	}
 	if (source == NULL ||
@@ -434,10 +439,11 @@ payment_result_args_valid(text *payment_no, text *source, text *status, text *tx
 	 * domain a DBA narrows still refuses it where it is written, 23514)
 	 */
 	if (txn != NULL && !plain_txn(txn) &&
-		!sql_bool("SELECT payidem._fits($1, 'payidem.channel_ref')", txn))
+		!sql_bool(&fits_plan, "SELECT payidem._fits($1, 'payidem.channel_ref')", txn))
 	{
 		if (raise)
-			sql_bool("SELECT payidem._invalid_format('transaction_id', $1, 'payidem.channel_ref') IS NULL", txn);
+			sql_bool(&invalid_format_plan,
+					 "SELECT payidem._invalid_format('transaction_id', $1, 'payidem.channel_ref') IS NULL", txn);
 		return false;
 	}
 	if (!paid_at_null && TIMESTAMP_NOT_FINITE(paid_at))
