@@ -26,8 +26,9 @@ OBJS_IDEM      = src/idem.o
 OBJS_STATE     = src/state_machine.o src/ledger.o
 OBJS_MERCHANT  = src/crypto.o
 OBJS_RECON     = src/recon.o
+OBJS_SETTLE    = src/journal.o
 OBJS_FLOW      = src/payment_result.o src/payment_decision.o src/payment_keys.o src/read_api.o src/notify.o
-OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_FLOW)
+OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_SETTLE) $(OBJS_FLOW)
 
 # The install script of the version in development is assembled from its
 # parts (sql/parts/<part>.sql), in this order: tables before the functions
@@ -36,9 +37,9 @@ OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT)
 # never edited again: each change after it is also written, by hand, into the
 # upgrade script sql/payidem--<released>--<next>.sql.
 PARTS = header states checks merchant_tables order_tables idempotency_tables \
-	reconciliation_tables order_no idempotency state_machine merchant roles \
+	reconciliation_tables settlement_tables order_no idempotency state_machine merchant roles \
 	orders payment_results refunds payment_keys expiry notifications read_api \
-	reconciliation scale_out observability dump privileges
+	reconciliation settlement scale_out observability dump privileges
 BUILT_SQL = sql/payidem--$(EXTVERSION).sql
 ifeq ($(wildcard sql/released/payidem--$(EXTVERSION).sql),)
 DATA_built = $(BUILT_SQL)

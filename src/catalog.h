@@ -30,6 +30,7 @@
 	X(STATUS_LOG, "status_log") \
 	X(NOTIFY_EVENT, "notify_event") \
 	X(REFUND, "refund") \
+	X(PAYOUT, "payout") \
 	X(STATUS_LOG_LOG_ID_SEQ, "status_log_log_id_seq") \
 	X(ORDER_NO_HWM, "order_no_hwm") \
 	X(ORDER_PKEY, "order_pkey") \

@@ -29,5 +29,6 @@
 #define ERRCODE_PAYIDEM_ORDER_EXPIRED			MAKE_SQLSTATE('P','I','0','0','8')
 /* unknown order/payment/refund/merchant/channel/idempotency key */
 #define ERRCODE_PAYIDEM_NOT_FOUND				MAKE_SQLSTATE('P','I','0','0','9')
+#define ERRCODE_PAYIDEM_INSUFFICIENT_BALANCE	MAKE_SQLSTATE('P','I','0','1','0')
 
 #endif							/* PAYIDEM_ERRCODES_H */

@@ -70,6 +70,7 @@
  */
 #include "postgres.h"
 
+#include <ctype.h>
 #include <limits.h>
 
 #include "access/heapam.h"
@@ -169,12 +170,30 @@ static SPIPlanPtr list_plan = NULL;
 static SPIPlanPtr close_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 static SPIPlanPtr prune_plan = NULL;
+static SPIPlanPtr settle_plan = NULL;	/* NULL: the database's payidem has no settle() */
 /* worker: its database's name, for the error context; failed steps so far */
 static char worker_dbname[NAMEDATALEN];
 static int	worker_failures = 0;
 
 PGDLLEXPORT void payidem_housekeeping_launcher_main(Datum main_arg);
 PGDLLEXPORT void payidem_housekeeping_db_main(Datum main_arg);
+
+/* payidem.settle_after: HH:MM, 00:00 to 23:59 */
+static char *settle_after = NULL;
+
+static bool
+check_settle_after(char **newval, void **extra, GucSource source)
+{
+	const char *v = *newval;
+
+	if (v != NULL && strlen(v) == 5 && isdigit((unsigned char) v[0]) && isdigit((unsigned char) v[1]) &&
+		v[2] == ':' && isdigit((unsigned char) v[3]) && isdigit((unsigned char) v[4]) &&
+		(v[0] - '0') * 10 + (v[1] - '0') < 24 && v[3] < '6')
+		return true;
+	GUC_check_errmsg("invalid value for payidem.settle_after: \"%s\"", v ? v : "");
+	GUC_check_errhint("Write a time of day as HH:MM, e.g. 02:00.");
+	return false;
+}
 
 /*
  * housekeeping_init
@@ -218,6 +237,15 @@ housekeeping_init(void)
 							PGC_SIGHUP,
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("payidem.settle_after",
+							   gettext_noop("Time of day (in payidem.bill_timezone) after which housekeeping settles the day."),
+							   gettext_noop("Once a day the worker runs payidem.settle(today) after this time, HH:MM."),
+							   &settle_after,
+							   "02:00",
+							   PGC_SIGHUP,
+							   0,
+							   check_settle_after, NULL, NULL);
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;
@@ -499,6 +527,9 @@ prepare_housekeeping(void)
 		payidem_saved_plan(&close_plan, "SELECT payidem._close_expired_order($1)", 1, text_arg);
 		payidem_saved_plan(&purge_plan, "SELECT payidem._idem_purge_batch($1, $2)", 2, purge_args);
 		payidem_saved_plan(&prune_plan, "SELECT payidem._prune_expiry_queue($1)", 1, int_arg);
+		/* settlement came with 1.1: a database still on 1.0 has none */
+		if (OidIsValid(LookupFuncName(payidem_function_name("_settle_if_due"), 0, NULL, true)))
+			payidem_saved_plan(&settle_plan, "SELECT payidem._settle_if_due()", 0, NULL);
 	}
 	end_step();
 	return present;
@@ -682,6 +713,45 @@ purge_idempotency_keys(MemoryContext cxt)
 							 PAYIDEM_HOUSEKEEPING_KEYS_PURGED);
 }
 
+/*
+ * The day's settlement: settle(today) once the day's payidem.settle_after
+ * has passed in payidem.bill_timezone, once a day (payidem._settle_if_due()
+ * decides and records it).  One transaction.
+ */
+static bool
+settle_if_due(MemoryContext cxt)
+{
+	volatile bool ran = false;
+	ErrorContextCallback step_context;
+
+	if (settle_plan == NULL)
+		return false;
+	step_context.callback = housekeeping_error_context;
+	step_context.arg = (void *) "settling the day";
+	step_context.previous = error_context_stack;
+	error_context_stack = &step_context;
+	between_steps();
+	PG_TRY();
+	{
+		bool		isnull;
+		int			rc;
+
+		begin_step("SELECT payidem._settle_if_due()");
+		rc = SPI_execute_plan(settle_plan, NULL, NULL, false, 1);
+		if (rc != SPI_OK_SELECT || SPI_processed != 1)
+			elog(ERROR, "payidem._settle_if_due() failed: %s", SPI_result_code_string(rc));
+		ran = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) && !isnull;
+		end_step();
+	}
+	PG_CATCH();
+	{
+		step_failed(cxt);
+	}
+	PG_END_TRY();
+	error_context_stack = step_context.previous;
+	return ran;
+}
+
 /* The rows of the expiry queue whose time has passed and whose order is no longer pending. */
 static int64
 prune_expiry_queue(MemoryContext cxt)
@@ -751,6 +821,8 @@ payidem_housekeeping_db_main(Datum main_arg)
 	pruned = prune_expiry_queue(run_context);
 	closed = close_expired_orders(run_context);
 	purged = purge_idempotency_keys(run_context);
+	if (settle_if_due(run_context))
+		elog(LOG, "payidem housekeeping in database \"%s\": settled the day", worker_dbname);
 	payidem_count(PAYIDEM_HOUSEKEEPING_RUNS);
 	elog(DEBUG1, "payidem housekeeping: " INT64_FORMAT " settled orders left the expiry queue, %d expired orders closed, "
 		 INT64_FORMAT " idempotency keys purged, %d steps failed",

@@ -11,7 +11,9 @@
  *     to payidem.notify_event in the transaction of the change it reports,
  *     so an event is delivered if and only if that change committed:
  *     order.paid (with the paying payment), order.closed, or
- *     refund.succeeded (with the order as the statement left it).  The
+ *     refund.succeeded (with the order as the statement left it); and on
+ *     payout, payout.succeeded or payout.failed to the merchant's own
+ *     notify_url (the event names the payout, no order).  The
  *     payload is the JSON text the merchant receives, byte for byte what
  *     the signature covers: its keys in a fixed order, those that do not
  *     apply to the event (the payment's, when there is none) left out.
@@ -207,6 +209,91 @@ add_utc(StringInfo buf, const char *name, TimestampTz t)
 	appendStringInfoChar(buf, '"');
 }
 
+/*
+ * A payout that became succeeded or failed: payout.succeeded /
+ * payout.failed, to the merchant's own notify_url (set_merchant_notify_url;
+ * none set, no event).  The event names the payout, no order.
+ */
+static void
+payout_event(Relation rel, HeapTuple old, HeapTuple new)
+{
+	static const char *const ended[] = {"succeeded", "failed", NULL};
+	Relation	merchant_rel;
+	HeapTuple	merchant;
+	Datum		merchant_no;
+	bool		isnull;
+	int64		event_id;
+	char	   *status;
+	const char *event;
+	StringInfoData payload;
+	PayidemAsOwner as_owner;
+
+	if (!tuple_text_in(rel, new, "status", ended) || tuple_text_in(rel, old, "status", ended))
+		return;
+	merchant_no = payidem_getattr(rel, new, "merchant_no", &isnull);
+	if (isnull)
+		return;
+	payidem_begin_as_owner(rel->rd_rel->relowner, &as_owner);
+	merchant_rel = table_open(payidem_relation(PAYIDEM_MERCHANT), AccessShareLock);
+	merchant = payidem_fetch_unique(merchant_rel, PAYIDEM_MERCHANT_PKEY, 1, &merchant_no, GetActiveSnapshot());
+	if (merchant != NULL)
+		(void) payidem_getattr(merchant_rel, merchant, "notify_url", &isnull);
+	table_close(merchant_rel, NoLock);
+	if (merchant == NULL || isnull)
+	{
+		payidem_end_as_owner(&as_owner);
+		return;
+	}
+	status = tuple_col(rel, new, "status");
+	event = strcmp(status, "succeeded") == 0 ? "payout.succeeded" : "payout.failed";
+	event_id = order_no_next_event_id();
+
+	initStringInfo(&payload);
+	appendStringInfo(&payload, "{\"event_id\":" INT64_FORMAT, event_id);
+	add_string(&payload, "event", event);
+	add_utc(&payload, "created_at", GetCurrentTransactionStartTimestamp());
+	add_string(&payload, "merchant_no", tuple_col(rel, new, "merchant_no"));
+	add_string(&payload, "payout_no", tuple_col(rel, new, "payout_no"));
+	add_string(&payload, "out_payout_no", tuple_col(rel, new, "out_payout_no"));
+	add_number(&payload, "amount", tuple_col(rel, new, "amount"));
+	add_string(&payload, "currency", tuple_col(rel, new, "currency"));
+	add_string(&payload, "status", status);
+	{
+		Datum		d = payidem_getattr(rel, new, "finished_at", &isnull);
+
+		add_utc(&payload, "finished_at", isnull ? GetCurrentTransactionStartTimestamp() : DatumGetTimestampTz(d));
+	}
+	appendStringInfoChar(&payload, '}');
+
+	{
+		static const char *const columns[] = {
+			"event_id", "event", "merchant_no", "payout_no", "payload",
+			"status", "attempts", "next_attempt_at", "created_at"
+		};
+		static const Oid types[] = {
+			INT8OID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID
+		};
+		static PayidemInsert *payout_insert = NULL;
+		Datum		values[lengthof(columns)];
+		bool		nulls[lengthof(columns)] = {false};
+		TimestampTz now = GetCurrentTransactionStartTimestamp();
+
+		if (payout_insert == NULL)
+			payout_insert = payidem_insert_define(PAYIDEM_NOTIFY_EVENT, lengthof(columns), columns, types);
+		values[0] = Int64GetDatum(event_id);
+		values[1] = CStringGetTextDatum(event);
+		values[2] = merchant_no;
+		values[3] = CStringGetTextDatum(tuple_col(rel, new, "payout_no"));
+		values[4] = PointerGetDatum(cstring_to_text_with_len(payload.data, payload.len));
+		values[5] = CStringGetTextDatum("pending");
+		values[6] = Int32GetDatum(0);
+		values[7] = TimestampTzGetDatum(now);
+		values[8] = TimestampTzGetDatum(now);
+		payidem_insert(payout_insert, values, nulls);
+	}
+	payidem_end_as_owner(&as_owner);
+}
+
 PG_FUNCTION_INFO_V1(payidem_status_event);
 
 Datum
@@ -245,6 +332,11 @@ payidem_status_event(PG_FUNCTION_ARGS)
 				 errmsg("payidem._status_event() must be an AFTER UPDATE ... FOR EACH ROW trigger")));
 	rel = trigdata->tg_relation;
 	tuple = trigdata->tg_newtuple;
+	if (strcmp(RelationGetRelationName(rel), "payout") == 0)
+	{
+		payout_event(rel, trigdata->tg_trigtuple, tuple);
+		return PointerGetDatum(NULL);
+	}
 	is_refund = strcmp(RelationGetRelationName(rel), "refund") == 0;
 	if (!reported(rel, is_refund, trigdata->tg_trigtuple, tuple))
 		return PointerGetDatum(NULL);

@@ -19,6 +19,7 @@
 
 #include "crypto.h"
 #include "housekeeping.h"
+#include "journal.h"
 #include "order_no.h"
 #include "payment_decision.h"
 #include "recon.h"
@@ -43,6 +44,7 @@ _PG_init(void)
 	recon_define_gucs();
 	replication_define_gucs();
 	payment_decision_define_gucs();
+	journal_init();				/* its commit check, in every backend */
 	housekeeping_init();		/* its GUCs; its launcher only when preloading */
 	MarkGUCPrefixReserved("payidem");
 

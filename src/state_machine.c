@@ -582,44 +582,13 @@ guard_null_column(Relation rel, const char *entity, const char *colname)
 			 errhint("Declare column \"%s\" NOT NULL.", colname)));
 }
 
-/*
- * Is this insert part of a restore?  A restore (pg_restore, psql -f of a
- * plain dump) loads each table with one top-level COPY ... FROM of that very
- * table; it loads status_log too, so the guard neither refuses a row in a
- * later status nor logs it again.  Only for a role that could disable the
- * table's triggers anyway — its owner, or a superuser — so nothing is
- * opened that was closed: an application's COPY or INSERT is refused as
- * before.  *copying says whether it is such a COPY at all (for the hint of
- * a refusal).
- */
-static bool
-guard_restoring(Relation rel, bool *copying)
-{
-	Portal		portal = ActivePortal;
-	PlannedStmt *stmt;
-	CopyStmt   *copy;
-
-	*copying = false;
-	if (portal == NULL || portal->commandTag != CMDTAG_COPY || list_length(portal->stmts) != 1)
-		return false;
-	stmt = linitial_node(PlannedStmt, portal->stmts);
-	if (stmt->commandType != CMD_UTILITY || stmt->utilityStmt == NULL ||
-		!IsA(stmt->utilityStmt, CopyStmt))
-		return false;
-	copy = (CopyStmt *) stmt->utilityStmt;
-	if (!copy->is_from || copy->relation == NULL ||
-		RangeVarGetRelid(copy->relation, NoLock, true) != RelationGetRelid(rel))
-		return false;
-	*copying = true;
-	return has_privs_of_role(GetUserId(), rel->rd_rel->relowner);
-}
 
 /*
  * The built-in entities belong to payidem's own tables: a trigger on another
  * table (made by a role given EXECUTE on status_guard for its own entities)
  * must not write history for real orders, payments or refunds.
  */
-/* the table of one of payidem's entities ("order", payment, refund): false for another */
+/* the table of one of payidem's entities ("order", payment, refund, payout): false for another */
 static bool
 entity_table(const char *entity, PayidemRelation *table)
 {
@@ -629,6 +598,8 @@ entity_table(const char *entity, PayidemRelation *table)
 		*table = PAYIDEM_PAYMENT;
 	else if (strcmp(entity, "refund") == 0)
 		*table = PAYIDEM_REFUND;
+	else if (strcmp(entity, "payout") == 0)
+		*table = PAYIDEM_PAYOUT;
 	else
 		return false;
 	return true;
@@ -723,7 +694,7 @@ payidem_status_guard(PG_FUNCTION_ARGS)
 	{
 		bool		copying;
 
-		if (guard_restoring(rel, &copying))
+		if (payidem_restoring(rel, &copying))
 			return PointerGetDatum(NULL);	/* as it was, history and all */
 		if (ent == NULL || ent->initial == NULL ||
 			ent->initial->len != new_len || memcmp(ent->initial->status, new_s, new_len) != 0)
@@ -891,9 +862,11 @@ payidem_status_in_use(PG_FUNCTION_ARGS)
 
 /*
  * payidem.status_log_append_only() — trigger BEFORE UPDATE OR DELETE OR
- *		TRUNCATE ... FOR EACH STATEMENT on payidem.status_log, created ENABLE
- *		ALWAYS so that session_replication_role cannot switch it off.  Refuses
- *		the statement, for every role including the owner and superusers.
+ *		TRUNCATE ... FOR EACH STATEMENT on payidem.status_log (and, as
+ *		payidem._ledger_append_only(), on payidem.ledger_entry), created
+ *		ENABLE ALWAYS so that session_replication_role cannot switch it off.
+ *		Refuses the statement, for every role including the owner and
+ *		superusers.
  */
 PG_FUNCTION_INFO_V1(payidem_status_log_append_only);
 Datum
@@ -920,6 +893,12 @@ payidem_status_log_append_only(PG_FUNCTION_ARGS)
 	else
 		return PointerGetDatum(NULL);	/* INSERT: the log grows */
 
+	if (strcmp(RelationGetRelationName(trigdata->tg_relation), "ledger_entry") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("payidem.ledger_entry is append-only"),
+				 errdetail("%s of journal entries is refused for every role, including the owner and superusers.", what),
+				 errhint("A correction is a new journal: payidem.adjust_balance().")));
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("payidem.status_log is append-only"),

@@ -9,12 +9,20 @@
  */
 #include "postgres.h"
 
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
+#include "nodes/parsenodes.h"
+#include "nodes/plannodes.h"
+#include "tcop/pquery.h"
+#include "utils/acl.h"
+#include "utils/portal.h"
+#include "utils/rel.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -319,4 +327,36 @@ payidem_saved_plan(SPIPlanPtr *cache, const char *sql, int nargs, Oid *argtypes)
 		elog(ERROR, "payidem: could not keep the plan of \"%s\"", sql);
 	*cache = plan;
 	return plan;
+}
+
+/*
+ * Is this insert part of a restore?  A restore (pg_restore, psql -f of a
+ * plain dump) loads each table with one top-level COPY ... FROM of that very
+ * table (status_guard then neither refuses a row in a later status nor logs
+ * it again; the journal's checks take the rows as they were dumped).  Only
+ * for a role that could disable the table's triggers anyway — its owner, or a superuser — so nothing is
+ * opened that was closed: an application's COPY or INSERT is refused as
+ * before.  *copying says whether it is such a COPY at all (for the hint of
+ * a refusal).
+ */
+bool
+payidem_restoring(Relation rel, bool *copying)
+{
+	Portal		portal = ActivePortal;
+	PlannedStmt *stmt;
+	CopyStmt   *copy;
+
+	*copying = false;
+	if (portal == NULL || portal->commandTag != CMDTAG_COPY || list_length(portal->stmts) != 1)
+		return false;
+	stmt = linitial_node(PlannedStmt, portal->stmts);
+	if (stmt->commandType != CMD_UTILITY || stmt->utilityStmt == NULL ||
+		!IsA(stmt->utilityStmt, CopyStmt))
+		return false;
+	copy = (CopyStmt *) stmt->utilityStmt;
+	if (!copy->is_from || copy->relation == NULL ||
+		RangeVarGetRelid(copy->relation, NoLock, true) != RelationGetRelid(rel))
+		return false;
+	*copying = true;
+	return has_privs_of_role(GetUserId(), rel->rd_rel->relowner);
 }

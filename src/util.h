@@ -13,7 +13,9 @@
 #include "fmgr.h"
 
 struct _SPI_plan;
+struct RelationData;
 
+extern bool payidem_restoring(struct RelationData *rel, bool *copying);
 extern char *payidem_quote_value(const char *value, int len);
 extern void payidem_check_interval(const char *message, const char *what, const Interval *value,
 								   bool allow_zero, int max_years, const char *hint);

@@ -178,14 +178,14 @@ BEGIN
 END
 $$;
 
--- An order, payment or refund number must be one before it is looked up:
--- PO/PY/RF, 24 digits, a real date and matching check digits (a valid number
--- that names no row is PI009).
+-- An order, payment, refund or payout number must be one before it is looked
+-- up: PO/PY/RF/PT, 24 digits, a real date and matching check digits (a valid
+-- number that names no row is PI009).
 CREATE FUNCTION payidem._check_number(kind text, value text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-	v_prefix text := CASE kind WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' ELSE 'RF' END;
+	v_prefix text := CASE kind WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' WHEN 'payout' THEN 'PT' ELSE 'RF' END;
 	v_detail text;
 BEGIN
 	IF value IS NULL OR value !~ ('^' || v_prefix || '[0-9]{24}$') THEN

@@ -26,6 +26,15 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.recon_batch', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.reconciliation', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.reconciliation_recon_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.order_no_hwm', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.business_day', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.ledger_entry', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.ledger_entry_entry_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_balance', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.settlement_item', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.settlement_hold', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.settle_state', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.payout', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.adjustment', '');
 -- (rows of roles that no longer exist are left out: pg_dump would write their
 -- regrole as a bare OID, which in another cluster may be some other role)
 SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_role',

@@ -130,7 +130,12 @@ BEGIN
 		event_id := n.event_id;
 		order_no := n.order_no;
 		merchant_no := n.merchant_no;
-		SELECT x.notify_url INTO notify_url FROM payidem."order" x WHERE x.order_no = n.order_no;
+		-- an order's events go to its notify_url, a payout's to the merchant's
+		IF n.order_no IS NULL THEN
+			SELECT m.notify_url INTO notify_url FROM payidem.merchant m WHERE m.merchant_no = n.merchant_no;
+		ELSE
+			SELECT x.notify_url INTO notify_url FROM payidem."order" x WHERE x.order_no = n.order_no;
+		END IF;
 		event := n.event;
 		payload := n.payload;
 		attempt := n.attempts;

@@ -264,9 +264,10 @@ COMMENT ON COLUMN payidem.refund.channel_refund_id IS
 -- never deleted (keep_money_records); a foreign key would check at every
 -- event, at the cost of a query, what the one writer makes true.
 CREATE DOMAIN payidem.notify_event_type AS text
-	CONSTRAINT notify_event_type_known CHECK (VALUE IN ('order.paid', 'refund.succeeded', 'order.closed'));
+	CONSTRAINT notify_event_type_known CHECK (VALUE IN ('order.paid', 'refund.succeeded', 'order.closed',
+												'payout.succeeded', 'payout.failed'));
 COMMENT ON DOMAIN payidem.notify_event_type IS
-	'What a merchant notification reports: order.paid, refund.succeeded or order.closed.';
+	'What a merchant notification reports: order.paid, refund.succeeded, order.closed, payout.succeeded or payout.failed.';
 CREATE DOMAIN payidem.notify_response AS text
 	CONSTRAINT notify_response_length CHECK (pg_catalog.length(VALUE) <= 256);
 COMMENT ON DOMAIN payidem.notify_response IS
@@ -275,7 +276,7 @@ CREATE SEQUENCE payidem.notify_event_seq AS bigint MINVALUE 1 MAXVALUE 922337203
 CREATE TABLE payidem.notify_event (
 	event_id		bigint		NOT NULL,
 	event			payidem.notify_event_type NOT NULL,
-	order_no		text		NOT NULL,
+	order_no		text,
 	merchant_no		text		NOT NULL,
 	refund_no		text,
 	payload			text		NOT NULL,

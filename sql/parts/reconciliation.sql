@@ -190,7 +190,7 @@ BEGIN
 	BEGIN
 		INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at)
 		SELECT v_channel, v_day, b.fields[3], nullif(b.fields[4], ''), b.fields[5]::bigint,
-			   coalesce(nullif(b.fields[6], '')::bigint, 0), b.fields[7],
+			   nullif(b.fields[6], '')::bigint, b.fields[7],
 			   CASE
 				WHEN b.fields[8] = '' THEN NULL
 				WHEN b.fields[8] ~ '([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$' THEN b.fields[8]::timestamptz
@@ -238,7 +238,7 @@ COMMENT ON FUNCTION payidem._refunded_by(text, text, timestamptz) IS
 -- join to the difference rules (internal).
 CREATE TYPE payidem._recon_leftover AS (
 	p_no text, p_txn text, p_amount bigint, p_status text,
-	b_txn text, b_amount bigint, b_status text);
+	b_txn text, b_amount bigint, b_status text, p_cost bigint, b_fee bigint);
 COMMENT ON TYPE payidem._recon_leftover IS
 	'Internal to reconcile(): a payment and/or bill line the day''s join may not have matched.';
 
@@ -265,7 +265,7 @@ COMMENT ON FUNCTION payidem._bill_day_lines(text, date) IS
 
 CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date, allow_empty boolean DEFAULT false)
 RETURNS TABLE(recon_batch_no text, matched bigint, platform_only bigint,
-			  channel_only bigint, amount_mismatch bigint, status_mismatch bigint)
+			  channel_only bigint, amount_mismatch bigint, status_mismatch bigint, fee_mismatch bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 -- The planner cannot know how many differences a day has (a CTE, a table
 -- just written): a nested-loop anti-join of the day's differences against
@@ -334,11 +334,12 @@ BEGIN
 	SELECT count(*), count(b.transaction_id), coalesce(sum(b.amount), 0),
 		   count(p.payment_no), coalesce(sum(p.amount), 0),
 		   array_agg(ROW(p.payment_no, p.transaction_id, p.amount, p.status,
-						 b.transaction_id, b.amount, b.status)::payidem._recon_leftover)
+						 b.transaction_id, b.amount, b.status, p.cost_amount, b.fee)::payidem._recon_leftover)
 			 FILTER (WHERE p.payment_no IS NULL OR b.transaction_id IS NULL OR p.amount <> b.amount
-						OR (b.status = 'refunded') = (p.status = 'succeeded'))
+						OR (b.status = 'refunded') = (p.status = 'succeeded')
+						OR b.fee <> p.cost_amount)
 	  INTO v_rows, v_bill_lines, v_bill_amount, v_payments, v_pay_amount, l_rows
-	  FROM (SELECT pay.payment_no, pay.transaction_id, pay.amount, pay.status
+	  FROM (SELECT pay.payment_no, pay.transaction_id, pay.amount, pay.status, pay.cost_amount
 			  FROM payidem.payment_paid pp
 			  JOIN payidem.payment pay ON pay.payment_no = pp.payment_no
 			 WHERE pp.channel_no = v_channel
@@ -348,7 +349,7 @@ BEGIN
 		   -- only what the join needs: the hash of the bill is its biggest
 		   -- cost; the payment number the channel echoes is read for the
 		   -- bill-only lines alone (bo below)
-		   (SELECT cb.transaction_id, cb.amount, cb.status
+		   (SELECT cb.transaction_id, cb.amount, cb.status, cb.fee
 			  FROM payidem.channel_bill cb
 			 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day) b
 		ON b.transaction_id = p.transaction_id;
@@ -358,7 +359,7 @@ BEGIN
 	-- 2. The leftovers: straddles, then the day's differences replace its
 	--    open ones; one statement, one snapshot.
 	WITH r AS MATERIALIZED (
-		SELECT u.p_no, u.p_txn, u.p_amount, u.p_status, u.b_txn, u.b_amount, u.b_status,
+		SELECT u.p_no, u.p_txn, u.p_amount, u.p_status, u.b_txn, u.b_amount, u.b_status, u.p_cost, u.b_fee,
 			   CASE
 				WHEN u.p_no IS NULL THEN 'bill_only'
 				WHEN u.b_txn IS NULL THEN 'platform_only'
@@ -366,6 +367,8 @@ BEGIN
 				WHEN (u.b_status = 'refunded' AND u.p_status = 'succeeded')
 				  OR (u.b_status = 'succeeded' AND u.p_status <> 'succeeded'
 					  AND payidem._refunded_by(u.p_no, u.p_status, v_to)) THEN 'status_mismatch'
+				-- amount and status agree: the channel's fee against our cost
+				WHEN u.b_fee <> u.p_cost THEN 'fee_mismatch'
 				ELSE 'matched'
 			   END AS kind
 		  FROM unnest(l_rows) AS u
@@ -435,16 +438,18 @@ BEGIN
 	found AS MATERIALIZED (
 		SELECT r.kind AS diff_type, r.p_txn AS transaction_id, r.p_no AS payment_no,
 			   r.p_amount AS platform_amount, r.b_amount AS channel_amount,
-			   r.p_status AS platform_status, r.b_status AS channel_status
+			   r.p_status AS platform_status, r.b_status AS channel_status,
+			   CASE WHEN r.kind = 'fee_mismatch' THEN r.p_cost END AS platform_fee,
+			   CASE WHEN r.kind = 'fee_mismatch' THEN r.b_fee END AS channel_fee
 		  FROM r
-		 WHERE r.kind IN ('amount_mismatch', 'status_mismatch')
+		 WHERE r.kind IN ('amount_mismatch', 'status_mismatch', 'fee_mismatch')
 		UNION ALL
-		SELECT 'platform_only', po.p_txn, po.p_no, po.p_amount, NULL, po.p_status, NULL
+		SELECT 'platform_only', po.p_txn, po.p_no, po.p_amount, NULL, po.p_status, NULL, NULL, NULL
 		  FROM po
 		 WHERE NOT po.elsewhere
 		UNION ALL
 		SELECT s.diff_type, s.b_txn, coalesce(s.x_no, s.b_no),
-			   CASE WHEN s.x_paid THEN s.x_amount END, s.b_amount, s.x_status, s.b_status
+			   CASE WHEN s.x_paid THEN s.x_amount END, s.b_amount, s.x_status, s.b_status, NULL, NULL
 		  FROM (SELECT bo.*,
 					   CASE
 						WHEN NOT bo.x_paid THEN 'channel_only'
@@ -475,6 +480,7 @@ BEGIN
 		   SET recon_batch_no = v_batch, payment_no = f.payment_no,
 			   platform_amount = f.platform_amount, channel_amount = f.channel_amount,
 			   platform_status = f.platform_status, channel_status = f.channel_status,
+			   platform_fee = f.platform_fee, channel_fee = f.channel_fee,
 			   updated_at = now()
 		  FROM found f
 		 WHERE rc.channel_no = v_channel AND rc.bill_date = v_day AND rc.handle_status = 'open'
@@ -508,9 +514,10 @@ BEGIN
 	added AS (
 		INSERT INTO payidem.reconciliation AS rc
 			(recon_batch_no, channel_no, bill_date, diff_type, transaction_id, payment_no,
-			 platform_amount, channel_amount, platform_status, channel_status)
+			 platform_amount, channel_amount, platform_status, channel_status, platform_fee, channel_fee)
 		SELECT v_batch, v_channel, v_day, f.diff_type, f.transaction_id, f.payment_no,
-			   f.platform_amount, f.channel_amount, f.platform_status, f.channel_status
+			   f.platform_amount, f.channel_amount, f.platform_status, f.channel_status,
+			   f.platform_fee, f.channel_fee
 		  FROM found f
 		 WHERE NOT EXISTS (SELECT 1 FROM payidem.reconciliation e
 							WHERE e.channel_no = v_channel AND e.bill_date = v_day
@@ -549,6 +556,7 @@ BEGIN
 		   (SELECT count(*) FROM found f WHERE f.diff_type = 'channel_only') AS channel_only,
 		   (SELECT count(*) FROM found f WHERE f.diff_type = 'amount_mismatch') AS amount_mismatch,
 		   (SELECT count(*) FROM found f WHERE f.diff_type = 'status_mismatch') AS status_mismatch,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'fee_mismatch') AS fee_mismatch,
 		   (SELECT count(*) FROM bo
 			 WHERE bo.x_paid AND bo.x_amount = bo.b_amount
 			   AND NOT ((bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
@@ -565,17 +573,17 @@ BEGIN
 		   matched = v_matched + n.matched_candidates + n.matched_across,
 		   platform_only = n.platform_only, channel_only = n.channel_only,
 		   amount_mismatch = n.amount_mismatch, status_mismatch = n.status_mismatch,
-		   bill_lines = v_bill_lines, bill_amount_total = v_bill_amount,
+		   fee_mismatch = n.fee_mismatch, bill_lines = v_bill_lines, bill_amount_total = v_bill_amount,
 		   platform_payments = v_payments, platform_amount_total = v_pay_amount,
 		   straddled = n.straddled, auto_resolved = n.auto_resolved
 	 WHERE b.recon_batch_no = v_batch;
 
 	RETURN QUERY SELECT v_batch, v_matched + n.matched_candidates + n.matched_across, n.platform_only, n.channel_only,
-						n.amount_mismatch, n.status_mismatch;
+						n.amount_mismatch, n.status_mismatch, n.fee_mismatch;
 END
 $$;
 COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
-	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments (55000 if no bill line of that day is loaded, unless allow_empty): one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
+	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments (55000 if no bill line of that day is loaded, unless allow_empty): one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch, fee_mismatch: the bill line''s fee is not the payment''s cost_amount), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
 
 CREATE FUNCTION payidem.resolve_diff(recon_id bigint, handle_status text, note text DEFAULT NULL)
 RETURNS void

@@ -61,7 +61,7 @@ CREATE TABLE payidem.channel_bill (
 	transaction_id	payidem.channel_ref NOT NULL,
 	payment_no		text,
 	amount			bigint		NOT NULL,
-	fee				bigint		NOT NULL DEFAULT 0,
+	fee				bigint,
 	status			text		NOT NULL,
 	paid_at			timestamptz,
 	imported_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
@@ -80,7 +80,7 @@ COMMENT ON COLUMN payidem.channel_bill.bill_date IS
 COMMENT ON COLUMN payidem.channel_bill.payment_no IS
 	'Our payment number as the channel echoes it (not trusted: no foreign key).';
 COMMENT ON COLUMN payidem.channel_bill.fee IS
-	'What the channel charged for the line, minor units.';
+	'What the channel charged for the line, minor units; NULL when the bill reports none (reconcile() then compares no fee).';
 
 CREATE TABLE payidem.recon_batch (
 	recon_batch_no	text		NOT NULL,

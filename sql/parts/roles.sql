@@ -120,7 +120,8 @@ BEGIN ATOMIC
 						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
 						 'verify_notification', 'query_due',
-						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order');
+						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
+						 'request_payout', 'apply_payout_result', 'balance');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -142,7 +143,7 @@ BEGIN ATOMIC
 	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
 	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
 		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
-					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order')
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance')
 					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
 					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
 	 WHERE m.oid = r.role::oid
@@ -223,7 +224,10 @@ RETURN CASE WHEN merchant_filtered
 			ELSE 'payidem.merchant, payidem.channel, payidem.merchant_channel, payidem.status_log, '
 				 'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
 				 'payidem.reconciliation, payidem.recon_summary, payidem.open_differences, '
-				 'payidem.notify_event, payidem.notification_backlog' END;
+				 'payidem.notify_event, payidem.notification_backlog, '
+				 'payidem.business_day, payidem.ledger_entry, payidem.merchant_balance, '
+				 'payidem.settlement_item, payidem.settlement_hold, payidem.payout, payidem.adjustment, '
+				 'payidem.merchant_balances, payidem.settlement_summary, payidem.platform_margin' END;
 COMMENT ON FUNCTION payidem._reader_tables(boolean) IS
 	'Internal: what map_merchant_role() (true) and grant_auditor() (both) grant SELECT on, as a list for GRANT and REVOKE.';
 
@@ -237,12 +241,30 @@ BEGIN
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
 	EXECUTE format('GRANT SELECT ON %s, %s TO %I', payidem._reader_tables(false),
 				   payidem._reader_tables(true), v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify() TO %I', v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
 END
 $$;
 COMMENT ON FUNCTION payidem.grant_auditor(regrole) IS
-	'Read-only access to every merchant''s business rows; never to merchant_secret, channel_config or idempotency results.';
+	'Read-only access to every merchant''s business rows and the books (verify()); never to merchant_secret, channel_config or idempotency results.';
+
+-- A finance role: the auditor's reads, and the books' writers a finance
+-- team runs (settle, adjust_balance, set_merchant_notify_url).
+CREATE FUNCTION payidem.grant_finance(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	PERFORM payidem.grant_auditor(role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.settle(date), '
+				   'payidem.adjust_balance(text, bigint, text, text, text), '
+				   'payidem.set_merchant_notify_url(text, text) TO %I', v_role);
+END
+$$;
+COMMENT ON FUNCTION payidem.grant_finance(regrole) IS
+	'Let a finance role settle (settle()), adjust balances (adjust_balance()) and set merchants'' notification URLs, with an auditor''s reads (grant_auditor).';
 
 -- What map_merchant_role() and grant_auditor() both grant, taken back once
 -- the role is neither an auditor nor mapped to a merchant: SELECT on the
@@ -294,6 +316,7 @@ BEGIN
 	END IF;
 	-- what grant_auditor() granted, except what a merchant mapping still needs
 	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
+	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem.verify() FROM %I', v_role);
 	PERFORM payidem._revoke_reader_grants(role, v_role);
 END
 $$;

@@ -244,11 +244,15 @@ BEGIN
 				   WHEN 'anomaly' THEN 'Set its handle_status to handled or ignored instead.'
 				   WHEN 'order' THEN 'Close a pending order with payidem.close_order(); a paid one is refunded with payidem.refund().'
 				   WHEN 'payment' THEN 'Close a pending payment with payidem.close_payment(); a succeeded one is refunded with payidem.refund().'
+				   WHEN 'payout' THEN 'A payout ends succeeded or failed through payidem.apply_payout_result().'
+				   WHEN 'adjustment' THEN 'Reverse an adjustment with another one: payidem.adjust_balance().'
+				   WHEN 'merchant_balance' THEN 'A balance moves only with its journal: settle(), request_payout(), apply_payout_result(), adjust_balance().'
+				   WHEN 'settlement_item' THEN 'A settled item is settled for good; correct its money with payidem.adjust_balance().'
 				   ELSE 'A refund ends succeeded or failed through payidem.apply_refund_result().' END;
 END
 $$;
 COMMENT ON FUNCTION payidem._keep_money_records() IS
-	'Trigger on payidem."order", payment, refund and anomaly: refuses DELETE and TRUNCATE.';
+	'Trigger on payidem."order", payment, refund, anomaly, payout, adjustment, merchant_balance and settlement_item: refuses DELETE and TRUNCATE.';
 
 CREATE TRIGGER keep_money_records
 	BEFORE DELETE ON payidem."order"
