@@ -2468,3 +2468,2010 @@ BEGIN
 	END IF;
 END
 $$;
+
+------------------------------------------------------------------------------
+-- 1.1: settlement, merchant balances in double entry, payouts, adjustments,
+-- fee reconciliation and verify() (DESIGN section 11): the parts
+-- settlement_tables and settlement, and what they change in 1.0's objects.
+------------------------------------------------------------------------------
+
+-- payout events
+ALTER DOMAIN payidem.notify_event_type DROP CONSTRAINT notify_event_type_known;
+ALTER DOMAIN payidem.notify_event_type ADD CONSTRAINT notify_event_type_known
+	CHECK (VALUE IN ('order.paid', 'refund.succeeded', 'order.closed',
+					 'payout.succeeded', 'payout.failed'));
+COMMENT ON DOMAIN payidem.notify_event_type IS
+	'What a merchant notification reports: order.paid, refund.succeeded, order.closed, payout.succeeded or payout.failed.';
+-- a bill line without a fee has none (NULL), not 0
+ALTER TABLE payidem.channel_bill ALTER COLUMN fee DROP NOT NULL;
+ALTER TABLE payidem.channel_bill ALTER COLUMN fee DROP DEFAULT;
+COMMENT ON COLUMN payidem.channel_bill.fee IS
+	'What the channel charged for the line, minor units; NULL when the bill reports none (reconcile() then compares no fee).';
+ALTER TYPE payidem._recon_leftover ADD ATTRIBUTE p_cost bigint;
+ALTER TYPE payidem._recon_leftover ADD ATTRIBUTE b_fee bigint;
+-- The payout and adjustment numbers, as the order-number domains
+-- (order_tables): PT / AJ + 24 digits, MOD 97-10 check digits valid.
+CREATE DOMAIN payidem.payout_number AS text
+	CONSTRAINT payout_number_format CHECK (CASE WHEN VALUE !~ '^PT[0-9]{24}$' THEN false
+		ELSE ('2529' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
+COMMENT ON DOMAIN payidem.payout_number IS
+	'A payout number: PT + 24 digits, MOD 97-10 check digits valid.';
+CREATE DOMAIN payidem.adjust_number AS text
+	CONSTRAINT adjust_number_format CHECK (CASE WHEN VALUE !~ '^AJ[0-9]{24}$' THEN false
+		ELSE ('1019' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
+COMMENT ON DOMAIN payidem.adjust_number IS
+	'An adjustment number: AJ + 24 digits, MOD 97-10 check digits valid.';
+
+-- The calendar of T<n> cycles: Monday to Friday are business days, except the
+-- days this table says otherwise (public holidays: false; a worked weekend
+-- day: true).  Kept by a DBA; a change moves only items not yet settled.
+CREATE TABLE payidem.business_day (
+	day			date		NOT NULL,
+	business	boolean		NOT NULL,
+	note		text,
+	CONSTRAINT business_day_pkey PRIMARY KEY (day)
+);
+COMMENT ON TABLE payidem.business_day IS
+	'Exceptions to the Monday-to-Friday business week of T<n> settlement cycles: holidays (business false) and worked weekend days (business true).';
+
+-- The fixed chart of accounts (DESIGN section 11), written once: which
+-- accounts exist and whose they are.  A merchant's accounts name the
+-- merchant, a channel's the channel, the platform's neither.
+CREATE DOMAIN payidem.ledger_account AS text
+	CONSTRAINT ledger_account_known CHECK (VALUE IN (
+		'merchant_available', 'merchant_payout', 'channel_receivable',
+		'fee_revenue', 'channel_cost', 'payout_clearing', 'adjustment'));
+COMMENT ON DOMAIN payidem.ledger_account IS
+	'An account of the chart: merchant_available, merchant_payout (per merchant), channel_receivable (per channel), fee_revenue, channel_cost, payout_clearing, adjustment (the platform''s).';
+
+-- The journal: append-only (ledger_append_only), double entry.  Each
+-- journal_no is one business event -- a settled payment or refund (its
+-- number), a payout request (the payout's number), its result (the payout's
+-- number and /succeeded or /failed), an adjustment (its number) -- and its
+-- entries sum to 0 per currency, checked at commit for every writer
+-- (src/journal.c).  Debit positive, credit negative; a merchant's available
+-- balance is the negated sum of its merchant_available entries.  No index
+-- but the key: every read by merchant goes to merchant_balance, every report
+-- to settlement_item; verify() reads the journal whole.
+CREATE TABLE payidem.ledger_entry (
+	entry_id	bigserial		NOT NULL,
+	journal_no	text			NOT NULL,
+	account		payidem.ledger_account NOT NULL,
+	merchant_no	text,
+	channel_no	text,
+	currency	payidem.currency_code NOT NULL,
+	amount		bigint			NOT NULL,
+	source_no	text			NOT NULL,
+	created_at	timestamptz		NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT ledger_entry_pkey PRIMARY KEY (entry_id),
+	CONSTRAINT ledger_entry_amount_nonzero CHECK (amount <> 0),
+	CONSTRAINT ledger_entry_journal_format CHECK (pg_catalog.length(journal_no) BETWEEN 1 AND 64),
+	CONSTRAINT ledger_entry_account_owner CHECK (
+		CASE
+			WHEN account IN ('merchant_available', 'merchant_payout')
+				THEN merchant_no IS NOT NULL AND channel_no IS NULL
+			WHEN account = 'channel_receivable'
+				THEN channel_no IS NOT NULL AND merchant_no IS NULL
+			ELSE merchant_no IS NULL AND channel_no IS NULL
+		END)
+);
+COMMENT ON TABLE payidem.ledger_entry IS
+	'The double-entry journal of settlements, payouts and adjustments: append-only; each journal_no sums to 0 per currency (checked at commit).';
+COMMENT ON COLUMN payidem.ledger_entry.journal_no IS
+	'One business event: a settled payment or refund (its number), a payout request (PT...), its result (PT.../succeeded, PT.../failed), an adjustment (AJ...).';
+COMMENT ON COLUMN payidem.ledger_entry.amount IS
+	'Minor units; debit positive, credit negative.';
+COMMENT ON COLUMN payidem.ledger_entry.source_no IS
+	'The payment, refund, payout or adjustment the entry is for.';
+
+-- A merchant's balances, kept for locking and speed: at every commit equal
+-- to the negated sums of its merchant_available and merchant_payout entries
+-- (src/journal.c checks the changes of both against each other).  A payout
+-- locks and updates this row; settle() updates each merchant's once a run.
+CREATE TABLE payidem.merchant_balance (
+	merchant_no	text		NOT NULL,
+	currency	payidem.currency_code NOT NULL,
+	available	bigint		NOT NULL DEFAULT 0,
+	in_payout	bigint		NOT NULL DEFAULT 0,
+	updated_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT merchant_balance_pkey PRIMARY KEY (merchant_no, currency),
+	CONSTRAINT merchant_balance_merchant_fkey FOREIGN KEY (merchant_no)
+		REFERENCES payidem.merchant (merchant_no),
+	CONSTRAINT merchant_balance_in_payout_nonnegative CHECK (in_payout >= 0)
+) WITH (fillfactor = 50);
+COMMENT ON TABLE payidem.merchant_balance IS
+	'Each merchant''s available and in-payout balance per currency, equal at every commit to its journal entries (merchant_available, merchant_payout).';
+COMMENT ON COLUMN payidem.merchant_balance.available IS
+	'Settled and not paid out, minor units; negative when refunds settled after the payments were paid out (later settlements repay it first).';
+COMMENT ON COLUMN payidem.merchant_balance.in_payout IS
+	'Requested payouts the bank has not yet confirmed or refused, minor units.';
+
+-- Each settled item once: its number decides (a payment PY..., a refund
+-- RF...).  Its journal is journal_no = item_no.  fee and cost are a
+-- payment's fee_amount and cost_amount, or a refund's share of them.
+CREATE TABLE payidem.settlement_item (
+	item_no		text		NOT NULL,
+	item_type	text		NOT NULL,
+	payment_no	text		NOT NULL,
+	merchant_no	text		NOT NULL,
+	channel_no	text		NOT NULL,
+	currency	payidem.currency_code NOT NULL,
+	bill_day	date		NOT NULL,
+	settle_day	date		NOT NULL,
+	settle_date	date		NOT NULL,
+	amount		bigint		NOT NULL,
+	fee			bigint		NOT NULL,
+	cost		bigint		NOT NULL,
+	settled_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT settlement_item_pkey PRIMARY KEY (item_no),
+	CONSTRAINT settlement_item_type_known CHECK (item_type IN ('payment', 'refund')),
+	CONSTRAINT settlement_item_amounts CHECK (amount > 0 AND fee >= 0 AND cost >= 0
+											  AND fee <= amount AND cost <= amount)
+);
+COMMENT ON TABLE payidem.settlement_item IS
+	'Each succeeded payment and refund settled, once: its amount, fee and cost (a refund''s share of its payment''s), its bill day, settlement day and the settle() run that settled it.';
+COMMENT ON COLUMN payidem.settlement_item.bill_day IS
+	'The day of paid_at (refunded_at) in payidem.bill_timezone.';
+COMMENT ON COLUMN payidem.settlement_item.settle_day IS
+	'bill_day plus the merchant''s settle_cycle: when the money became due.';
+COMMENT ON COLUMN payidem.settlement_item.settle_date IS
+	'The date settle() was called with when it settled the item.';
+
+-- Payments that were due but could not be settled (their bill day not
+-- reconciled, an open difference or anomaly naming them): each settle()
+-- run looks at them again, whatever their day.
+CREATE TABLE payidem.settlement_hold (
+	payment_no	text		NOT NULL,
+	held_since	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT settlement_hold_pkey PRIMARY KEY (payment_no)
+);
+COMMENT ON TABLE payidem.settlement_hold IS
+	'Succeeded payments that were due but held (day not reconciled, open difference or anomaly); settle() settles them once that is resolved.';
+
+-- Where settle() starts looking: every succeeded payment and refund of a
+-- bill day before scan_from is settled or held (docs/settlement.md: how it
+-- stays true).  One row, made by the first settle() (so that a restore
+-- brings it back as dumped); settle() locks it, so runs wait for each other.
+CREATE TABLE payidem.settle_state (
+	id				boolean		NOT NULL DEFAULT true,
+	scan_from		date,
+	last_xmax		xid8,
+	last_scan_from	date,
+	last_run_at		timestamptz,
+	last_settle_date date,
+	worker_day		date,
+	CONSTRAINT settle_state_pkey PRIMARY KEY (id),
+	CONSTRAINT settle_state_one_row CHECK (id)
+);
+COMMENT ON TABLE payidem.settle_state IS
+	'settle()''s progress: the first bill day it still reads (scan_from), and when it ran; one row, its lock serializes settle() runs.';
+
+-- Payouts: a payout takes money from available into in_payout; the bank's
+-- answer moves it on (succeeded) or back (failed).  Entity payout of the
+-- whitelist: pending -> succeeded | failed.
+CREATE TABLE payidem.payout (
+	payout_no		payidem.payout_number NOT NULL,
+	merchant_no		text		NOT NULL,
+	out_payout_no	payidem.merchant_ref NOT NULL,
+	amount			payidem.minor_amount NOT NULL,
+	currency		payidem.currency_code NOT NULL,
+	status			text		NOT NULL DEFAULT 'pending',
+	bank_ref		payidem.channel_ref,
+	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	finished_at		timestamptz,
+	CONSTRAINT payout_pkey PRIMARY KEY (payout_no),
+	CONSTRAINT payout_out_payout_no_key UNIQUE (merchant_no, out_payout_no),
+	CONSTRAINT payout_merchant_fkey FOREIGN KEY (merchant_no)
+		REFERENCES payidem.merchant (merchant_no)
+);
+COMMENT ON TABLE payidem.payout IS
+	'Payouts of merchants'' available balance to their bank: request_payout(), apply_payout_result().';
+COMMENT ON COLUMN payidem.payout.payout_no IS
+	'Platform payout number, payidem.gen_order_no(''PT'').';
+COMMENT ON COLUMN payidem.payout.out_payout_no IS
+	'The requester''s own number for the payout; unique per merchant (a repeated request returns the same payout).';
+COMMENT ON COLUMN payidem.payout.bank_ref IS
+	'The bank''s reference of the transfer, as apply_payout_result() reported it.';
+
+-- Adjustments: money credited (positive) or debited (negative) to a
+-- merchant against the platform's adjustment account, with a reason.
+CREATE TABLE payidem.adjustment (
+	adjust_no		payidem.adjust_number NOT NULL,
+	merchant_no		text		NOT NULL,
+	out_adjust_no	payidem.merchant_ref NOT NULL,
+	amount			bigint		NOT NULL,
+	currency		payidem.currency_code NOT NULL,
+	reason			text		NOT NULL,
+	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	created_by		text		NOT NULL DEFAULT SESSION_USER,
+	CONSTRAINT adjustment_pkey PRIMARY KEY (adjust_no),
+	CONSTRAINT adjustment_out_adjust_no_key UNIQUE (merchant_no, out_adjust_no),
+	CONSTRAINT adjustment_merchant_fkey FOREIGN KEY (merchant_no)
+		REFERENCES payidem.merchant (merchant_no),
+	CONSTRAINT adjustment_amount_nonzero CHECK (amount <> 0),
+	CONSTRAINT adjustment_reason_length CHECK (pg_catalog.length(pg_catalog.btrim(reason)) BETWEEN 1 AND 256)
+);
+COMMENT ON TABLE payidem.adjustment IS
+	'Adjustments of merchants'' balances (chargebacks, fines, corrections): adjust_balance().';
+
+-- (built-in rows: the whitelist's guard admits them from CREATE EXTENSION
+-- only, so it steps aside for the update)
+ALTER TABLE payidem.state DISABLE TRIGGER whitelist_guard;
+ALTER TABLE payidem.transition DISABLE TRIGGER whitelist_guard;
+INSERT INTO payidem.state (entity, status, initial, terminal, builtin) VALUES
+	('payout', 'pending',   true,  false, true),
+	('payout', 'succeeded', false, true,  true),
+	('payout', 'failed',    false, true,  true);
+INSERT INTO payidem.transition (entity, from_status, to_status, builtin) VALUES
+	('payout', 'pending', 'succeeded', true),
+	('payout', 'pending', 'failed',    true);
+ALTER TABLE payidem.state ENABLE ALWAYS TRIGGER whitelist_guard;
+ALTER TABLE payidem.transition ENABLE ALWAYS TRIGGER whitelist_guard;
+
+-- What settlement adds to tables of 1.0, written as the update from 1.0
+-- writes it, so that a new install and an updated one have the same tables.
+-- A merchant's own notification URL (payout events belong to no order).
+ALTER TABLE payidem.merchant ADD COLUMN notify_url payidem.http_url;
+COMMENT ON COLUMN payidem.merchant.notify_url IS
+	'Where notifications that belong to no order go (payout.succeeded, payout.failed): set_merchant_notify_url().';
+-- A payout's events name the payout, not an order.
+ALTER TABLE payidem.notify_event ALTER COLUMN order_no DROP NOT NULL;
+ALTER TABLE payidem.notify_event ADD COLUMN payout_no text;
+ALTER TABLE payidem.notify_event ADD CONSTRAINT notify_event_subject
+	CHECK ((order_no IS NULL) <> (payout_no IS NULL));
+COMMENT ON COLUMN payidem.notify_event.payout_no IS
+	'The payout of a payout.succeeded or payout.failed event (order_no is then NULL).';
+-- Reconciliation compares fees: a bill line's fee with the payment's
+-- cost_amount (fee_mismatch).
+ALTER TABLE payidem.recon_batch ADD COLUMN fee_mismatch bigint NOT NULL DEFAULT 0;
+ALTER TABLE payidem.reconciliation ADD COLUMN platform_fee bigint;
+ALTER TABLE payidem.reconciliation ADD COLUMN channel_fee bigint;
+COMMENT ON COLUMN payidem.reconciliation.platform_fee IS
+	'fee_mismatch: the payment''s cost_amount (what we expect the channel to charge).';
+COMMENT ON COLUMN payidem.reconciliation.channel_fee IS
+	'fee_mismatch: the fee the channel''s bill line charged.';
+ALTER TABLE payidem.reconciliation DROP CONSTRAINT reconciliation_diff_type_known;
+ALTER TABLE payidem.reconciliation ADD CONSTRAINT reconciliation_diff_type_known CHECK (
+	diff_type IN ('platform_only', 'channel_only', 'amount_mismatch', 'status_mismatch', 'fee_mismatch'));
+ALTER TABLE payidem.reconciliation DROP CONSTRAINT reconciliation_sides_consistent;
+ALTER TABLE payidem.reconciliation ADD CONSTRAINT reconciliation_sides_consistent CHECK (
+	CASE diff_type
+		WHEN 'platform_only' THEN platform_amount IS NOT NULL AND channel_amount IS NULL
+		WHEN 'channel_only' THEN platform_amount IS NULL AND channel_amount IS NOT NULL
+		WHEN 'amount_mismatch' THEN platform_amount IS DISTINCT FROM channel_amount
+			AND platform_amount IS NOT NULL AND channel_amount IS NOT NULL
+		WHEN 'fee_mismatch' THEN platform_fee IS DISTINCT FROM channel_fee
+			AND platform_fee IS NOT NULL AND channel_fee IS NOT NULL
+		ELSE platform_status IS DISTINCT FROM channel_status
+	END);
+ALTER TABLE payidem.recon_batch ADD CONSTRAINT recon_batch_fee_mismatch_nonnegative CHECK (fee_mismatch >= 0);
+COMMENT ON COLUMN payidem.reconciliation.diff_type IS
+	'platform_only (we have it, the bill does not), channel_only (money taken, no record of ours), amount_mismatch, status_mismatch, fee_mismatch (the bill''s fee is not the payment''s cost_amount).';
+-- Settlement finds a day's refunds by the time they succeeded.
+CREATE INDEX refund_refunded_at ON payidem.refund (refunded_at);
+
+-- functions of 1.0 that settlement changes
+CREATE OR REPLACE FUNCTION payidem._check_number(kind text, value text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_prefix text := CASE kind WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' WHEN 'payout' THEN 'PT' ELSE 'RF' END;
+	v_detail text;
+BEGIN
+	IF value IS NULL OR value !~ ('^' || v_prefix || '[0-9]{24}$') THEN
+		PERFORM payidem._raise_invalid(format('invalid %s number', kind),
+			format('The value was %s; %s %s number is %s followed by 24 digits.',
+				coalesce(quote_literal(left(value, 64)) ||
+						CASE WHEN length(value) > 64 THEN format('... (%s characters)', length(value)) ELSE '' END,
+						'NULL'),
+				CASE kind WHEN 'order' THEN 'an' ELSE 'a' END, kind, v_prefix),
+			'Pass the number payidem returned when it created the ' || kind || '.');
+	END IF;
+	IF NOT payidem.order_no_valid(value) THEN
+		-- only on this error path: order_no_parse() says what is wrong
+		BEGIN
+			PERFORM payidem.order_no_parse(value);
+		EXCEPTION WHEN invalid_parameter_value THEN
+			GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+		END;
+		PERFORM payidem._raise_invalid(format('invalid %s number %s', kind, quote_literal(value)),
+			v_detail,
+			'Pass the number payidem returned when it created the ' || kind || '.');
+	END IF;
+	RETURN value;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION payidem._keep_money_records()
+RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	RAISE EXCEPTION 'rows of payidem.% cannot be deleted', quote_ident(TG_TABLE_NAME) USING
+		ERRCODE = 'insufficient_privilege',
+		DETAIL = format('payidem.%s holds money records; %s is refused for every role.', quote_ident(TG_TABLE_NAME), TG_OP),
+		HINT = CASE TG_TABLE_NAME
+				   WHEN 'anomaly' THEN 'Set its handle_status to handled or ignored instead.'
+				   WHEN 'order' THEN 'Close a pending order with payidem.close_order(); a paid one is refunded with payidem.refund().'
+				   WHEN 'payment' THEN 'Close a pending payment with payidem.close_payment(); a succeeded one is refunded with payidem.refund().'
+				   WHEN 'payout' THEN 'A payout ends succeeded or failed through payidem.apply_payout_result().'
+				   WHEN 'adjustment' THEN 'Reverse an adjustment with another one: payidem.adjust_balance().'
+				   WHEN 'merchant_balance' THEN 'A balance moves only with its journal: settle(), request_payout(), apply_payout_result(), adjust_balance().'
+				   WHEN 'settlement_item' THEN 'A settled item is settled for good; correct its money with payidem.adjust_balance().'
+				   ELSE 'A refund ends succeeded or failed through payidem.apply_refund_result().' END;
+END
+$$;
+COMMENT ON FUNCTION payidem._keep_money_records() IS
+	'Trigger on payidem."order", payment, refund, anomaly, payout, adjustment, merchant_balance and settlement_item: refuses DELETE and TRUNCATE.';
+
+CREATE OR REPLACE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
+RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text,
+			   event text, payload text, signature text, attempt integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_lease constant interval := '60 seconds';
+	v_max_attempts constant integer := 16;		-- notify_result()'s schedule has 15 waits
+	v_given_up bigint;
+	n record;
+BEGIN
+	IF max_rows IS NULL OR max_rows <= 0 THEN
+		PERFORM payidem._raise_invalid('invalid max_rows',
+			format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
+			'Pass how many events one worker takes at a time, e.g. 100.');
+	END IF;
+	-- a closed merchant's key signs nothing more: its due events are given
+	-- up (failed), not handed out, and never hold up the others; so is an
+	-- event whose last attempt was handed out and never answered
+	WITH gone AS (
+		SELECT e.event_id,
+			   CASE WHEN m.status = 'closed' THEN 'merchant closed' ELSE 'no answer to the last attempt' END AS why
+		  FROM payidem.notify_event e JOIN payidem.merchant m ON m.merchant_no = e.merchant_no
+		 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+		   AND (m.status = 'closed' OR e.attempts >= v_max_attempts)
+		   FOR UPDATE OF e SKIP LOCKED)
+	UPDATE payidem.notify_event e
+	   SET status = 'failed', next_attempt_at = NULL, last_response = gone.why
+	  FROM gone WHERE e.event_id = gone.event_id;
+	GET DIAGNOSTICS v_given_up = ROW_COUNT;
+	IF v_given_up > 0 THEN
+		PERFORM payidem._count('notify_failed', v_given_up);
+	END IF;
+	-- Events another worker holds are skipped.  Handing an event out is its
+	-- next attempt (attempts counts hand-outs; the one handed out is named by
+	-- attempt, and notify_result() takes reports of that one only) and
+	-- leases it: its next_attempt_at moves ahead, so it is not handed out
+	-- again after this transaction ends, until notify_result() or the lease
+	-- runs out (a worker that died: that attempt had no answer).
+	FOR n IN
+		WITH due AS (
+			SELECT e.event_id FROM payidem.notify_event e
+			 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+			   AND e.attempts < v_max_attempts
+			   AND NOT EXISTS (SELECT 1 FROM payidem.merchant m
+								WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
+			 ORDER BY e.next_attempt_at
+			 LIMIT max_rows
+			 FOR UPDATE SKIP LOCKED)
+		UPDATE payidem.notify_event e
+		   SET next_attempt_at = now() + v_lease, attempts = e.attempts + 1, last_attempt_at = now()
+		  FROM due WHERE e.event_id = due.event_id
+		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts
+	LOOP
+		signature := payidem._sign_notification(n.merchant_no, n.payload);
+		IF signature !~ ',v2=' THEN
+			-- no secret of the merchant is valid now: nothing to sign with; the
+			-- event waits (this was no attempt) and is not sent unsigned
+			UPDATE payidem.notify_event e
+			   SET attempts = e.attempts - 1, next_attempt_at = now() + interval '5 minutes',
+				   last_response = 'no valid API secret'
+			 WHERE e.event_id = n.event_id;
+			CONTINUE;
+		END IF;
+		event_id := n.event_id;
+		order_no := n.order_no;
+		merchant_no := n.merchant_no;
+		-- an order's events go to its notify_url, a payout's to the merchant's
+		IF n.order_no IS NULL THEN
+			SELECT m.notify_url INTO notify_url FROM payidem.merchant m WHERE m.merchant_no = n.merchant_no;
+		ELSE
+			SELECT x.notify_url INTO notify_url FROM payidem."order" x WHERE x.order_no = n.order_no;
+		END IF;
+		event := n.event;
+		payload := n.payload;
+		attempt := n.attempts;
+		RETURN NEXT;
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION payidem.notify_due(integer) IS
+	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each hand-out is the event''s next attempt and leases it for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...,v2=...). Report each with notify_result(). Events of a closed merchant, and those whose 16th attempt went unanswered, are given up (failed), not handed out.';
+
+CREATE OR REPLACE FUNCTION payidem.load_bill(channel_no text, bill_date date, csv text)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_channel	text := load_bill.channel_no;
+	v_day		date := load_bill.bill_date;
+	v_csv		text := load_bill.csv;
+	v_tz		text := payidem._bill_timezone();
+	v_day_text	text;
+	v_bad		record;
+	v_rows		bigint;
+	-- the shape of a paid_at; the cast still checks the ranges
+	c_time		constant text := '^[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?( ?([Zz]|[+-][0-9]{2}(:?[0-9]{2})?))?$';
+	c_hint		constant text := 'Nothing was imported. The layout is channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at (see docs/reconciliation.md); fix the line and load the whole bill again.';
+BEGIN
+	IF v_channel IS NULL OR v_day IS NULL OR v_csv IS NULL THEN
+		PERFORM payidem._raise_invalid('channel_no, bill_date and csv must not be null');
+	END IF;
+	PERFORM payidem._check_bill_date(v_day);
+	IF NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no OPERATOR(pg_catalog.=) v_channel) THEN
+		PERFORM payidem._raise_not_found('channel', v_channel, 'payidem.channel', 'channel_no');
+	END IF;
+	v_day_text := to_char(v_day, 'YYYY-MM-DD');
+	PERFORM pg_advisory_xact_lock(hashtext('payidem.reconcile'), hashtext(v_channel));
+
+	-- the first bad line, if any (field by field, then duplicates)
+	SELECT c.line_no, c.problem[1] AS field, c.problem[2] AS value, c.problem[3] AS rule
+	  INTO v_bad
+	  FROM (SELECT l.line_no,
+				   CASE
+					WHEN l.f IS NULL THEN
+						ARRAY[NULL, NULL, 'a double quote is misplaced or not closed']
+					WHEN cardinality(l.f) <> 8 THEN
+						ARRAY[NULL, NULL, format('the line has %s fields instead of 8', cardinality(l.f))]
+					WHEN l.f[1] NOT IN ('', v_channel) THEN
+						ARRAY['channel_no', l.f[1], format('is not the channel of this bill (%s)', v_channel)]
+					WHEN l.f[2] <> '' AND l.f[2] !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}$' THEN
+						ARRAY['bill_date', l.f[2], 'is not a date written YYYY-MM-DD']
+					WHEN l.f[2] <> '' AND l.f[2] <> v_day_text THEN
+						ARRAY['bill_date', l.f[2], format('is not the day of this bill (%s)', v_day_text)]
+					WHEN NOT payidem._fits(l.f[3], 'payidem.channel_ref') THEN
+						ARRAY['transaction_id', l.f[3], 'must be ' || payidem._format_rule('payidem.channel_ref')]
+					WHEN l.f[4] <> '' AND NOT payidem._fits(l.f[4], 'payidem.channel_ref') THEN
+						ARRAY['payment_no', l.f[4], 'must be empty or ' || payidem._format_rule('payidem.channel_ref')]
+					-- at most the bigint maximum, as create_order() takes (compared as text)
+					WHEN l.f[5] !~ '^[0-9]+$' OR l.f[5] ~ '^0+$' OR length(ltrim(l.f[5], '0')) > 19
+						 OR (length(ltrim(l.f[5], '0')) = 19
+							 AND ltrim(l.f[5], '0') COLLATE "C" > '9223372036854775807') THEN
+						ARRAY['amount', l.f[5], 'must be a positive integer in minor units (fen, cents)']
+					WHEN l.f[6] <> '' AND (l.f[6] !~ '^[0-9]+$' OR length(ltrim(l.f[6], '0')) > 19
+						 OR (length(ltrim(l.f[6], '0')) = 19
+							 AND ltrim(l.f[6], '0') COLLATE "C" > '9223372036854775807')) THEN
+						ARRAY['fee', l.f[6], 'must be empty or a non-negative integer in minor units (fen, cents)']
+					WHEN l.f[7] NOT IN ('succeeded', 'refunded') THEN
+						ARRAY['status', l.f[7], 'must be succeeded or refunded']
+					WHEN l.f[8] <> '' AND l.f[8] !~ c_time THEN
+						ARRAY['paid_at', l.f[8], 'is not a time written YYYY-MM-DD HH:MM:SS[.ffffff][+HH:MM]']
+					WHEN l.first_line <> l.line_no THEN
+						ARRAY['transaction_id', l.f[3], format('appears already on line %s', l.first_line)]
+				   END AS problem
+			  FROM (SELECT b.line_no, b.fields AS f,
+						   min(b.line_no) OVER (PARTITION BY b.fields[3]) AS first_line
+					  FROM payidem._bill_lines(v_csv) b) l) c
+	 WHERE c.problem IS NOT NULL
+	 ORDER BY c.line_no
+	 LIMIT 1;
+	IF FOUND THEN
+		IF v_bad.field IS NULL THEN
+			PERFORM payidem._raise_invalid(format('invalid line %s in the channel bill', v_bad.line_no),
+				format('Line %s: %s.', v_bad.line_no, v_bad.rule),
+				c_hint);
+		END IF;
+		PERFORM payidem._raise_invalid(format('invalid %s on line %s of the channel bill', v_bad.field, v_bad.line_no),
+			format('Line %s, field %s: %s %s.', v_bad.line_no, v_bad.field,
+				quote_literal(left(v_bad.value, 64)), v_bad.rule),
+			c_hint);
+	END IF;
+
+	-- a bill loaded again replaces the channel's earlier bill of that day
+	DELETE FROM payidem.channel_bill cb
+	 WHERE cb.channel_no OPERATOR(pg_catalog.=) v_channel AND cb.bill_date OPERATOR(pg_catalog.=) v_day;
+	BEGIN
+		INSERT INTO payidem.channel_bill (channel_no, bill_date, transaction_id, payment_no, amount, fee, status, paid_at)
+		SELECT v_channel, v_day, b.fields[3], nullif(b.fields[4], ''), b.fields[5]::bigint,
+			   nullif(b.fields[6], '')::bigint, b.fields[7],
+			   CASE
+				WHEN b.fields[8] = '' THEN NULL
+				WHEN b.fields[8] ~ '([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$' THEN b.fields[8]::timestamptz
+				ELSE timezone(v_tz, b.fields[8]::timestamp)
+			   END
+		  FROM payidem._bill_lines(v_csv) b;
+		GET DIAGNOSTICS v_rows = ROW_COUNT;
+	EXCEPTION WHEN data_exception THEN
+		-- a paid_at of the right shape but out of range (month 13, 25 o'clock):
+		-- find its line (only on this error path, line by line)
+		FOR v_bad IN SELECT b.line_no, b.fields[8] AS value FROM payidem._bill_lines(v_csv) b ORDER BY b.line_no LOOP
+			BEGIN
+				PERFORM payidem._bill_time(v_bad.value, v_tz);
+			EXCEPTION WHEN data_exception THEN
+				PERFORM payidem._raise_invalid(format('invalid paid_at on line %s of the channel bill', v_bad.line_no),
+					format('Line %s, field paid_at: %s is not a valid time (%s).', v_bad.line_no,
+						quote_literal(left(v_bad.value, 64)), SQLERRM),
+					c_hint);
+			END;
+		END LOOP;
+		RAISE;
+	END;
+	RETURN v_rows;
+END
+$$;
+COMMENT ON FUNCTION payidem.load_bill(text, date, text) IS
+	'Import a channel''s bill of one day from CSV text (channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at; channel_no and bill_date may be empty); replaces that day''s earlier bill; all lines or none (22023 naming the line and field); returns the number of lines.';
+
+CREATE OR REPLACE FUNCTION payidem.app_functions()
+RETURNS SETOF regprocedure
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT p.oid::regprocedure
+	  FROM pg_catalog.pg_proc p
+	 WHERE p.pronamespace = 'payidem'::regnamespace
+	   AND p.proname IN ('gen_order_no', 'order_no_valid', 'order_no_parse', 'stats',
+						 'idem_claim', 'idem_record', 'idem_finish', '_idem_key_held',
+						 'transit_order', 'transit_payment', 'transit_refund',
+						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
+						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
+						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
+						 'verify_notification', 'query_due',
+						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
+						 'request_payout', 'apply_payout_result', 'balance');
+END;
+COMMENT ON FUNCTION payidem.app_functions() IS
+	'The functions grant_app() lets an application role execute.';
+
+CREATE OR REPLACE FUNCTION payidem._app_merchant_roles(of_role regrole DEFAULT NULL)
+RETURNS TABLE (role regrole, mapped_role regrole, merchant_no text, app_function regprocedure)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
+	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
+		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance')
+					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
+					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
+	 WHERE m.oid = r.role::oid
+	   AND NOT (c.rolsuper OR c.rolbypassrls)
+	   AND (_app_merchant_roles.of_role IS NULL OR c.oid = _app_merchant_roles.of_role::oid)
+	   AND pg_catalog.pg_has_role(c.oid, m.oid, 'USAGE')
+	 ORDER BY c.rolname COLLATE "C", m.rolname COLLATE "C", r.merchant_no COLLATE "C";
+END;
+COMMENT ON FUNCTION payidem._app_merchant_roles(regrole) IS
+	'Internal: roles that read a merchant''s rows (map_merchant_role(), themselves or as a member of mapped_role) and may execute an API function other than get_order()/find_order() (app_function, one of them): a combination grant_app() and map_merchant_role() refuse to make, and get_order()/find_order() refuse to serve.';
+
+CREATE OR REPLACE FUNCTION payidem._reader_tables(merchant_filtered boolean)
+RETURNS text
+LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN merchant_filtered
+			THEN 'payidem."order", payidem.payment, payidem.refund, payidem.anomaly, payidem.open_anomalies'
+			ELSE 'payidem.merchant, payidem.channel, payidem.merchant_channel, payidem.status_log, '
+				 'payidem.state, payidem.transition, payidem.channel_bill, payidem.recon_batch, '
+				 'payidem.reconciliation, payidem.recon_summary, payidem.open_differences, '
+				 'payidem.notify_event, payidem.notification_backlog, '
+				 'payidem.business_day, payidem.ledger_entry, payidem.merchant_balance, '
+				 'payidem.settlement_item, payidem.settlement_hold, payidem.payout, payidem.adjustment, '
+				 'payidem.merchant_balances, payidem.settlement_summary, payidem.platform_margin' END;
+COMMENT ON FUNCTION payidem._reader_tables(boolean) IS
+	'Internal: what map_merchant_role() (true) and grant_auditor() (both) grant SELECT on, as a list for GRANT and REVOKE.';
+
+CREATE OR REPLACE FUNCTION payidem.grant_auditor(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	EXECUTE format('GRANT USAGE ON SCHEMA payidem TO %I', v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
+	EXECUTE format('GRANT SELECT ON %s, %s TO %I', payidem._reader_tables(false),
+				   payidem._reader_tables(true), v_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify() TO %I', v_role);
+	PERFORM payidem._forget_dropped_roles();
+	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION payidem.grant_auditor(regrole) IS
+	'Read-only access to every merchant''s business rows and the books (verify()); never to merchant_secret, channel_config or idempotency results.';
+
+CREATE OR REPLACE FUNCTION payidem.revoke_auditor(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role, to_grant => false);
+BEGIN
+	PERFORM payidem._forget_dropped_roles();
+	DELETE FROM payidem.auditor_role a WHERE a.role = revoke_auditor.role;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise('PI009', format('role %s is not an auditor', role),
+			hint => 'payidem.auditor_role lists the roles grant_auditor() has made auditors.');
+	END IF;
+	-- what grant_auditor() granted, except what a merchant mapping still needs
+	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
+	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem.verify() FROM %I', v_role);
+	PERFORM payidem._revoke_reader_grants(role, v_role);
+END
+$$;
+COMMENT ON FUNCTION payidem.revoke_auditor(regrole) IS
+	'Undo grant_auditor(): the role no longer sees every merchant''s rows (a merchant mapping it has stays); a role left with no mapping keeps no payidem grant grant_auditor() gave.';
+
+-- reconcile() returns fee_mismatch too: a new result type, so the function
+-- is made again, with the EXECUTE grants it had
+SELECT pg_catalog.set_config('payidem_update.reconcile_grantees',
+		coalesce(pg_catalog.string_agg(pg_catalog.quote_ident(u.rolname), ','), ''), true)
+  FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a, pg_catalog.pg_roles u
+ WHERE p.oid = 'payidem.reconcile(text, date, boolean)'::regprocedure
+   AND a.privilege_type = 'EXECUTE' AND a.grantee = u.oid AND a.grantee <> p.proowner;
+DROP FUNCTION payidem.reconcile(text, date, boolean);
+CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date, allow_empty boolean DEFAULT false)
+RETURNS TABLE(recon_batch_no text, matched bigint, platform_only bigint,
+			  channel_only bigint, amount_mismatch bigint, status_mismatch bigint, fee_mismatch bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- The planner cannot know how many differences a day has (a CTE, a table
+-- just written): a nested-loop anti-join of the day's differences against
+-- the stored ones would be quadratic at 10,000+ differences.  Joins here
+-- are hash joins; the look-ups that must be nested loops (LATERAL ... LIMIT,
+-- subplans, = ANY) are not affected by this setting.  Step 1 alone is
+-- planned with nested loops allowed: it reads the day's payments by key
+-- from payment_paid, and whether to fetch each payment by its key or to
+-- hash the whole table is the planner's to decide from the day's size (a
+-- hash join there reads every payment ever made, each day).  The setting
+-- also adds a huge "disabled" cost to the plans, which would trigger JIT
+-- compilation (about 2 s a statement) on every run: JIT is off here.
+SET enable_nestloop = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+	v_channel	text := reconcile.channel_no;
+	v_day		date := reconcile.bill_date;
+	v_tz		text := payidem._bill_timezone();
+	v_from		timestamptz;
+	v_to		timestamptz;
+	v_batch		text;
+	v_run		bigint;
+	v_matched	bigint;
+	v_bill_lines bigint;
+	v_bill_amount numeric;	-- sums of bigint amounts: may pass the bigint range
+	v_payments	bigint;
+	v_pay_amount numeric;
+	v_rows		bigint;
+	-- what the join left over (the differences, before the straddle check)
+	l_rows		payidem._recon_leftover[];
+	n			record;
+BEGIN
+	-- no bill, no reconciliation: without one every payment of the day would
+	-- be reported platform_only
+	IF payidem._bill_day_lines(v_channel, v_day) = 0 AND allow_empty IS NOT TRUE THEN
+		RAISE EXCEPTION 'no bill of channel % for % is loaded', v_channel, to_char(v_day, 'YYYY-MM-DD') USING
+			ERRCODE = 'object_not_in_prerequisite_state',
+			DETAIL = format('payidem.channel_bill has no line of channel %s for bill day %s.', v_channel,
+							to_char(v_day, 'YYYY-MM-DD')),
+			HINT = 'Load the day''s bill with payidem.load_bill() first; if the channel really reported nothing that day, call reconcile(channel_no, bill_date, allow_empty => true).';
+	END IF;
+	-- the bill day, midnight to midnight in the channel's zone
+	v_from := timezone(v_tz, v_day::timestamp);
+	v_to := timezone(v_tz, (v_day + 1)::timestamp);
+
+	-- one run per channel at a time (also keeps two runs of a day from
+	-- doubling differences, and a straddle update from racing its day)
+	PERFORM pg_advisory_xact_lock(hashtext('payidem.reconcile'), hashtext(v_channel));
+
+	SELECT coalesce(max(substring(b.recon_batch_no FROM '-([0-9]{1,9})$')::bigint), 0) + 1
+	  INTO v_run
+	  FROM payidem.recon_batch b
+	 WHERE b.channel_no = v_channel AND b.bill_date = v_day;
+	v_batch := format('RC-%s-%s-%s', v_channel, to_char(v_day, 'YYYYMMDD'),
+					  CASE WHEN v_run < 1000 THEN lpad(v_run::text, 3, '0') ELSE v_run::text END);
+	INSERT INTO payidem.recon_batch (recon_batch_no, channel_no, bill_date, status, bill_timezone)
+	VALUES (v_batch, v_channel, v_day, 'running', v_tz);
+
+	PERFORM set_config('enable_nestloop', 'on', true);	-- for step 1 alone (above)
+	-- 1. The day: one hash full join of the bill and the platform's payments,
+	--    counted in the same pass.  Per row only the test that keeps the rows
+	--    that may differ (as cheap as the plain FULL JOIN's WHERE): they are
+	--    kept as one array of rows, and what kind of difference each is, is
+	--    worked out for them alone (step 2).  A candidate may still match: a
+	--    payment refunded after the day's end, billed as succeeded.
+	SELECT count(*), count(b.transaction_id), coalesce(sum(b.amount), 0),
+		   count(p.payment_no), coalesce(sum(p.amount), 0),
+		   array_agg(ROW(p.payment_no, p.transaction_id, p.amount, p.status,
+						 b.transaction_id, b.amount, b.status, p.cost_amount, b.fee)::payidem._recon_leftover)
+			 FILTER (WHERE p.payment_no IS NULL OR b.transaction_id IS NULL OR p.amount <> b.amount
+						OR (b.status = 'refunded') = (p.status = 'succeeded')
+						OR b.fee <> p.cost_amount)
+	  INTO v_rows, v_bill_lines, v_bill_amount, v_payments, v_pay_amount, l_rows
+	  FROM (SELECT pay.payment_no, pay.transaction_id, pay.amount, pay.status, pay.cost_amount
+			  FROM payidem.payment_paid pp
+			  JOIN payidem.payment pay ON pay.payment_no = pp.payment_no
+			 WHERE pp.channel_no = v_channel
+			   AND pp.paid_at >= v_from AND pp.paid_at < v_to
+			   AND pay.status = ANY (payidem._paid_payment_statuses())) p
+	  FULL JOIN
+		   -- only what the join needs: the hash of the bill is its biggest
+		   -- cost; the payment number the channel echoes is read for the
+		   -- bill-only lines alone (bo below)
+		   (SELECT cb.transaction_id, cb.amount, cb.status, cb.fee
+			  FROM payidem.channel_bill cb
+			 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day) b
+		ON b.transaction_id = p.transaction_id;
+	PERFORM set_config('enable_nestloop', 'off', true);	-- (the function's SET restores it at exit)
+	v_matched := v_rows - coalesce(cardinality(l_rows), 0);
+
+	-- 2. The leftovers: straddles, then the day's differences replace its
+	--    open ones; one statement, one snapshot.
+	WITH r AS MATERIALIZED (
+		SELECT u.p_no, u.p_txn, u.p_amount, u.p_status, u.b_txn, u.b_amount, u.b_status, u.p_cost, u.b_fee,
+			   CASE
+				WHEN u.p_no IS NULL THEN 'bill_only'
+				WHEN u.b_txn IS NULL THEN 'platform_only'
+				WHEN u.p_amount <> u.b_amount THEN 'amount_mismatch'
+				WHEN (u.b_status = 'refunded' AND u.p_status = 'succeeded')
+				  OR (u.b_status = 'succeeded' AND u.p_status <> 'succeeded'
+					  AND payidem._refunded_by(u.p_no, u.p_status, v_to)) THEN 'status_mismatch'
+				-- amount and status agree: the channel's fee against our cost
+				WHEN u.b_fee <> u.p_cost THEN 'fee_mismatch'
+				ELSE 'matched'
+			   END AS kind
+		  FROM unnest(l_rows) AS u
+	),
+	-- a bill line without a payment of the day: ours from another day (a
+	-- midnight straddle), ours but not paid, or unknown.  It is ours and paid
+	-- (x_paid) when the payment has this transaction id -- or has none, was
+	-- paid this bill day, and is the one whose number this line alone of the
+	-- day's unmatched lines echoes -- and no earlier day's bill lists the
+	-- transaction with the same status (that would be billing it twice; a
+	-- later day's line is the repeat, so re-running this day changes nothing).
+	bo AS (
+		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status,
+			   x.payment_no AS x_no, x.order_no AS x_order, x.amount AS x_amount, x.status AS x_status,
+			   coalesce(x.by_txn AND x.status = ANY (payidem._paid_payment_statuses()), false)
+			   AND NOT (coalesce(x.by_no, false)
+						AND count(*) OVER (PARTITION BY x.by_no, x.payment_no) > 1)
+			   AND NOT EXISTS (SELECT 1 FROM payidem.channel_bill cb
+								WHERE cb.channel_no = v_channel AND cb.transaction_id = r.b_txn
+								  AND cb.bill_date < v_day AND cb.status = r.b_status) AS x_paid,
+			   CASE WHEN x.by_txn THEN payidem._refunded_by(x.payment_no, x.status, v_to) ELSE false END AS x_refunded,
+			   coalesce(x.paid_at >= v_from AND x.paid_at < v_to, false) AS x_of_the_day
+		  FROM r
+		 -- (LIMIT 1, the line is unique: a look-up per line, never a hash
+		 -- join against the whole bill)
+		 CROSS JOIN LATERAL (
+				SELECT cb.payment_no AS b_no
+				  FROM payidem.channel_bill cb
+				 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day AND cb.transaction_id = r.b_txn
+				 LIMIT 1) bn
+		  LEFT JOIN LATERAL (
+				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn, false AS by_no,
+					   pay.paid_at
+				  FROM payidem.payment_paid pp
+				 -- the payment by its key (LIMIT: a look-up, never a hash
+				 -- of every payment)
+				 CROSS JOIN LATERAL (
+						SELECT p1.payment_no, p1.order_no, p1.amount, p1.status, p1.paid_at
+						  FROM payidem.payment p1
+						 WHERE p1.payment_no = pp.payment_no
+						 LIMIT 1) pay
+				 WHERE pp.channel_no = v_channel AND pp.transaction_id = r.b_txn
+				UNION ALL
+				-- else the payment number the channel echoes: the same payment
+				-- if ours has no transaction id (a success reported without
+				-- one) and was paid this bill day, otherwise for the record only
+				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status,
+					   pay.transaction_id IS NULL AND pay.paid_at >= v_from AND pay.paid_at < v_to,
+					   pay.transaction_id IS NULL, pay.paid_at
+				  FROM payidem.payment pay
+				 WHERE pay.payment_no = bn.b_no AND pay.channel_no = v_channel
+				LIMIT 1) x ON true
+		 WHERE r.kind = 'bill_only'
+	),
+	-- a payment of the day missing from the bill: in the bill of another day?
+	-- (One without a transaction id is in this bill if a line echoing its
+	-- number was matched to it above.)
+	po AS (
+		SELECT r.p_no, r.p_txn, r.p_amount, r.p_status,
+			   EXISTS (SELECT 1 FROM payidem.channel_bill cb
+						WHERE cb.channel_no = v_channel AND cb.transaction_id = r.p_txn
+						  AND cb.bill_date <> v_day) AS elsewhere
+		  FROM r
+		 WHERE r.kind = 'platform_only'
+		   AND NOT (r.p_txn IS NULL AND EXISTS (SELECT 1 FROM bo WHERE bo.x_no = r.p_no AND bo.x_paid))
+	),
+	found AS MATERIALIZED (
+		SELECT r.kind AS diff_type, r.p_txn AS transaction_id, r.p_no AS payment_no,
+			   r.p_amount AS platform_amount, r.b_amount AS channel_amount,
+			   r.p_status AS platform_status, r.b_status AS channel_status,
+			   CASE WHEN r.kind = 'fee_mismatch' THEN r.p_cost END AS platform_fee,
+			   CASE WHEN r.kind = 'fee_mismatch' THEN r.b_fee END AS channel_fee
+		  FROM r
+		 WHERE r.kind IN ('amount_mismatch', 'status_mismatch', 'fee_mismatch')
+		UNION ALL
+		SELECT 'platform_only', po.p_txn, po.p_no, po.p_amount, NULL, po.p_status, NULL, NULL, NULL
+		  FROM po
+		 WHERE NOT po.elsewhere
+		UNION ALL
+		SELECT s.diff_type, s.b_txn, coalesce(s.x_no, s.b_no),
+			   CASE WHEN s.x_paid THEN s.x_amount END, s.b_amount, s.x_status, s.b_status, NULL, NULL
+		  FROM (SELECT bo.*,
+					   CASE
+						WHEN NOT bo.x_paid THEN 'channel_only'
+						WHEN bo.x_amount <> bo.b_amount THEN 'amount_mismatch'
+						WHEN (bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
+						  OR (bo.b_status = 'succeeded' AND bo.x_refunded) THEN 'status_mismatch'
+					   END AS diff_type
+				  FROM bo) s
+		 WHERE s.diff_type IS NOT NULL
+	),
+	-- platform_only differences of other days that this bill explains
+	auto AS (
+		UPDATE payidem.reconciliation rc
+		   SET handle_status = 'auto_resolved', handled_at = now(), handled_by = 'payidem.reconcile',
+			   note = format('found in the bill of %s (%s)', to_char(v_day, 'YYYY-MM-DD'), v_batch),
+			   updated_at = now()
+		 WHERE rc.channel_no = v_channel
+		   AND (rc.transaction_id = ANY (ARRAY(SELECT bo.b_txn FROM bo WHERE bo.x_paid))
+				OR (rc.transaction_id IS NULL
+					AND rc.payment_no = ANY (ARRAY(SELECT bo.x_no FROM bo WHERE bo.x_paid))))
+		   AND rc.diff_type = 'platform_only' AND rc.handle_status = 'open'
+		   AND rc.bill_date <> v_day
+		RETURNING rc.recon_id
+	),
+	-- open differences found again keep their recon_id, with today's values
+	kept AS (
+		UPDATE payidem.reconciliation rc
+		   SET recon_batch_no = v_batch, payment_no = f.payment_no,
+			   platform_amount = f.platform_amount, channel_amount = f.channel_amount,
+			   platform_status = f.platform_status, channel_status = f.channel_status,
+			   platform_fee = f.platform_fee, channel_fee = f.channel_fee,
+			   updated_at = now()
+		  FROM found f
+		 WHERE rc.channel_no = v_channel AND rc.bill_date = v_day AND rc.handle_status = 'open'
+		   AND rc.diff_type = f.diff_type
+		   AND (rc.transaction_id IS NULL) = (f.transaction_id IS NULL)
+		   AND coalesce(rc.transaction_id, rc.payment_no) = coalesce(f.transaction_id, f.payment_no)
+		RETURNING rc.recon_id
+	),
+	-- open differences not found again are gone (bill corrected, payment fixed)
+	dropped AS (
+		DELETE FROM payidem.reconciliation rc
+		 WHERE rc.channel_no = v_channel AND rc.bill_date = v_day AND rc.handle_status = 'open'
+		   AND NOT EXISTS (SELECT 1 FROM found f
+							WHERE f.diff_type = rc.diff_type
+							  AND (f.transaction_id IS NULL) = (rc.transaction_id IS NULL)
+							  AND coalesce(f.transaction_id, f.payment_no) = coalesce(rc.transaction_id, rc.payment_no))
+		RETURNING rc.recon_id
+	),
+	-- the anomaly of a channel_only difference that is gone goes with it
+	settled AS (
+		UPDATE payidem.anomaly a
+		   SET handle_status = 'handled', handled_at = now(), handled_by = 'payidem.reconcile',
+			   note = format('its difference is gone in %s (the bill no longer shows it)', v_batch),
+			   updated_at = now()
+		 WHERE a.kind = 'channel_only' AND a.handle_status = 'open' AND a.channel_no = v_channel
+		   AND a.detail ->> 'bill_date' = to_char(v_day, 'YYYY-MM-DD')
+		   AND (a.detail ->> 'recon_id')::bigint IN (SELECT d.recon_id FROM dropped d)
+		RETURNING a.anomaly_id
+	),
+	-- new ones; one a person handled or ignored is not opened again
+	added AS (
+		INSERT INTO payidem.reconciliation AS rc
+			(recon_batch_no, channel_no, bill_date, diff_type, transaction_id, payment_no,
+			 platform_amount, channel_amount, platform_status, channel_status, platform_fee, channel_fee)
+		SELECT v_batch, v_channel, v_day, f.diff_type, f.transaction_id, f.payment_no,
+			   f.platform_amount, f.channel_amount, f.platform_status, f.channel_status,
+			   f.platform_fee, f.channel_fee
+		  FROM found f
+		 WHERE NOT EXISTS (SELECT 1 FROM payidem.reconciliation e
+							WHERE e.channel_no = v_channel AND e.bill_date = v_day
+							  AND e.diff_type = f.diff_type
+							  AND (e.transaction_id IS NULL) = (f.transaction_id IS NULL)
+							  AND coalesce(e.transaction_id, e.payment_no) = coalesce(f.transaction_id, f.payment_no))
+		RETURNING rc.recon_id, rc.diff_type, rc.transaction_id, rc.channel_amount
+	),
+	-- money taken without a record of ours: an anomaly, once per difference
+	alerted AS (
+		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+		SELECT 'channel_only', bo.x_order, bo.x_no, v_channel, a.channel_amount,
+			   jsonb_strip_nulls(jsonb_build_object(
+				   'transaction_id', a.transaction_id,
+				   'bill_date', to_char(v_day, 'YYYY-MM-DD'),
+				   'recon_id', a.recon_id,
+				   'recon_batch_no', v_batch,
+				   'channel_status', bo.b_status,
+				   'channel_payment_no', bo.b_no,
+				   'platform_status', bo.x_status))
+		  FROM added a
+		  JOIN bo ON bo.b_txn = a.transaction_id
+		 WHERE a.diff_type = 'channel_only'
+		-- one per channel, day and transaction; one that a run closed because
+		-- its difference was gone is opened again now that it is back (one a
+		-- person handled stays as the person left it)
+		ON CONFLICT (channel_no, (detail ->> 'bill_date'), (detail ->> 'transaction_id'))
+			WHERE kind = 'channel_only'
+			DO UPDATE SET handle_status = 'open', handled_at = NULL, handled_by = NULL, note = NULL,
+						  amount = EXCLUDED.amount, detail = EXCLUDED.detail, updated_at = now()
+			WHERE anomaly.handled_by = 'payidem.reconcile' AND anomaly.handle_status <> 'open'
+		RETURNING anomaly_id
+	)
+	SELECT (SELECT count(*) FROM r WHERE r.kind = 'matched') AS matched_candidates,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'platform_only') AS platform_only,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'channel_only') AS channel_only,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'amount_mismatch') AS amount_mismatch,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'status_mismatch') AS status_mismatch,
+		   (SELECT count(*) FROM found f WHERE f.diff_type = 'fee_mismatch') AS fee_mismatch,
+		   (SELECT count(*) FROM bo
+			 WHERE bo.x_paid AND bo.x_amount = bo.b_amount
+			   AND NOT ((bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
+						OR (bo.b_status = 'succeeded' AND bo.x_refunded))) AS matched_across,
+		   (SELECT count(*) FROM bo WHERE bo.x_paid AND NOT bo.x_of_the_day)
+			 + (SELECT count(*) FROM po WHERE po.elsewhere) AS straddled,
+		   (SELECT count(*) FROM auto) AS auto_resolved,
+		   (SELECT count(*) FROM kept) + (SELECT count(*) FROM dropped)
+			 + (SELECT count(*) FROM alerted) AS touched
+	  INTO n;
+
+	UPDATE payidem.recon_batch b
+	   SET status = 'done', finished_at = clock_timestamp(),
+		   matched = v_matched + n.matched_candidates + n.matched_across,
+		   platform_only = n.platform_only, channel_only = n.channel_only,
+		   amount_mismatch = n.amount_mismatch, status_mismatch = n.status_mismatch,
+		   fee_mismatch = n.fee_mismatch, bill_lines = v_bill_lines, bill_amount_total = v_bill_amount,
+		   platform_payments = v_payments, platform_amount_total = v_pay_amount,
+		   straddled = n.straddled, auto_resolved = n.auto_resolved
+	 WHERE b.recon_batch_no = v_batch;
+
+	RETURN QUERY SELECT v_batch, v_matched + n.matched_candidates + n.matched_across, n.platform_only, n.channel_only,
+						n.amount_mismatch, n.status_mismatch, n.fee_mismatch;
+END
+$$;
+COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
+	'Reconcile a channel''s bill of one day (cut in payidem.bill_timezone) against the platform''s payments (55000 if no bill line of that day is loaded, unless allow_empty): one hash full join on transaction_id; stores only the differences (platform_only, channel_only, amount_mismatch, status_mismatch, fee_mismatch: the bill line''s fee is not the payment''s cost_amount), replacing the day''s open ones and keeping handled ones; auto-resolves midnight straddles; a channel_only difference also raises an anomaly.';
+
+REVOKE ALL ON FUNCTION payidem.reconcile(text, date, boolean) FROM PUBLIC;
+DO $$
+BEGIN
+	IF current_setting('payidem_update.reconcile_grantees') <> '' THEN
+		EXECUTE 'GRANT EXECUTE ON FUNCTION payidem.reconcile(text, date, boolean) TO '
+				|| current_setting('payidem_update.reconcile_grantees');
+	END IF;
+END
+$$;
+-- A finance role: the auditor's reads, and the books' writers a finance
+-- team runs (settle, adjust_balance, set_merchant_notify_url).
+CREATE FUNCTION payidem.grant_finance(role regrole)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_role name := payidem._check_role(role);
+BEGIN
+	PERFORM payidem.grant_auditor(role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.settle(date), '
+				   'payidem.adjust_balance(text, bigint, text, text, text), '
+				   'payidem.set_merchant_notify_url(text, text) TO %I', v_role);
+END
+$$;
+COMMENT ON FUNCTION payidem.grant_finance(regrole) IS
+	'Let a finance role settle (settle()), adjust balances (adjust_balance()) and set merchants'' notification URLs, with an auditor''s reads (grant_auditor).';
+REVOKE ALL ON FUNCTION payidem.grant_finance(regrole) FROM PUBLIC;
+
+-- Is day a business day?  Monday to Friday, unless payidem.business_day
+-- says otherwise.
+CREATE FUNCTION payidem._is_business_day(day date)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT b.business FROM payidem.business_day b WHERE b.day = _is_business_day.day),
+				extract(isodow FROM day) < 6);
+COMMENT ON FUNCTION payidem._is_business_day(date) IS
+	'Internal: whether a day is a business day (Monday to Friday unless payidem.business_day overrides it).';
+
+-- The settlement day of an item of bill day `day` on cycle D<n> (n calendar
+-- days later) or T<n> (the n-th business day after it, whatever day it is:
+-- a Saturday's T1 is Monday, as Friday's is); D0 and T0 are the day itself.
+-- The one place the cycle rule is written.
+CREATE FUNCTION payidem._settle_day(day date, settle_cycle text)
+RETURNS date
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	n integer;
+	d date := day;
+	tries integer := 0;
+BEGIN
+	IF settle_cycle IS NULL OR settle_cycle !~ '^[TD][0-9]{1,2}$' THEN
+		PERFORM payidem._raise_invalid('invalid settlement cycle',
+			format('The cycle was %s; it is T<n> (business days) or D<n> (calendar days), n from 0 to 99.',
+				coalesce(quote_literal(left(settle_cycle, 64)), 'NULL')));
+	END IF;
+	n := substr(settle_cycle, 2)::integer;
+	IF left(settle_cycle, 1) = 'D' THEN
+		RETURN day + n;
+	END IF;
+	WHILE n > 0 LOOP
+		d := d + 1;
+		tries := tries + 1;
+		IF tries > 3660 THEN
+			PERFORM payidem._raise('55000', 'no business day in ten years',
+				format('payidem.business_day marks every day after %s as not a business day.', day),
+				'Correct payidem.business_day.');
+		END IF;
+		IF payidem._is_business_day(d) THEN
+			n := n - 1;
+		END IF;
+	END LOOP;
+	RETURN d;
+END
+$$;
+COMMENT ON FUNCTION payidem._settle_day(date, text) IS
+	'Internal: the settlement day of an item of a bill day on a merchant''s cycle (D<n>: n calendar days later; T<n>: the n-th business day after).';
+
+-- The bill day of a time: its date in payidem.bill_timezone.
+CREATE FUNCTION payidem._bill_day(t timestamptz, tz text)
+RETURNS date
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN (t AT TIME ZONE tz)::date;
+COMMENT ON FUNCTION payidem._bill_day(timestamptz, text) IS
+	'Internal: the calendar day of a time in a zone (the bill day, with payidem.bill_timezone).';
+
+-- The items not yet settled: succeeded payments and refunds from the bill
+-- day settle() reads from (settle_state.scan_from) on, the payments it holds,
+-- and those an open anomaly names.  The one definition of "not settled",
+-- for settle(), balance()'s pending and the merchant_balances view.  For
+-- a merchant (p_merchant_no), or all (NULL); up to the end of bill day
+-- p_until (NULL: no end).  A refund's fee and cost are its share of its
+-- payment's: round(fee * refund / amount) half-up, except the one that
+-- completes the payment's refunded amount and is the last not yet settled,
+-- which takes the remainder, so a fully refunded payment returns exactly its
+-- fee and cost.
+CREATE FUNCTION payidem._unsettled_items(p_merchant_no text, p_until date)
+RETURNS TABLE (item_no text, item_type text, payment_no text, merchant_no text, channel_no text,
+			   currency text, bill_day date, amount bigint, fee bigint, cost bigint, scanned boolean)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_tz text := payidem._bill_timezone();
+	v_scan_from date := (SELECT s.scan_from FROM payidem.settle_state s);
+	v_from timestamptz := CASE WHEN v_scan_from IS NULL THEN '-infinity'::timestamptz
+							   ELSE timezone(v_tz, v_scan_from::timestamp) END;
+	v_to timestamptz := CASE WHEN p_until IS NULL THEN 'infinity'::timestamptz
+							 ELSE timezone(v_tz, (p_until + 1)::timestamp) END;
+BEGIN
+	RETURN QUERY
+	WITH pay AS (
+		-- the payments of the bill days read: by channel and time, from
+		-- payment_paid (the key reconciliation reads), for all merchants ...
+		SELECT pp.payment_no, true AS scanned
+		  FROM payidem.channel c
+		 CROSS JOIN LATERAL (
+				SELECT x.payment_no FROM payidem.payment_paid x
+				 WHERE x.channel_no = c.channel_no AND x.paid_at >= v_from AND x.paid_at < v_to) pp
+		 WHERE p_merchant_no IS NULL
+		UNION ALL
+		-- ... or by the merchant's own key (merchant, channel, begun), for one
+		-- (a payment begins before it is paid; one begun before the scan
+		-- point and paid after it is held or named by an anomaly, below, or
+		-- read here as long as it began at most 30 days before)
+		SELECT p.payment_no, true
+		  FROM payidem.merchant_channel mc
+		 CROSS JOIN LATERAL (
+				SELECT x.payment_no, x.paid_at FROM payidem.payment x
+				 WHERE x.merchant_no = mc.merchant_no AND x.channel_no = mc.channel_no
+				   AND x.created_at >= v_from - interval '30 days') p
+		 WHERE p_merchant_no IS NOT NULL AND mc.merchant_no = p_merchant_no
+		   AND p.paid_at >= v_from AND p.paid_at < v_to
+		UNION ALL
+		SELECT h.payment_no, false FROM payidem.settlement_hold h
+		UNION ALL
+		SELECT a.payment_no, false FROM payidem.anomaly a
+		 WHERE a.handle_status = 'open' AND a.payment_no IS NOT NULL
+	),
+	payments AS (
+		SELECT p.payment_no AS item_no, 'payment'::text AS item_type, p.payment_no, p.merchant_no,
+			   p.channel_no, o.currency::text AS currency, payidem._bill_day(p.paid_at, v_tz) AS bill_day,
+			   p.amount::bigint AS amount, p.fee_amount AS fee, p.cost_amount AS cost,
+			   bool_or(pay.scanned) AS scanned
+		  FROM pay
+		  JOIN payidem.payment p ON p.payment_no = pay.payment_no
+		  JOIN payidem."order" o ON o.order_no = p.order_no
+		 WHERE p.status = ANY (payidem._paid_payment_statuses())
+		   AND (p_merchant_no IS NULL OR p.merchant_no = p_merchant_no)
+		   AND p.paid_at < v_to
+		   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = p.payment_no)
+		 GROUP BY p.payment_no, p.merchant_no, p.channel_no, o.currency, p.paid_at, p.amount,
+				  p.fee_amount, p.cost_amount
+	),
+	refunds AS (
+		SELECT r.refund_no, r.payment_no, r.merchant_no, r.amount::bigint AS amount, r.refunded_at
+		  FROM payidem.merchant m
+		 CROSS JOIN LATERAL (
+				SELECT x.refund_no, x.payment_no, x.merchant_no, x.amount, x.refunded_at
+				  FROM payidem.refund x
+				 WHERE x.merchant_no = m.merchant_no AND x.refunded_at >= v_from AND x.refunded_at < v_to
+				   AND x.status = 'succeeded') r
+		 WHERE p_merchant_no IS NULL OR m.merchant_no = p_merchant_no
+	),
+	unsettled_refunds AS (
+		SELECT r.*
+		  FROM refunds r
+		 WHERE NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r.refund_no)
+	),
+	shares AS (
+		SELECT r.refund_no, r.payment_no, r.merchant_no, r.amount, r.refunded_at,
+			   p.channel_no, o.currency::text AS currency, p.amount AS p_amount,
+			   p.fee_amount, p.cost_amount,
+			   -- the last of the payment's unsettled refunds, once it is fully refunded
+			   p.refunded_amount = p.amount
+			   AND NOT EXISTS (SELECT 1 FROM payidem.refund r2
+								WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
+								  AND (r2.refunded_at, r2.refund_no) > (r.refunded_at, r.refund_no)
+								  AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si
+												   WHERE si.item_no = r2.refund_no)) AS takes_rest,
+			   -- the rounded shares of the payment's other succeeded refunds
+			   (SELECT coalesce(sum(round(p.fee_amount::numeric * r2.amount / p.amount)), 0)
+				  FROM payidem.refund r2
+				 WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
+				   AND r2.refund_no <> r.refund_no) AS others_fee,
+			   (SELECT coalesce(sum(round(p.cost_amount::numeric * r2.amount / p.amount)), 0)
+				  FROM payidem.refund r2
+				 WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
+				   AND r2.refund_no <> r.refund_no) AS others_cost
+		  FROM unsettled_refunds r
+		  JOIN payidem.payment p ON p.payment_no = r.payment_no
+		  JOIN payidem."order" o ON o.order_no = p.order_no
+	)
+	SELECT x.item_no, x.item_type, x.payment_no, x.merchant_no, x.channel_no, x.currency, x.bill_day,
+		   x.amount, x.fee, x.cost, x.scanned
+	  FROM payments x
+	UNION ALL
+	SELECT s.refund_no, 'refund', s.payment_no, s.merchant_no, s.channel_no, s.currency,
+		   payidem._bill_day(s.refunded_at, v_tz), s.amount,
+		   CASE WHEN s.takes_rest THEN s.fee_amount - s.others_fee
+				ELSE round(s.fee_amount::numeric * s.amount / s.p_amount) END::bigint,
+		   CASE WHEN s.takes_rest THEN s.cost_amount - s.others_cost
+				ELSE round(s.cost_amount::numeric * s.amount / s.p_amount) END::bigint,
+		   true
+	  FROM shares s;
+END
+$$;
+COMMENT ON FUNCTION payidem._unsettled_items(text, date) IS
+	'Internal: succeeded payments and refunds not yet settled (of one merchant or all, up to a bill day), with their fee and cost (a refund''s share); the one definition settle(), balance() and merchant_balances use.';
+
+-- settle(d): every item whose settlement day is on or before d and that may
+-- be settled, exactly once (settlement_item's key decides); a payment only
+-- once its channel's bill day is reconciled and no open difference or
+-- anomaly names it (else held, and looked at again by every run).  One run
+-- at a time: the row of settle_state is locked to the end of the
+-- transaction (a second run waits, then finds the first's items settled).
+-- Everything in one statement, set-based: the items, their journals, the
+-- balances, the holds.
+CREATE FUNCTION payidem.settle(settle_date date DEFAULT CURRENT_DATE)
+RETURNS TABLE (merchant_no text, currency text, items bigint, gross numeric, refunds numeric,
+			   fees numeric, net numeric, held bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+	v_d date := settle.settle_date;
+	v_tz text := payidem._bill_timezone();
+	st payidem.settle_state;
+	v_today date;
+	v_next date;
+	v_first_not_due date;
+BEGIN
+	IF v_d IS NULL OR NOT isfinite(v_d) OR v_d < date '1970-01-01' OR v_d > date '9999-12-30' THEN
+		PERFORM payidem._raise_invalid('invalid settlement date',
+			format('The date was %s; settle() takes a day from 1970-01-01 to 9999-12-30.', coalesce(v_d::text, 'NULL')),
+			'Pass the day to settle up to, e.g. current_date.');
+	END IF;
+	INSERT INTO payidem.settle_state (id) VALUES (true) ON CONFLICT DO NOTHING;
+	SELECT * INTO st FROM payidem.settle_state s FOR UPDATE;
+
+	CREATE TEMP TABLE IF NOT EXISTS pg_temp.payidem_settle_run (
+		item_no text, item_type text, payment_no text, merchant_no text, channel_no text,
+		currency text, bill_day date, settle_day date, amount bigint, fee bigint, cost bigint,
+		scanned boolean, due boolean, allowed boolean) ON COMMIT DROP;
+	TRUNCATE pg_temp.payidem_settle_run;
+	WITH u AS MATERIALIZED (
+		SELECT x.*, m.settle_cycle
+		  FROM payidem._unsettled_items(NULL, v_d) x
+		  JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
+	),
+	-- the cycle rule once per bill day and cycle, not per item
+	d AS MATERIALIZED (
+		SELECT y.bill_day, y.settle_cycle, payidem._settle_day(y.bill_day, y.settle_cycle) AS settle_day
+		  FROM (SELECT DISTINCT u.bill_day, u.settle_cycle FROM u) y
+	)
+	INSERT INTO pg_temp.payidem_settle_run
+	SELECT u.item_no, u.item_type, u.payment_no, u.merchant_no, u.channel_no, u.currency, u.bill_day,
+		   d.settle_day, u.amount, u.fee, u.cost, u.scanned,
+		   d.settle_day <= v_d,
+		   u.item_type = 'refund'
+		   OR (EXISTS (SELECT 1 FROM payidem.recon_batch b
+						WHERE b.channel_no = u.channel_no AND b.bill_date = u.bill_day AND b.status = 'done')
+			   AND NOT EXISTS (SELECT 1 FROM payidem.reconciliation rc
+								WHERE rc.payment_no = u.payment_no AND rc.handle_status = 'open')
+			   AND NOT EXISTS (SELECT 1 FROM payidem.anomaly a
+								WHERE a.payment_no = u.payment_no AND a.handle_status = 'open'))
+	  FROM u JOIN d ON d.bill_day = u.bill_day AND d.settle_cycle = u.settle_cycle;
+
+	RETURN QUERY
+	WITH settled AS (
+		INSERT INTO payidem.settlement_item AS si
+			(item_no, item_type, payment_no, merchant_no, channel_no, currency, bill_day, settle_day,
+			 settle_date, amount, fee, cost)
+		SELECT r.item_no, r.item_type, r.payment_no, r.merchant_no, r.channel_no, r.currency, r.bill_day,
+			   r.settle_day, v_d, r.amount, r.fee, r.cost
+		  FROM pg_temp.payidem_settle_run r
+		 WHERE r.due AND r.allowed
+		 ORDER BY r.merchant_no, r.item_no
+		ON CONFLICT (item_no) DO NOTHING
+		RETURNING si.item_no, si.item_type, si.merchant_no, si.channel_no, si.currency::text AS currency,
+				  si.amount, si.fee, si.cost
+	),
+	-- each item's journal (journal_no = its number): a payment credits the
+	-- merchant its amount less its fee and the platform the fee, and debits
+	-- the channel what it remits less its cost and the cost; a refund the
+	-- reverse of its share
+	entries AS (
+		INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
+		SELECT s.item_no, e.account, e.merchant_no, e.channel_no, s.currency, e.amount * e.sign, s.item_no
+		  FROM settled s
+		 CROSS JOIN LATERAL (
+				SELECT CASE WHEN s.item_type = 'payment' THEN 1 ELSE -1 END AS sign) g
+		 CROSS JOIN LATERAL (VALUES
+				('channel_receivable'::text, NULL::text, s.channel_no, s.amount - s.cost, g.sign),
+				('channel_cost', NULL, NULL, s.cost, g.sign),
+				('merchant_available', s.merchant_no, NULL, -(s.amount - s.fee), g.sign),
+				('fee_revenue', NULL, NULL, -s.fee, g.sign)) e(account, merchant_no, channel_no, amount, sign)
+		 WHERE e.amount <> 0
+		RETURNING 1
+	),
+	sums AS (
+		SELECT s.merchant_no, s.currency, count(*) AS items,
+			   coalesce(sum(s.amount) FILTER (WHERE s.item_type = 'payment'), 0) AS gross,
+			   coalesce(sum(s.amount) FILTER (WHERE s.item_type = 'refund'), 0) AS refunds,
+			   coalesce(sum(s.fee) FILTER (WHERE s.item_type = 'payment'), 0)
+				 - coalesce(sum(s.fee) FILTER (WHERE s.item_type = 'refund'), 0) AS fees
+		  FROM settled s
+		 GROUP BY s.merchant_no, s.currency
+	),
+	balances AS (
+		INSERT INTO payidem.merchant_balance AS b (merchant_no, currency, available)
+		SELECT x.merchant_no, x.currency, (x.gross - x.refunds - x.fees)::bigint
+		  FROM sums x
+		 ORDER BY x.merchant_no, x.currency
+		ON CONFLICT (merchant_no, currency) DO UPDATE
+		   SET available = b.available + EXCLUDED.available, updated_at = now()
+		RETURNING 1
+	),
+	unheld AS (
+		DELETE FROM payidem.settlement_hold h
+		 WHERE h.payment_no IN (SELECT s.item_no FROM settled s WHERE s.item_type = 'payment')
+		RETURNING 1
+	),
+	blocked AS (
+		SELECT r.merchant_no, r.currency, count(*) AS held
+		  FROM pg_temp.payidem_settle_run r
+		 WHERE r.due AND NOT r.allowed
+		 GROUP BY r.merchant_no, r.currency
+	),
+	holds AS (
+		INSERT INTO payidem.settlement_hold (payment_no)
+		SELECT r.payment_no FROM pg_temp.payidem_settle_run r
+		 WHERE r.due AND NOT r.allowed
+		ON CONFLICT (payment_no) DO NOTHING
+		RETURNING 1
+	),
+	touched AS (
+		SELECT (SELECT count(*) FROM entries) + (SELECT count(*) FROM balances)
+			   + (SELECT count(*) FROM unheld) + (SELECT count(*) FROM holds) AS n
+	)
+	SELECT coalesce(x.merchant_no, k.merchant_no), coalesce(x.currency, k.currency),
+		   coalesce(x.items, 0), coalesce(x.gross, 0)::numeric, coalesce(x.refunds, 0)::numeric,
+		   coalesce(x.fees, 0)::numeric, coalesce(x.gross - x.refunds - x.fees, 0)::numeric,
+		   coalesce(k.held, 0)
+	  FROM sums x
+	  FULL JOIN blocked k ON k.merchant_no = x.merchant_no AND k.currency = x.currency
+	 CROSS JOIN touched
+	 WHERE touched.n >= 0
+	 ORDER BY 1, 2;
+
+	-- where the next run starts reading: the first bill day with an item
+	-- not yet due, but never past yesterday (a payment of yesterday may still
+	-- be committed), never past d + 1 (later days were not read), and not at
+	-- all while a transaction older than the last run is still open (it may
+	-- commit an item of a day already passed)
+	v_today := (now() AT TIME ZONE v_tz)::date;
+	SELECT min(r.bill_day) INTO v_first_not_due
+	  FROM pg_temp.payidem_settle_run r WHERE r.scanned AND NOT r.due;
+	v_next := least(coalesce(v_first_not_due, v_d + 1), v_d + 1, v_today - 1);
+	IF st.scan_from IS NOT NULL THEN
+		v_next := greatest(least(v_next, v_d + 1), st.scan_from);
+		IF st.last_xmax IS NOT NULL
+		   AND pg_snapshot_xmin(pg_current_snapshot()) < st.last_xmax THEN
+			v_next := st.scan_from;
+		END IF;
+	ELSIF v_first_not_due IS NULL AND NOT EXISTS (SELECT 1 FROM pg_temp.payidem_settle_run) THEN
+		-- nothing read at all: the first run of an empty database keeps
+		-- reading from the beginning
+		v_next := NULL;
+	END IF;
+	UPDATE payidem.settle_state s
+	   SET scan_from = v_next, last_scan_from = st.scan_from,
+		   last_xmax = pg_snapshot_xmax(pg_current_snapshot()),
+		   last_run_at = now(), last_settle_date = v_d
+	 WHERE s.id;
+	TRUNCATE pg_temp.payidem_settle_run;
+END
+$$;
+COMMENT ON FUNCTION payidem.settle(date) IS
+	'Settle every succeeded payment and refund whose settlement day (bill day plus the merchant''s settle_cycle) is on or before settle_date, each once: payments only once their channel''s bill day is reconciled and no open difference or anomaly names them (held otherwise). One row per merchant and currency with items settled or held.';
+
+-- The worker's daily run: settle(today in payidem.bill_timezone) once the
+-- day's payidem.settle_after has passed, once a day (settle_state.worker_day).
+-- Returns whether it ran.
+CREATE FUNCTION payidem._settle_if_due()
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_tz text := payidem._bill_timezone();
+	v_local timestamp := now() AT TIME ZONE v_tz;
+	v_after time := coalesce(nullif(current_setting('payidem.settle_after', true), ''), '02:00')::time;
+	v_day date;
+BEGIN
+	IF v_local::time < v_after THEN
+		RETURN false;
+	END IF;
+	SELECT s.worker_day INTO v_day FROM payidem.settle_state s;
+	IF v_day >= v_local::date THEN
+		RETURN false;
+	END IF;
+	PERFORM count(*) FROM payidem.settle(v_local::date);
+	UPDATE payidem.settle_state s SET worker_day = v_local::date WHERE s.id;
+	RETURN true;
+END
+$$;
+COMMENT ON FUNCTION payidem._settle_if_due() IS
+	'Internal to the housekeeping worker: settle(today) once a day, after payidem.settle_after in payidem.bill_timezone.';
+
+------------------------------------------------------------------------------
+-- Payouts and adjustments
+------------------------------------------------------------------------------
+
+-- A currency argument: three upper-case letters (22023).
+CREATE FUNCTION payidem._check_currency(currency text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF currency IS NULL OR currency !~ '^[A-Z]{3}$' THEN
+		PERFORM payidem._raise_invalid('invalid currency',
+			format('The currency was %s; it is an ISO 4217 code of three upper-case letters.',
+				coalesce(quote_literal(left(currency, 64)), 'NULL')),
+			'For example ''CNY''.');
+	END IF;
+	RETURN currency;
+END
+$$;
+
+-- The merchant of a payout or adjustment: PI009 if there is none; its status.
+CREATE FUNCTION payidem._merchant_status(merchant_no text)
+RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_status text;
+BEGIN
+	PERFORM payidem._require('merchant_no', merchant_no);
+	SELECT m.status INTO v_status FROM payidem.merchant m WHERE m.merchant_no = _merchant_status.merchant_no;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('merchant', merchant_no, 'payidem.merchant', 'merchant_no');
+	END IF;
+	RETURN v_status;
+END
+$$;
+
+-- Two entries of one journal, against a merchant's balance: the one way the
+-- payout and adjustment functions post.  d_available / d_in_payout: how the
+-- merchant's balances move (the merchant accounts' entries are their
+-- negation); other_account takes what balances the journal.  Then the
+-- balance row (made at 0 if missing) moves with them.
+CREATE FUNCTION payidem._post(p_journal text, p_source text, p_merchant_no text, p_currency text,
+	d_available bigint, d_in_payout bigint, other_account text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_other bigint := d_available + d_in_payout;
+BEGIN
+	INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
+	SELECT p_journal, e.account, e.merchant_no, NULL, p_currency, e.amount, p_source
+	  FROM (VALUES ('merchant_available'::text, p_merchant_no, -d_available),
+				   ('merchant_payout', p_merchant_no, -d_in_payout),
+				   (other_account, NULL, v_other)) e(account, merchant_no, amount)
+	 WHERE e.amount <> 0;
+	-- (an update, the row made at 0 first if missing: an upsert would check
+	-- the row it proposes, a negative in_payout, before finding the old one)
+	UPDATE payidem.merchant_balance b
+	   SET available = b.available + d_available, in_payout = b.in_payout + d_in_payout, updated_at = now()
+	 WHERE b.merchant_no = p_merchant_no AND b.currency = p_currency;
+	IF NOT FOUND THEN
+		INSERT INTO payidem.merchant_balance (merchant_no, currency) VALUES (p_merchant_no, p_currency)
+		ON CONFLICT DO NOTHING;
+		UPDATE payidem.merchant_balance b
+		   SET available = b.available + d_available, in_payout = b.in_payout + d_in_payout, updated_at = now()
+		 WHERE b.merchant_no = p_merchant_no AND b.currency = p_currency;
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._post(text, text, text, text, bigint, bigint, text) IS
+	'Internal: one journal moving a merchant''s available and in-payout balances, balanced by other_account; the balance row moves with it.';
+
+CREATE FUNCTION payidem.request_payout(merchant_no text, amount bigint, out_payout_no text,
+	currency text DEFAULT 'CNY')
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_merchant_no text := request_payout.merchant_no;
+	v_amount bigint := request_payout.amount;
+	v_out text := request_payout.out_payout_no;
+	v_currency text := request_payout.currency;
+	v_status text;
+	v_payout_no text;
+	v_available bigint;
+	p payidem.payout;
+BEGIN
+	PERFORM payidem._require('merchant_no', v_merchant_no);
+	IF v_amount IS NULL OR v_amount <= 0 THEN
+		PERFORM payidem._raise_invalid('invalid payout amount',
+			format('The amount was %s; it must be a positive number of minor units (fen, cents).',
+				coalesce(v_amount::text, 'NULL')),
+			'Pass 12.50 CNY as 1250.');
+	END IF;
+	IF v_out IS NULL OR NOT payidem._fits(v_out, 'payidem.merchant_ref') THEN
+		PERFORM payidem._invalid_format('out_payout_no', v_out, 'payidem.merchant_ref',
+										'Use your own number for the payout, e.g. PAYOUT-20261207-0001.');
+	END IF;
+	PERFORM payidem._check_currency(v_currency);
+	v_status := payidem._merchant_status(v_merchant_no);
+
+	-- a repeated request: the same payout, or PI001
+	SELECT * INTO p FROM payidem.payout x WHERE x.merchant_no = v_merchant_no AND x.out_payout_no = v_out;
+	IF NOT FOUND THEN
+		IF v_status <> 'active' THEN
+			RAISE EXCEPTION 'merchant % is %', v_merchant_no, v_status USING
+				ERRCODE = 'PI004',
+				DETAIL = format('Merchant %s has status %s.', v_merchant_no, v_status),
+				HINT = 'Only active merchants are paid out; what a closed merchant is owed is paid with adjust_balance().';
+		END IF;
+		-- the unique constraint decides between concurrent first calls: the
+		-- loser waits for the winner's commit and answers as a repeat
+		INSERT INTO payidem.payout AS x (payout_no, merchant_no, out_payout_no, amount, currency)
+		VALUES (payidem.gen_order_no('PT'), v_merchant_no, v_out, v_amount, v_currency)
+		ON CONFLICT ON CONSTRAINT payout_out_payout_no_key DO NOTHING
+		RETURNING x.payout_no INTO v_payout_no;
+		IF v_payout_no IS NOT NULL THEN
+			-- never more than is available: the balance row's lock orders
+			-- concurrent payouts, and each sees what the one before left
+			SELECT b.available INTO v_available FROM payidem.merchant_balance b
+			 WHERE b.merchant_no = v_merchant_no AND b.currency = v_currency
+			   FOR NO KEY UPDATE;
+			IF coalesce(v_available, 0) < v_amount THEN
+				RAISE EXCEPTION 'insufficient balance for a payout of % %', v_amount, v_currency USING
+					ERRCODE = 'PI010',
+					DETAIL = format('Merchant %s has %s %s available; the payout asked for %s.',
+									v_merchant_no, coalesce(v_available, 0), v_currency, v_amount),
+					HINT = 'Request at most the available balance (payidem.balance()); settled payments add to it.';
+			END IF;
+			PERFORM payidem._post(v_payout_no, v_payout_no, v_merchant_no, v_currency,
+								  -v_amount, v_amount, 'payout_clearing');
+			RETURN v_payout_no;
+		END IF;
+		SELECT * INTO p FROM payidem.payout x WHERE x.merchant_no = v_merchant_no AND x.out_payout_no = v_out;
+	END IF;
+	IF p.amount <> v_amount OR p.currency <> v_currency THEN
+		RAISE EXCEPTION 'out_payout_no % was already used with different parameters', v_out USING
+			ERRCODE = 'PI001',
+			DETAIL = format('Payout %s of merchant %s is %s %s; this request is %s %s.',
+							p.payout_no, v_merchant_no, p.amount, p.currency, v_amount, v_currency),
+			HINT = 'Use a new out_payout_no for a new payout.';
+	END IF;
+	RETURN p.payout_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.request_payout(text, bigint, text, text) IS
+	'Pay out part of a merchant''s available balance: returns the payout number (PT...). PI010 above the available balance (also under concurrency), PI004 unless the merchant is active, PI001 for an out_payout_no reused with another amount; a repeat returns the same payout.';
+
+CREATE FUNCTION payidem.apply_payout_result(payout_no text, status text, bank_ref text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_payout_no text := apply_payout_result.payout_no;
+	v_status text := apply_payout_result.status;
+	v_ref text := apply_payout_result.bank_ref;
+	p payidem.payout;
+BEGIN
+	PERFORM payidem._check_number('payout', v_payout_no);
+	IF v_status IS NULL OR v_status NOT IN ('succeeded', 'failed') THEN
+		PERFORM payidem._raise_invalid('invalid payout status ' || coalesce(quote_literal(left(v_status, 64)), 'NULL'),
+			'A payout ends succeeded or failed.', 'Report what the bank answered: succeeded or failed.');
+	END IF;
+	IF v_ref IS NOT NULL AND NOT payidem._fits(v_ref, 'payidem.channel_ref') THEN
+		PERFORM payidem._invalid_format('bank_ref', v_ref, 'payidem.channel_ref', 'Pass the bank''s reference, or NULL.');
+	END IF;
+	-- lock order: the payout, then its merchant's balance (_post)
+	SELECT * INTO p FROM payidem.payout x WHERE x.payout_no = v_payout_no FOR UPDATE;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('payout', v_payout_no, 'payidem.payout', 'payout_no');
+	END IF;
+	IF p.status = v_status AND (v_ref IS NULL OR p.bank_ref IS NULL OR v_ref = p.bank_ref) THEN
+		RETURN 'duplicate';
+	END IF;
+	IF p.status <> 'pending' THEN
+		-- the bank contradicts what was applied: a person looks at it
+		INSERT INTO payidem.anomaly (kind, amount, detail)
+		VALUES ('conflicting_payout_result', p.amount,
+				jsonb_strip_nulls(jsonb_build_object('payout_no', p.payout_no, 'merchant_no', p.merchant_no,
+					'applied_status', p.status, 'applied_bank_ref', p.bank_ref,
+					'reported_status', v_status, 'reported_bank_ref', v_ref)));
+		RETURN 'rejected';
+	END IF;
+	UPDATE payidem.payout x
+	   SET status = v_status, bank_ref = coalesce(v_ref, x.bank_ref), finished_at = now(), updated_at = now()
+	 WHERE x.payout_no = v_payout_no;
+	IF v_status = 'succeeded' THEN
+		PERFORM payidem._post(v_payout_no || '/succeeded', v_payout_no, p.merchant_no, p.currency,
+							  0, -p.amount, 'payout_clearing');
+	ELSE
+		PERFORM payidem._post(v_payout_no || '/failed', v_payout_no, p.merchant_no, p.currency,
+							  p.amount, -p.amount, 'payout_clearing');
+	END IF;
+	RETURN 'applied';
+END
+$$;
+COMMENT ON FUNCTION payidem.apply_payout_result(text, text, text) IS
+	'Record the bank''s answer to a payout: succeeded (the money left) or failed (it returns to the available balance). applied, duplicate (the same answer again), or rejected (a contradicting answer: an anomaly conflicting_payout_result, nothing else changes).';
+
+CREATE FUNCTION payidem.adjust_balance(merchant_no text, amount bigint, out_adjust_no text, reason text,
+	currency text DEFAULT 'CNY')
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+	v_merchant_no text := adjust_balance.merchant_no;
+	v_amount bigint := adjust_balance.amount;
+	v_out text := adjust_balance.out_adjust_no;
+	v_currency text := adjust_balance.currency;
+	v_adjust_no text;
+	a payidem.adjustment;
+BEGIN
+	PERFORM payidem._require('merchant_no', v_merchant_no);
+	IF v_amount IS NULL OR v_amount = 0 THEN
+		PERFORM payidem._raise_invalid('invalid adjustment amount',
+			format('The amount was %s; it is a non-zero number of minor units: positive credits the merchant, negative debits it.',
+				coalesce(v_amount::text, 'NULL')));
+	END IF;
+	IF v_out IS NULL OR NOT payidem._fits(v_out, 'payidem.merchant_ref') THEN
+		PERFORM payidem._invalid_format('out_adjust_no', v_out, 'payidem.merchant_ref',
+										'Use your own number for the adjustment, e.g. ADJ-20261207-0001.');
+	END IF;
+	IF reason IS NULL OR length(btrim(reason)) NOT BETWEEN 1 AND 256 THEN
+		PERFORM payidem._raise_invalid('an adjustment needs a reason',
+			format('The reason was %s; it must have 1 to 256 characters (not only spaces).',
+				coalesce(quote_literal(left(reason, 64)), 'NULL')),
+			'Say why, e.g. ''chargeback of PY...''.');
+	END IF;
+	PERFORM payidem._check_no_controls('invalid adjustment reason', 'The reason', reason);
+	PERFORM payidem._check_currency(v_currency);
+	PERFORM payidem._merchant_status(v_merchant_no);	-- any status: a closed merchant is still owed
+
+	INSERT INTO payidem.adjustment AS x (adjust_no, merchant_no, out_adjust_no, amount, currency, reason)
+	VALUES (payidem.gen_order_no('AJ'), v_merchant_no, v_out, v_amount, v_currency, reason)
+	ON CONFLICT ON CONSTRAINT adjustment_out_adjust_no_key DO NOTHING
+	RETURNING x.adjust_no INTO v_adjust_no;
+	IF v_adjust_no IS NOT NULL THEN
+		PERFORM payidem._post(v_adjust_no, v_adjust_no, v_merchant_no, v_currency, v_amount, 0, 'adjustment');
+		RETURN v_adjust_no;
+	END IF;
+	SELECT * INTO a FROM payidem.adjustment x WHERE x.merchant_no = v_merchant_no AND x.out_adjust_no = v_out;
+	IF a.amount <> v_amount OR a.currency <> v_currency THEN
+		RAISE EXCEPTION 'out_adjust_no % was already used with different parameters', v_out USING
+			ERRCODE = 'PI001',
+			DETAIL = format('Adjustment %s of merchant %s is %s %s; this request is %s %s.',
+							a.adjust_no, v_merchant_no, a.amount, a.currency, v_amount, v_currency),
+			HINT = 'Use a new out_adjust_no for a new adjustment.';
+	END IF;
+	RETURN a.adjust_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.adjust_balance(text, bigint, text, text, text) IS
+	'Credit (positive amount) or debit (negative) a merchant''s available balance against the platform''s adjustment account, with a reason: returns the adjustment number (AJ...); a repeat with the same out_adjust_no and amount returns the same one, another amount is PI001.';
+
+CREATE FUNCTION payidem.set_merchant_notify_url(merchant_no text, url text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._merchant_status(merchant_no);
+	IF NOT payidem._fits(url, 'payidem.http_url') THEN
+		PERFORM payidem._invalid_format('notify_url', url, 'payidem.http_url',
+										'Pass NULL for no notifications of payouts.');
+	END IF;
+	UPDATE payidem.merchant m SET notify_url = url, updated_at = now()
+	 WHERE m.merchant_no = set_merchant_notify_url.merchant_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.set_merchant_notify_url(text, text) IS
+	'Where a merchant''s notifications that belong to no order go (payout.succeeded, payout.failed); NULL for none.';
+
+------------------------------------------------------------------------------
+-- Reads: balance(), the views, verify()
+------------------------------------------------------------------------------
+
+-- Pending (earned, not yet settled: amounts less fees, refunds less their
+-- fee shares; may be negative), available and in payout, per merchant and
+-- currency.  NULL merchant: all.
+CREATE FUNCTION payidem._balances(p_merchant_no text)
+RETURNS TABLE (merchant_no text, currency text, pending numeric, available bigint, in_payout bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT coalesce(b.merchant_no, u.merchant_no), coalesce(b.currency::text, u.currency),
+		   coalesce(u.pending, 0), coalesce(b.available, 0), coalesce(b.in_payout, 0)
+	  FROM (SELECT x.merchant_no, x.currency, x.available, x.in_payout FROM payidem.merchant_balance x
+			 WHERE p_merchant_no IS NULL OR x.merchant_no = p_merchant_no) b
+	  FULL JOIN (SELECT i.merchant_no, i.currency,
+						sum(CASE WHEN i.item_type = 'payment' THEN i.amount - i.fee ELSE i.fee - i.amount END) AS pending
+				   FROM payidem._unsettled_items(p_merchant_no, NULL) i
+				  GROUP BY i.merchant_no, i.currency) u
+		ON u.merchant_no = b.merchant_no AND u.currency = b.currency::text
+	 ORDER BY 1, 2;
+END;
+COMMENT ON FUNCTION payidem._balances(text) IS
+	'Internal: pending, available and in-payout balances of a merchant (or all) per currency.';
+
+-- The caller's view: a role that reads a merchant's rows (map_merchant_role)
+-- sees its own merchants only (another is PI009, as if it did not exist);
+-- the application (grant_app) and auditors see every merchant.
+CREATE FUNCTION payidem._balance(p_merchant_no text, p_currency text, caller regrole)
+RETURNS TABLE (pending numeric, available bigint, in_payout bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._require('merchant_no', p_merchant_no);
+	PERFORM payidem._check_currency(p_currency);
+	IF NOT pg_has_role(SESSION_USER, caller, 'MEMBER')
+	   OR NOT EXISTS (SELECT 1 FROM payidem.merchant m WHERE m.merchant_no = p_merchant_no)
+	   OR (EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE pg_has_role(caller, r.role, 'USAGE'))
+		   AND NOT EXISTS (SELECT 1 FROM pg_roles u WHERE u.oid = caller::oid AND (u.rolsuper OR u.rolbypassrls))
+		   AND NOT payidem._row_visible(p_merchant_no, caller)) THEN
+		PERFORM payidem._raise_not_found('merchant', p_merchant_no, 'payidem.merchant', 'merchant_no');
+	END IF;
+	RETURN QUERY
+	SELECT coalesce(max(b.pending), 0), coalesce(max(b.available), 0)::bigint, coalesce(max(b.in_payout), 0)::bigint
+	  FROM payidem._balances(p_merchant_no) b WHERE b.currency = p_currency;
+END
+$$;
+COMMENT ON FUNCTION payidem._balance(text, text, regrole) IS
+	'Internal to balance(): the balances of a merchant the caller may see (PI009 otherwise).';
+
+CREATE FUNCTION payidem.balance(merchant_no text, currency text DEFAULT 'CNY')
+RETURNS TABLE (pending numeric, available bigint, in_payout bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT * FROM payidem._balance(merchant_no, currency, CURRENT_USER::regrole);
+END;
+COMMENT ON FUNCTION payidem.balance(text, text) IS
+	'A merchant''s balances in a currency: pending (earned, not yet settled, net of fees; may be negative), available (settled, may be paid out) and in_payout (requested, not yet confirmed). A role mapped to merchants (map_merchant_role) sees only its own: another is PI009.';
+
+CREATE VIEW payidem.merchant_balances AS
+	SELECT b.merchant_no, b.currency, b.pending, b.available, b.in_payout
+	  FROM payidem._balances(NULL) b;
+COMMENT ON VIEW payidem.merchant_balances IS
+	'Every merchant''s pending, available and in-payout balance per currency.';
+
+CREATE VIEW payidem.settlement_summary AS
+	SELECT si.settle_date, si.merchant_no, si.currency::text AS currency, count(*) AS items,
+		   coalesce(sum(si.amount) FILTER (WHERE si.item_type = 'payment'), 0)::numeric AS gross,
+		   coalesce(sum(si.amount) FILTER (WHERE si.item_type = 'refund'), 0)::numeric AS refunds,
+		   (coalesce(sum(si.fee) FILTER (WHERE si.item_type = 'payment'), 0)
+			- coalesce(sum(si.fee) FILTER (WHERE si.item_type = 'refund'), 0))::numeric AS fees,
+		   (coalesce(sum(si.amount - si.fee) FILTER (WHERE si.item_type = 'payment'), 0)
+			- coalesce(sum(si.amount - si.fee) FILTER (WHERE si.item_type = 'refund'), 0))::numeric AS net
+	  FROM payidem.settlement_item si
+	 GROUP BY si.settle_date, si.merchant_no, si.currency;
+COMMENT ON VIEW payidem.settlement_summary IS
+	'What each settle() date settled per merchant and currency: items, gross (payments), refunds, fees (less the refunds'' shares), net = gross - refunds - fees.';
+
+CREATE VIEW payidem.platform_margin AS
+	SELECT si.bill_day, si.channel_no, si.currency::text AS currency,
+		   (coalesce(sum(si.fee) FILTER (WHERE si.item_type = 'payment'), 0)
+			- coalesce(sum(si.fee) FILTER (WHERE si.item_type = 'refund'), 0))::numeric AS fee_revenue,
+		   (coalesce(sum(si.cost) FILTER (WHERE si.item_type = 'payment'), 0)
+			- coalesce(sum(si.cost) FILTER (WHERE si.item_type = 'refund'), 0))::numeric AS channel_cost,
+		   (coalesce(sum(si.fee - si.cost) FILTER (WHERE si.item_type = 'payment'), 0)
+			- coalesce(sum(si.fee - si.cost) FILTER (WHERE si.item_type = 'refund'), 0))::numeric AS margin
+	  FROM payidem.settlement_item si
+	 GROUP BY si.bill_day, si.channel_no, si.currency;
+COMMENT ON VIEW payidem.platform_margin IS
+	'What the platform earned on settled items per bill day, channel and currency: fee revenue less channel cost, net of the refunds'' shares.';
+
+-- verify(): the invariants of DESIGN sections 5 and 11, re-derived from the
+-- tables, one row per violation; none when the books are right.  Read-only
+-- (it runs on a standby), for every writer's rows, including what
+-- session_replication_role = replica let past the triggers.
+CREATE FUNCTION payidem.verify()
+RETURNS TABLE (invariant text, subject text, detail text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	-- every journal balances, per currency
+	SELECT 'journal_balances', e.journal_no,
+		   format('entries in %s sum to %s', e.currency, sum(e.amount))
+	  FROM payidem.ledger_entry e
+	 GROUP BY e.journal_no, e.currency
+	HAVING sum(e.amount) <> 0
+	UNION ALL
+	-- each balance equals its entries
+	SELECT 'balance_equals_entries', coalesce(b.merchant_no, e.merchant_no) || ' ' || coalesce(b.currency::text, e.currency::text),
+		   format('available %s, in_payout %s; the journal says %s and %s',
+				  coalesce(b.available, 0), coalesce(b.in_payout, 0), coalesce(e.available, 0), coalesce(e.in_payout, 0))
+	  FROM payidem.merchant_balance b
+	  FULL JOIN (SELECT x.merchant_no, x.currency,
+						-sum(x.amount) FILTER (WHERE x.account = 'merchant_available') AS available,
+						-sum(x.amount) FILTER (WHERE x.account = 'merchant_payout') AS in_payout
+				   FROM payidem.ledger_entry x
+				  WHERE x.account IN ('merchant_available', 'merchant_payout')
+				  GROUP BY x.merchant_no, x.currency) e
+		ON e.merchant_no = b.merchant_no AND e.currency = b.currency
+	 WHERE coalesce(b.available, 0) <> coalesce(e.available, 0)
+		OR coalesce(b.in_payout, 0) <> coalesce(e.in_payout, 0)
+	UNION ALL
+	-- each settled payment is a paid payment, settled with the amounts of its row
+	SELECT 'settled_as_recorded', si.item_no,
+		   format('settled %s (fee %s, cost %s) for merchant %s; the payment is %s (fee %s, cost %s) of merchant %s, %s',
+				  si.amount, si.fee, si.cost, si.merchant_no, p.amount, p.fee_amount, p.cost_amount,
+				  p.merchant_no, coalesce(p.status, 'missing'))
+	  FROM payidem.settlement_item si
+	  LEFT JOIN payidem.payment p ON p.payment_no = si.item_no
+	 WHERE si.item_type = 'payment'
+	   AND (p.payment_no IS NULL OR p.status <> ALL (payidem._paid_payment_statuses())
+			OR p.amount <> si.amount OR p.fee_amount IS DISTINCT FROM si.fee
+			OR p.cost_amount IS DISTINCT FROM si.cost OR p.merchant_no <> si.merchant_no)
+	UNION ALL
+	-- each settled refund is a succeeded refund, with its amount; its shares
+	-- are within its payment's fee and cost
+	SELECT 'settled_as_recorded', si.item_no,
+		   format('settled %s (fee share %s, cost share %s); the refund is %s, %s',
+				  si.amount, si.fee, si.cost, r.amount, coalesce(r.status, 'missing'))
+	  FROM payidem.settlement_item si
+	  LEFT JOIN payidem.refund r ON r.refund_no = si.item_no
+	 WHERE si.item_type = 'refund'
+	   AND (r.refund_no IS NULL OR r.status <> 'succeeded' OR r.amount <> si.amount
+			OR r.payment_no <> si.payment_no)
+	UNION ALL
+	-- a payment's refunds return at most its fee and cost, exactly them once
+	-- it is fully refunded and every refund is settled
+	SELECT 'refund_shares_add_up', p.payment_no,
+		   format('refunds settled %s of %s refunded return fee %s of %s and cost %s of %s',
+				  s.refunded, p.amount, s.fee, p.fee_amount, s.cost, p.cost_amount)
+	  FROM (SELECT si.payment_no, sum(si.amount) AS refunded, sum(si.fee) AS fee, sum(si.cost) AS cost
+			  FROM payidem.settlement_item si WHERE si.item_type = 'refund'
+			 GROUP BY si.payment_no) s
+	  JOIN payidem.payment p ON p.payment_no = s.payment_no
+	 WHERE s.fee > p.fee_amount OR s.cost > p.cost_amount OR s.refunded > p.amount
+		OR (s.refunded = p.amount AND (s.fee <> p.fee_amount OR s.cost <> p.cost_amount))
+	UNION ALL
+	-- a settled item's journal says what the item says
+	SELECT 'item_journal', si.item_no,
+		   format('its journal moves the merchant by %s; the item says %s', coalesce(j.merchant, 0),
+				  CASE WHEN si.item_type = 'payment' THEN si.amount - si.fee ELSE si.fee - si.amount END)
+	  FROM payidem.settlement_item si
+	  LEFT JOIN (SELECT x.journal_no, -sum(x.amount) AS merchant FROM payidem.ledger_entry x
+				  WHERE x.account = 'merchant_available' GROUP BY x.journal_no) j ON j.journal_no = si.item_no
+	 WHERE coalesce(j.merchant, 0) <> CASE WHEN si.item_type = 'payment' THEN si.amount - si.fee ELSE si.fee - si.amount END
+	UNION ALL
+	-- no payout took more than was available: the merchant's available
+	-- balance, replayed in the order the entries were written, is not
+	-- negative after any payout request
+	SELECT 'payout_within_available', r.journal_no,
+		   format('merchant %s had %s %s available after it', r.merchant_no, r.after, r.currency)
+	  FROM (SELECT x.journal_no, x.merchant_no, x.currency,
+				   -sum(x.amount) OVER (PARTITION BY x.merchant_no, x.currency ORDER BY x.entry_id) AS after,
+				   x.journal_no ~ '^PT[0-9]{24}$' AS is_request
+			  FROM payidem.ledger_entry x
+			 WHERE x.account = 'merchant_available') r
+	 WHERE r.is_request AND r.after < 0
+	UNION ALL
+	-- a payout's journals agree with its status
+	SELECT 'payout_journals', p.payout_no,
+		   format('status %s; journals: request %s, succeeded %s, failed %s', p.status,
+				  coalesce(j.request, 0), coalesce(j.succeeded, 0), coalesce(j.failed, 0))
+	  FROM payidem.payout p
+	  LEFT JOIN (SELECT x.source_no,
+						sum(x.amount) FILTER (WHERE x.journal_no = x.source_no AND x.account = 'merchant_payout') AS request,
+						sum(x.amount) FILTER (WHERE x.journal_no = x.source_no || '/succeeded' AND x.account = 'merchant_payout') AS succeeded,
+						sum(x.amount) FILTER (WHERE x.journal_no = x.source_no || '/failed' AND x.account = 'merchant_payout') AS failed
+				   FROM payidem.ledger_entry x WHERE x.source_no ~ '^PT' GROUP BY x.source_no) j
+		ON j.source_no = p.payout_no
+	 WHERE coalesce(j.request, 0) <> -p.amount
+		OR coalesce(j.succeeded, 0) <> CASE WHEN p.status = 'succeeded' THEN p.amount ELSE 0 END
+		OR coalesce(j.failed, 0) <> CASE WHEN p.status = 'failed' THEN p.amount ELSE 0 END
+	UNION ALL
+	-- DESIGN section 5: a paid order names one paying payment of its own
+	SELECT 'paid_order_has_payment', o.order_no,
+		   format('order %s, paid_at %s, paid_payment_no %s; that payment: %s', o.status,
+				  coalesce(o.paid_at::text, 'NULL'), coalesce(o.paid_payment_no, 'NULL'),
+				  coalesce(p.status || ' of order ' || p.order_no, 'missing'))
+	  FROM payidem."order" o
+	  LEFT JOIN payidem.payment p ON p.payment_no = o.paid_payment_no
+	 WHERE o.status IN ('paid', 'partially_refunded', 'refunded')
+	   AND (o.paid_at IS NULL OR p.payment_no IS NULL OR p.order_no <> o.order_no
+			OR p.status <> ALL (payidem._paid_payment_statuses()))
+	UNION ALL
+	-- a paid payment has its transaction id, paid_at and fees
+	SELECT 'paid_payment_complete', p.payment_no,
+		   format('%s without %s', p.status,
+				  concat_ws(', ', CASE WHEN p.transaction_id IS NULL THEN 'transaction_id' END,
+							CASE WHEN p.paid_at IS NULL THEN 'paid_at' END,
+							CASE WHEN p.fee_amount IS NULL THEN 'fee_amount' END,
+							CASE WHEN p.cost_amount IS NULL THEN 'cost_amount' END))
+	  FROM payidem.payment p
+	 WHERE p.status = ANY (payidem._paid_payment_statuses())
+	   AND (p.transaction_id IS NULL OR p.paid_at IS NULL OR p.fee_amount IS NULL OR p.cost_amount IS NULL)
+	UNION ALL
+	-- refunded amounts add up: a payment's is the sum of its succeeded
+	-- refunds, its status agrees, and the order it paid mirrors it
+	SELECT 'refunds_add_up', p.payment_no,
+		   format('refunded_amount %s of %s, status %s; its succeeded refunds sum to %s; its order says %s',
+				  p.refunded_amount, p.amount, p.status, coalesce(r.total, 0),
+				  coalesce(o.refunded_amount::text, '-'))
+	  FROM payidem.payment p
+	  LEFT JOIN (SELECT x.payment_no, sum(x.amount) AS total FROM payidem.refund x
+				  WHERE x.status = 'succeeded' GROUP BY x.payment_no) r ON r.payment_no = p.payment_no
+	  LEFT JOIN payidem."order" o ON o.paid_payment_no = p.payment_no
+	 WHERE p.refunded_amount <> coalesce(r.total, 0)
+		OR (p.status = ANY (payidem._paid_payment_statuses())
+			AND (p.status = 'partially_refunded') <> (p.refunded_amount > 0 AND p.refunded_amount < p.amount))
+		OR (p.status = ANY (payidem._paid_payment_statuses())
+			AND (p.status = 'refunded') <> (p.refunded_amount = p.amount))
+		OR (o.order_no IS NOT NULL AND o.refunded_amount <> p.refunded_amount)
+	UNION ALL
+	-- pending and succeeded refunds never exceed the payment
+	SELECT 'refunds_within_payment', p.payment_no,
+		   format('refunds pending and succeeded %s of %s', r.total, p.amount)
+	  FROM payidem.payment p
+	  JOIN (SELECT x.payment_no, sum(x.amount) AS total FROM payidem.refund x
+			 WHERE x.status IN ('pending', 'succeeded') GROUP BY x.payment_no) r ON r.payment_no = p.payment_no
+	 WHERE r.total > p.amount;
+END;
+COMMENT ON FUNCTION payidem.verify() IS
+	'Re-derive the books'' invariants (journals balance, balances equal their entries, items settled as recorded and at most once, refund shares, payouts within the available balance, payout journals, paid orders and payments complete, refunded amounts add up): one row per violation, none when the books are right. Read-only; runs on a standby.';
+
+------------------------------------------------------------------------------
+-- The triggers of the settlement tables
+------------------------------------------------------------------------------
+
+-- The journal's rules at commit (src/journal.c): what each statement adds to
+-- ledger_entry and changes in merchant_balance is summed; a transaction whose
+-- journals do not balance, or whose balances moved otherwise than their
+-- entries, is refused at commit (PI002).
+CREATE FUNCTION payidem._journal_capture()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_journal_capture'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem._journal_capture() IS
+	'Trigger journal_check on payidem.ledger_entry: the statement''s entries, for the check at commit that every journal balances and every balance moves with its entries.';
+CREATE FUNCTION payidem._balance_capture()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_balance_capture'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem._balance_capture() IS
+	'Triggers balance_check_* on payidem.merchant_balance: the statement''s changes, for the check at commit that they equal the journal entries written with them.';
+CREATE TRIGGER journal_check
+	AFTER INSERT ON payidem.ledger_entry
+	REFERENCING NEW TABLE AS new_entries
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._journal_capture();
+CREATE TRIGGER balance_check_insert
+	AFTER INSERT ON payidem.merchant_balance
+	REFERENCING NEW TABLE AS new_rows
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._balance_capture();
+CREATE TRIGGER balance_check_update
+	AFTER UPDATE ON payidem.merchant_balance
+	REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._balance_capture();
+
+-- The journal is append-only, for every role, also under
+-- session_replication_role = replica (ENABLE ALWAYS), as status_log.
+CREATE FUNCTION payidem._ledger_append_only()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'payidem_status_log_append_only'
+LANGUAGE C;
+COMMENT ON FUNCTION payidem._ledger_append_only() IS
+	'Trigger on payidem.ledger_entry: refuses UPDATE, DELETE and TRUNCATE for every role.';
+CREATE TRIGGER ledger_append_only
+	BEFORE UPDATE OR DELETE OR TRUNCATE ON payidem.ledger_entry
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._ledger_append_only();
+ALTER TABLE payidem.ledger_entry ENABLE ALWAYS TRIGGER ledger_append_only;
+
+-- Payouts are guarded by the whitelist (entity payout) and logged in
+-- status_log; their end is notified (src/notify.c).
+CREATE CONSTRAINT TRIGGER status_guard
+	AFTER INSERT OR UPDATE ON payidem.payout
+	FOR EACH ROW EXECUTE FUNCTION payidem.status_guard('payout', 'payout_no');
+CREATE TRIGGER status_notify
+	AFTER UPDATE ON payidem.payout
+	FOR EACH ROW
+	EXECUTE FUNCTION payidem._status_event();
+
+-- Money records are kept: no DELETE or TRUNCATE of payouts, adjustments,
+-- balances or settled items, for any role.
+CREATE TRIGGER keep_money_records
+	BEFORE DELETE ON payidem.payout
+	FOR EACH ROW EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records_truncate
+	BEFORE TRUNCATE ON payidem.payout
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records
+	BEFORE DELETE ON payidem.adjustment
+	FOR EACH ROW EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records_truncate
+	BEFORE TRUNCATE ON payidem.adjustment
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records
+	BEFORE DELETE ON payidem.merchant_balance
+	FOR EACH ROW EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records_truncate
+	BEFORE TRUNCATE ON payidem.merchant_balance
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records
+	BEFORE DELETE ON payidem.settlement_item
+	FOR EACH ROW EXECUTE FUNCTION payidem._keep_money_records();
+CREATE TRIGGER keep_money_records_truncate
+	BEFORE TRUNCATE ON payidem.settlement_item
+	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
+
+REVOKE ALL ON FUNCTION payidem._is_business_day(date),
+	payidem._settle_day(date, text),
+	payidem._bill_day(timestamptz, text),
+	payidem._unsettled_items(text, date),
+	payidem.settle(date),
+	payidem._settle_if_due(),
+	payidem._check_currency(text),
+	payidem._merchant_status(text),
+	payidem._post(text, text, text, text, bigint, bigint, text),
+	payidem.request_payout(text, bigint, text, text),
+	payidem.apply_payout_result(text, text, text),
+	payidem.adjust_balance(text, bigint, text, text, text),
+	payidem.set_merchant_notify_url(text, text),
+	payidem._balances(text),
+	payidem._balance(text, text, regrole),
+	payidem.balance(text, text),
+	payidem.verify(),
+	payidem._journal_capture(),
+	payidem._balance_capture(),
+	payidem._ledger_append_only()
+	FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('payidem.business_day', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.ledger_entry', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.ledger_entry_entry_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.merchant_balance', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.settlement_item', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.settlement_hold', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.settle_state', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.payout', '');
+SELECT pg_catalog.pg_extension_config_dump('payidem.adjustment', '');
+
+-- Roles made before the update get what their grant gives now: application
+-- roles (grant_app: those that may create orders) the payout functions and
+-- balance(), auditors (grant_auditor) the books and verify().
+DO $$
+DECLARE
+	r record;
+BEGIN
+	FOR r IN SELECT u.rolname FROM pg_catalog.pg_roles u
+			  WHERE NOT u.rolsuper
+				AND u.oid <> (SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'payidem')
+				AND pg_catalog.has_function_privilege(u.oid,
+						'payidem.create_order(text, text, bigint, text, text, text, interval, text)', 'EXECUTE')
+				AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+							 WHERE p.oid = 'payidem.create_order(text, text, bigint, text, text, text, interval, text)'::regprocedure
+							   AND a.grantee = u.oid) LOOP
+		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.request_payout(text, bigint, text, text), '
+					   'payidem.apply_payout_result(text, text, text), payidem.balance(text, text) TO %I', r.rolname);
+	END LOOP;
+	FOR r IN SELECT u.rolname FROM payidem.auditor_role a JOIN pg_catalog.pg_roles u ON u.oid = a.role::oid LOOP
+		EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(false), r.rolname);
+		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify() TO %I', r.rolname);
+	END LOOP;
+END
+$$;
