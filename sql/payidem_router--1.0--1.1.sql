@@ -54,3 +54,338 @@ END
 $$;
 COMMENT ON FUNCTION payidem.partition_of(text, text) IS
 	'Partition holding an order (kind order), payment or refund number: the shard it names (payidem''s codec); 0 for a number the cluster cannot place (invalid, of another kind, a shard outside the cluster), which partition 0 refuses as one database does.';
+
+------------------------------------------------------------------------------
+-- Settlement (DESIGN section 11): settle and verify on every shard; payouts,
+-- adjustments and balance() on the merchant's partition (payout results by
+-- the shard digits of the payout number); the views of the books summed.
+-- reconcile() reports fee_mismatch too.
+------------------------------------------------------------------------------
+
+-- A payout number names its shard, as an order number does.
+CREATE OR REPLACE FUNCTION payidem.partition_of(number text, kind text)
+RETURNS integer
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_prefix text := CASE kind WHEN 'order' THEN 'PO' WHEN 'payment' THEN 'PY' WHEN 'refund' THEN 'RF'
+							   WHEN 'payout' THEN 'PT' END;
+	v_shard  integer;
+BEGIN
+	IF v_prefix IS NULL THEN
+		RAISE EXCEPTION 'unknown kind of number %', coalesce(quote_literal(kind), 'NULL') USING
+			ERRCODE = 'invalid_parameter_value',
+			HINT = 'The kinds are order, payment, refund and payout.';
+	END IF;
+	IF left(number, 2) IS DISTINCT FROM v_prefix OR NOT payidem._number_valid(number) THEN
+		RETURN 0;
+	END IF;
+	SELECT n.shard INTO v_shard FROM payidem._number_parse(number) n;
+	IF v_shard >= payidem.cluster_partitions() THEN
+		RETURN 0;
+	END IF;
+	RETURN v_shard;
+END
+$$;
+COMMENT ON FUNCTION payidem.partition_of(text, text) IS
+	'Partition holding an order (kind order), payment, refund or payout number: the shard it names (payidem''s codec); 0 for a number the cluster cannot place (invalid, of another kind, a shard outside the cluster), which partition 0 refuses as one database does.';
+CREATE FUNCTION payidem.payout_partition(payout_no text) RETURNS integer
+LANGUAGE sql STABLE
+RETURN payidem.partition_of(payout_no, 'payout');
+
+-- Each function below that reaches a shard is wrapped as the install wraps
+-- the others: the PL/Proxy (or SQL) part kept as _proxy_<name>, and a
+-- PL/pgSQL function of the API's name and arguments that calls it and raises
+-- what a shard raised as the shard raised it (payidem._shard_error).
+CREATE FUNCTION payidem._wrap_shard_call(fn regprocedure, volatility text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	f record;
+	v_call text;
+	v_body text;
+BEGIN
+	SELECT p.oid, p.proname, p.proretset, p.prorettype, p.pronargs, p.prosrc, l.lanname,
+		   pg_catalog.pg_get_function_arguments(p.oid) AS args,
+		   pg_catalog.pg_get_function_identity_arguments(p.oid) AS idargs,
+		   pg_catalog.pg_get_function_result(p.oid) AS result,
+		   pg_catalog.obj_description(p.oid, 'pg_proc') AS comment
+	  INTO f
+	  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+	 WHERE p.oid = fn;
+	EXECUTE format('ALTER FUNCTION payidem.%I(%s) RENAME TO %I', f.proname, f.idargs, '_proxy_' || f.proname);
+	IF f.lanname = 'plproxy' AND f.prosrc !~* '\mselect\M' THEN
+		EXECUTE format('CREATE OR REPLACE FUNCTION payidem.%I(%s) RETURNS %s LANGUAGE plproxy AS %L',
+					   '_proxy_' || f.proname, f.args, f.result,
+					   f.prosrc || format(E'\tTARGET payidem.%I;\n', f.proname));
+	END IF;
+	v_call := format('payidem.%I(%s)', '_proxy_' || f.proname,
+					 (SELECT coalesce(string_agg('$' || i, ', ' ORDER BY i), '')
+						FROM generate_series(1, f.pronargs) i));
+	IF f.proretset THEN
+		v_body := format('RETURN QUERY SELECT * FROM %s;', v_call);
+	ELSIF f.prorettype = 'void'::regtype THEN
+		v_body := format('PERFORM %s;', v_call);
+	ELSE
+		v_body := format('RETURN %s;', v_call);
+	END IF;
+	EXECUTE format($f$
+		CREATE FUNCTION payidem.%I(%s) RETURNS %s
+		LANGUAGE plpgsql %s SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $body$
+		DECLARE
+			v_state text; v_message text; v_detail text; v_hint text;
+		BEGIN
+			%s
+		EXCEPTION WHEN OTHERS OR query_canceled THEN
+			GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
+				v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+			PERFORM payidem._shard_error(v_state, v_message, nullif(v_detail, ''), nullif(v_hint, ''));
+		END
+		$body$$f$, f.proname, f.args, f.result, volatility, v_body);
+	IF f.comment IS NOT NULL THEN
+		EXECUTE format('COMMENT ON FUNCTION payidem.%I(%s) IS %L', f.proname, f.idargs, f.comment);
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._wrap_shard_call(regprocedure, text) IS
+	'Router, internal to its install and updates: keep a function that reaches a shard as _proxy_<name> and put the API''s function in its place, raising what a shard raised as the shard raised it.';
+
+-- reconcile() with fee_mismatch: its three parts made again, with the grants
+-- reconcile had
+SELECT pg_catalog.set_config('payidem_update.reconcile_grantees',
+		coalesce(pg_catalog.string_agg(pg_catalog.quote_ident(u.rolname), ','), ''), true)
+  FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a, pg_catalog.pg_roles u
+ WHERE p.oid = 'payidem.reconcile(text, date, boolean)'::regprocedure
+   AND a.privilege_type = 'EXECUTE' AND a.grantee = u.oid AND a.grantee <> p.proowner;
+DROP FUNCTION payidem.reconcile(text, date, boolean);
+DROP FUNCTION payidem._proxy_reconcile(text, date, boolean);
+DROP FUNCTION payidem._reconcile_all(text, date, boolean);
+CREATE FUNCTION payidem._reconcile_all(channel_no text, bill_date date, allow_empty boolean)
+RETURNS TABLE (recon_batch_no text, matched bigint, platform_only bigint,
+			   channel_only bigint, amount_mismatch bigint, status_mismatch bigint, fee_mismatch bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT r.recon_batch_no, r.matched, r.platform_only, r.channel_only, r.amount_mismatch, r.status_mismatch,
+		   r.fee_mismatch
+	  FROM payidem.reconcile(channel_no, bill_date, allow_empty) r;
+$$;
+CREATE FUNCTION payidem.reconcile(channel_no text, bill_date date, allow_empty boolean DEFAULT false)
+RETURNS TABLE(recon_batch_no text, matched bigint, platform_only bigint,
+			  channel_only bigint, amount_mismatch bigint, status_mismatch bigint, fee_mismatch bigint)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT pg_catalog.string_agg(DISTINCT r.recon_batch_no, ','),
+		   pg_catalog.sum(r.matched)::bigint, pg_catalog.sum(r.platform_only)::bigint,
+		   pg_catalog.sum(r.channel_only)::bigint, pg_catalog.sum(r.amount_mismatch)::bigint,
+		   pg_catalog.sum(r.status_mismatch)::bigint, pg_catalog.sum(r.fee_mismatch)::bigint
+	  FROM payidem._reconcile_all(channel_no, bill_date,
+			   allow_empty IS TRUE
+			   OR (SELECT pg_catalog.sum(n) FROM payidem._bill_lines_all(channel_no, bill_date) n) > 0) r;
+END;
+COMMENT ON FUNCTION payidem.reconcile(text, date, boolean) IS
+	'Router: reconcile the channel''s day on every partition and return the summed counts (55000 if no partition holds a bill line of that day, unless allow_empty). recon_batch_no is the shards'' batch number (they agree when every run went through the router), else their distinct numbers joined with commas.';
+SELECT payidem._wrap_shard_call('payidem.reconcile(text, date, boolean)', 'VOLATILE');
+DO $$
+BEGIN
+	IF current_setting('payidem_update.reconcile_grantees') <> '' THEN
+		EXECUTE 'GRANT EXECUTE ON FUNCTION payidem.reconcile(text, date, boolean), '
+				'payidem._proxy_reconcile(text, date, boolean), payidem._reconcile_all(text, date, boolean) TO '
+				|| current_setting('payidem_update.reconcile_grantees');
+	END IF;
+END
+$$;
+
+-- settle() and verify() on every partition
+CREATE FUNCTION payidem._settle_all(settle_date date)
+RETURNS TABLE (merchant_no text, currency text, items bigint, gross numeric, refunds numeric,
+			   fees numeric, net numeric, held bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT s.merchant_no, s.currency, s.items, s.gross, s.refunds, s.fees, s.net, s.held
+	  FROM payidem.settle(settle_date) s;
+$$;
+CREATE FUNCTION payidem.settle(settle_date date DEFAULT CURRENT_DATE)
+RETURNS TABLE (merchant_no text, currency text, items bigint, gross numeric, refunds numeric,
+			   fees numeric, net numeric, held bigint)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT s.* FROM payidem._settle_all(settle_date) s ORDER BY s.merchant_no, s.currency;
+END;
+COMMENT ON FUNCTION payidem.settle(date) IS
+	'Router: settle(settle_date) on every partition (a merchant''s items are all on its own); one row per merchant and currency with items settled or held.';
+CREATE FUNCTION payidem.verify()
+RETURNS TABLE (invariant text, subject text, detail text)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+$$;
+COMMENT ON FUNCTION payidem.verify() IS
+	'Router: verify() on every partition: one row per violation of the books'' invariants found on any shard, none when the books are right.';
+
+-- a merchant's payouts, adjustments and balances: on its partition
+CREATE FUNCTION payidem.request_payout(merchant_no text, amount bigint, out_payout_no text,
+	currency text DEFAULT 'CNY')
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.merchant_partition(merchant_no);
+$$;
+COMMENT ON FUNCTION payidem.request_payout(text, bigint, text, text) IS
+	'Router: request_payout() on the merchant''s partition (merchant_partition()); the payout number names that shard.';
+CREATE FUNCTION payidem.apply_payout_result(payout_no text, status text, bank_ref text DEFAULT NULL)
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.payout_partition(payout_no);
+$$;
+COMMENT ON FUNCTION payidem.apply_payout_result(text, text, text) IS
+	'Router: apply_payout_result() on the partition the payout number names.';
+CREATE FUNCTION payidem.adjust_balance(merchant_no text, amount bigint, out_adjust_no text, reason text,
+	currency text DEFAULT 'CNY')
+RETURNS text
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.merchant_partition(merchant_no);
+$$;
+COMMENT ON FUNCTION payidem.adjust_balance(text, bigint, text, text, text) IS
+	'Router: adjust_balance() on the merchant''s partition.';
+CREATE FUNCTION payidem.balance(merchant_no text, currency text DEFAULT 'CNY')
+RETURNS TABLE (pending numeric, available bigint, in_payout bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.merchant_partition(merchant_no);
+$$;
+COMMENT ON FUNCTION payidem.balance(text, text) IS
+	'Router: balance() on the merchant''s partition: pending, available and in-payout balances.';
+-- a merchant's notification URL is reference data: on every partition
+CREATE FUNCTION payidem._set_merchant_notify_url_all(merchant_no text, url text)
+RETURNS SETOF void
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.set_merchant_notify_url(merchant_no, url);
+$$;
+CREATE FUNCTION payidem.set_merchant_notify_url(merchant_no text, url text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	PERFORM payidem._reference_write_lock();
+	PERFORM FROM payidem._set_merchant_notify_url_all(merchant_no, url);
+END
+$$;
+COMMENT ON FUNCTION payidem.set_merchant_notify_url(text, text) IS
+	'Router: set the merchant''s notification URL (payout events) on every partition.';
+
+-- the views' parts
+CREATE FUNCTION payidem._merchant_balances_all()
+RETURNS TABLE (merchant_no text, currency text, pending numeric, available bigint, in_payout bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT v.merchant_no, v.currency, v.pending, v.available, v.in_payout FROM payidem.merchant_balances v;
+$$;
+CREATE FUNCTION payidem._settlement_summary_all()
+RETURNS TABLE (settle_date date, merchant_no text, currency text, items bigint, gross numeric,
+			   refunds numeric, fees numeric, net numeric)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT v.settle_date, v.merchant_no, v.currency, v.items, v.gross, v.refunds, v.fees, v.net
+	  FROM payidem.settlement_summary v;
+$$;
+CREATE FUNCTION payidem._platform_margin_all()
+RETURNS TABLE (bill_day date, channel_no text, currency text, fee_revenue numeric, channel_cost numeric,
+			   margin numeric)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT v.bill_day, v.channel_no, v.currency, v.fee_revenue, v.channel_cost, v.margin
+	  FROM payidem.platform_margin v;
+$$;
+
+SELECT payidem._wrap_shard_call(f::regprocedure, v)
+  FROM (VALUES ('payidem.settle(date)', 'VOLATILE'), ('payidem.verify()', 'STABLE'),
+			   ('payidem.request_payout(text, bigint, text, text)', 'VOLATILE'),
+			   ('payidem.apply_payout_result(text, text, text)', 'VOLATILE'),
+			   ('payidem.adjust_balance(text, bigint, text, text, text)', 'VOLATILE'),
+			   ('payidem.balance(text, text)', 'STABLE'),
+			   ('payidem.set_merchant_notify_url(text, text)', 'VOLATILE'),
+			   ('payidem._merchant_balances_all()', 'VOLATILE'),
+			   ('payidem._settlement_summary_all()', 'VOLATILE'),
+			   ('payidem._platform_margin_all()', 'VOLATILE')) w(f, v);
+
+-- The views, summed over the partitions (a merchant's rows are on one; the
+-- platform's accounts are per shard)
+CREATE VIEW payidem.merchant_balances AS
+SELECT b.merchant_no, b.currency, pg_catalog.sum(b.pending) AS pending,
+	   pg_catalog.sum(b.available)::bigint AS available, pg_catalog.sum(b.in_payout)::bigint AS in_payout
+  FROM payidem._merchant_balances_all() b
+ GROUP BY b.merchant_no, b.currency;
+COMMENT ON VIEW payidem.merchant_balances IS
+	'Router: every merchant''s pending, available and in-payout balance per currency, from every shard.';
+CREATE VIEW payidem.settlement_summary AS
+SELECT s.settle_date, s.merchant_no, s.currency, pg_catalog.sum(s.items)::bigint AS items,
+	   pg_catalog.sum(s.gross) AS gross, pg_catalog.sum(s.refunds) AS refunds, pg_catalog.sum(s.fees) AS fees,
+	   pg_catalog.sum(s.net) AS net
+  FROM payidem._settlement_summary_all() s
+ GROUP BY s.settle_date, s.merchant_no, s.currency;
+COMMENT ON VIEW payidem.settlement_summary IS
+	'Router: what each settle() date settled per merchant and currency, from every shard.';
+CREATE VIEW payidem.platform_margin AS
+SELECT m.bill_day, m.channel_no, m.currency, pg_catalog.sum(m.fee_revenue) AS fee_revenue,
+	   pg_catalog.sum(m.channel_cost) AS channel_cost, pg_catalog.sum(m.margin) AS margin
+  FROM payidem._platform_margin_all() m
+ GROUP BY m.bill_day, m.channel_no, m.currency;
+COMMENT ON VIEW payidem.platform_margin IS
+	'Router: what the platform earned on settled items per bill day, channel and currency, every shard''s summed.';
+
+-- the application's API gains the payout functions and balance()
+CREATE OR REPLACE FUNCTION payidem.app_functions()
+RETURNS SETOF regprocedure
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	WITH api(name) AS (
+		SELECT unnest(ARRAY['gen_order_no', 'gen_order_no_for', 'order_no_valid', 'order_no_parse', 'stats', 'stats_by_shard',
+						 'idem_claim', 'idem_record', 'idem_finish', 'idem_partition', '_partitions_before', '_growth_share_lock',
+						 '_idem_key_held_on',
+						 'transit_order', 'transit_payment', 'transit_refund',
+						 'sign', 'verify_signature', 'route_channel', 'get_channel_config',
+						 'create_order', 'begin_payment', 'apply_payment_result', 'close_payment',
+						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_due_on',
+						 'notify_result', 'verify_notification', 'query_due', 'reconcile', 'resolve_diff',
+						 'cluster_partitions', 'check_partition', 'partition_of', 'order_partition',
+						 'payment_partition', 'refund_partition', 'recon_partition', 'event_partition',
+						 'anomaly_partition', '_id_partition', 'get_order', 'find_order', 'resolve_anomaly',
+						 'merchant_partition', '_place_transaction',
+						 '_split_rows', '_notify_due_split', '_query_due_split', '_reconcile_all', '_bill_lines_all',
+						 'request_payout', 'apply_payout_result', 'balance', 'payout_partition']))
+	SELECT p.oid::regprocedure
+	  FROM pg_catalog.pg_proc p
+	 WHERE p.pronamespace = 'payidem'::regnamespace
+	   AND (p.proname IN (SELECT a.name FROM api a)
+			OR p.proname IN (SELECT '_proxy_' || a.name FROM api a)
+			OR p.proname IN ('_shard_error', '_shard_error_parts', '_partition_in'));
+END;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
+
+-- application roles made before the update (grant_app: those that may
+-- create orders) get the new API functions and their parts
+DO $$
+DECLARE
+	r record;
+BEGIN
+	FOR r IN SELECT u.rolname FROM pg_catalog.pg_roles u
+			  WHERE NOT u.rolsuper
+				AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+							 WHERE p.oid = 'payidem.create_order(text, text, bigint, text, text, text, interval, text)'::regprocedure
+							   AND a.grantee = u.oid) LOOP
+		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.request_payout(text, bigint, text, text), '
+					   'payidem._proxy_request_payout(text, bigint, text, text), '
+					   'payidem.apply_payout_result(text, text, text), payidem._proxy_apply_payout_result(text, text, text), '
+					   'payidem.balance(text, text), payidem._proxy_balance(text, text), '
+					   'payidem.payout_partition(text), payidem.partition_of(text, text) TO %I', r.rolname);
+	END LOOP;
+END
+$$;

@@ -57,8 +57,10 @@ BEGIN
 	IF p_txn IS NULL THEN
 		PERFORM set_config('session_replication_role', 'replica', true);
 	END IF;
+	-- (its cost what the channel's rate makes it, which its bill's fee says)
 	UPDATE payidem.payment SET status = 'succeeded', transaction_id = p_txn, paid_at = p_paid_at,
-		   fee_amount = 0, cost_amount = 0
+		   fee_amount = 0,
+		   cost_amount = round(p_amount * (SELECT c.fee_rate FROM payidem.channel c WHERE c.channel_no = p_channel))
 	 WHERE payment_no = v_pay;
 	PERFORM set_config('session_replication_role', 'origin', true);
 	UPDATE payidem."order" SET status = 'paid', paid_at = p_paid_at, paid_payment_no = v_pay WHERE order_no = v_order;
@@ -233,8 +235,8 @@ SELECT count(*) AS payments FROM (VALUES
 	(pg_temp.paid(22, 'RECON_ALI', 'ALI-T22', 400, '2024-05-02 00:00:00+08'))
 ) v(p);
 -- bill times without an offset are Beijing wall-clock times
-SELECT payidem.load_bill('RECON_ALI', '2024-05-01', E'RECON_ALI,2024-05-01,ALI-T20,,100,0,succeeded,2024-05-01 00:00:00\nRECON_ALI,2024-05-01,ALI-T21,,200,0,succeeded,2024-05-01 23:59:59\n');
-SELECT payidem.load_bill('RECON_ALI', '2024-05-02', E'RECON_ALI,2024-05-02,ALI-T22,,400,0,succeeded,2024-05-02 00:00:00\n');
+SELECT payidem.load_bill('RECON_ALI', '2024-05-01', E'RECON_ALI,2024-05-01,ALI-T20,,100,0,succeeded,2024-05-01 00:00:00\nRECON_ALI,2024-05-01,ALI-T21,,200,1,succeeded,2024-05-01 23:59:59\n');
+SELECT payidem.load_bill('RECON_ALI', '2024-05-02', E'RECON_ALI,2024-05-02,ALI-T22,,400,1,succeeded,2024-05-02 00:00:00\n');
 SELECT transaction_id, paid_at FROM payidem.channel_bill WHERE channel_no = 'RECON_ALI' ORDER BY paid_at;
 SELECT * FROM payidem.reconcile('RECON_ALI', '2024-05-01');
 SELECT * FROM payidem.reconcile('RECON_ALI', '2024-05-02');

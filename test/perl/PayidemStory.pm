@@ -21,7 +21,7 @@ use warnings;
 use Exporter 'import';
 use Test::More;
 
-our @EXPORT = qw(story_sql table_sums_sql expiry_queue_sql log_disagreements_sql refused guards_hold);
+our @EXPORT = qw(story_sql table_sums_sql columns_sql expiry_queue_sql log_disagreements_sql refused guards_hold);
 
 # The story with $orders orders (i % 10: 0..5 paid, 6 failed, 7 closed, 8
 # closed then paid (an anomaly), 9 no attempt).
@@ -93,16 +93,37 @@ SELECT * FROM payidem.reconcile('BK_WX', current_date);
 # expiry_queue_sql).
 sub table_sums_sql
 {
-	return q{
+	my ($columns) = @_;
+	# with $columns (columns_sql()'s JSON of an earlier moment): only the tables
+	# and columns that existed then, so that a version's new columns and tables
+	# do not count as changed rows
+	my $keep = defined $columns ? "'" . ($columns =~ s/'/''/gr) . "'::jsonb" : 'NULL::jsonb';
+	return qq{
 	SELECT c.relname, (xpath('/table/row/n/text()', x))[1]::text, (xpath('/table/row/s/text()', x))[1]::text
 	  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
 	  LATERAL (SELECT string_agg(format('x.%I', a.attname), ', ' ORDER BY k.ord) AS pk
 	             FROM pg_index i, unnest(i.indkey) WITH ORDINALITY k(attnum, ord), pg_attribute a
 	            WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum) p,
-	  LATERAL query_to_xml(format('SELECT count(*) AS n, md5(coalesce(string_agg(x::text, E''\n'' ORDER BY %s), '''')) AS s FROM payidem.%I x',
-	                              coalesce(p.pk, 'x::text'), c.relname), false, false, '') x
+	  LATERAL query_to_xml(format('SELECT count(*) AS n, md5(coalesce(string_agg(
+	                                 (SELECT coalesce(jsonb_object_agg(e.k, e.v), ''{}'')::text FROM jsonb_each(to_jsonb(x)) e(k, v)
+	                                   WHERE %L::jsonb IS NULL OR %L::jsonb -> %L ? e.k),
+	                                 E''\\n'' ORDER BY %s), '''')) AS s FROM payidem.%I x',
+	                              $keep, $keep, c.relname, coalesce(p.pk, 'x::text'), c.relname), false, false, '') x
 	 WHERE n.nspname = 'payidem' AND c.relkind = 'r' AND c.relname NOT IN ('merchant_role', 'order_expiry')
+	   AND ($keep IS NULL OR $keep ? c.relname)
 	 ORDER BY c.relname};
+}
+
+# The columns of payidem's tables now, as JSON for table_sums_sql().
+sub columns_sql
+{
+	return q{
+	SELECT jsonb_object_agg(t.relname, t.cols)
+	  FROM (SELECT c.relname, jsonb_agg(a.attname ORDER BY a.attnum) AS cols
+	          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+	         WHERE n.nspname = 'payidem' AND c.relkind = 'r'
+	         GROUP BY c.relname) t};
 }
 
 # The expiry queue is derived data, not dumped: what it must hold is a row per

@@ -39,8 +39,10 @@ SELECT tables_are('payidem', ARRAY[
 	'merchant', 'merchant_secret', 'channel', 'channel_config', 'merchant_channel',
 	'order', 'payment', 'refund', 'notify_event', 'query_lease',
 	'idempotency', 'anomaly', 'channel_bill', 'recon_batch', 'reconciliation',
-	'merchant_role', 'auditor_role', 'order_expiry', 'payment_pending', 'payment_paid'
-], 'payidem has exactly the 23 expected tables');
+	'merchant_role', 'auditor_role', 'order_expiry', 'payment_pending', 'payment_paid',
+	'business_day', 'ledger_entry', 'merchant_balance', 'settlement_item', 'settlement_hold',
+	'settle_state', 'payout', 'adjustment'
+], 'payidem has exactly the 31 expected tables');
 SELECT has_table('payidem', 'state',            'table payidem.state exists');
 SELECT has_table('payidem', 'transition',       'table payidem.transition exists');
 SELECT has_table('payidem', 'status_log',       'table payidem.status_log exists');
@@ -61,8 +63,8 @@ SELECT has_table('payidem', 'recon_batch',      'table payidem.recon_batch exist
 SELECT has_table('payidem', 'reconciliation',   'table payidem.reconciliation exists');
 SELECT sequences_are('payidem', ARRAY[
 	'status_log_log_id_seq', 'anomaly_anomaly_id_seq', 'reconciliation_recon_id_seq',
-	'order_no_hwm', 'notify_event_seq'
-], 'payidem has exactly the 3 bigserial sequences, the order-number high-water mark and the event sequence');
+	'order_no_hwm', 'notify_event_seq', 'ledger_entry_entry_id_seq'
+], 'payidem has exactly the 4 bigserial sequences, the order-number high-water mark and the event sequence');
 
 -- Primary keys
 SELECT col_is_pk('payidem', 'state',            ARRAY['entity', 'status'],                   'state: primary key is (entity, status)');
@@ -118,7 +120,13 @@ SELECT is((SELECT array_agg(format('%s.%s %s', c.relname, a.attname, format_type
              FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
             WHERE c.relnamespace = 'payidem'::regnamespace AND c.relkind = 'r' AND a.attnum > 0
               AND NOT a.attisdropped AND a.atttypid IN (SELECT oid FROM pg_type WHERE typtype = 'd')),
-	ARRAY['channel_bill.transaction_id payidem.channel_ref', 'notify_event.attempts payidem.attempt_count', 'notify_event.event payidem.notify_event_type',
+	ARRAY['adjustment.adjust_no payidem.adjust_number', 'adjustment.currency payidem.currency_code',
+	      'adjustment.out_adjust_no payidem.merchant_ref',
+	      'channel_bill.transaction_id payidem.channel_ref',
+	      'ledger_entry.account payidem.ledger_account', 'ledger_entry.currency payidem.currency_code',
+	      'merchant.notify_url payidem.http_url',
+	      'merchant_balance.currency payidem.currency_code',
+	      'notify_event.attempts payidem.attempt_count', 'notify_event.event payidem.notify_event_type',
 	      'notify_event.last_response payidem.notify_response', 'notify_event.status payidem.notify_status',
 	      'order.amount payidem.minor_amount', 'order.body payidem.order_body',
 	      'order.currency payidem.currency_code', 'order.notify_url payidem.http_url',
@@ -127,9 +135,13 @@ SELECT is((SELECT array_agg(format('%s.%s %s', c.relname, a.attname, format_type
 	      'order.subject payidem.order_subject',
 	      'payment.amount payidem.minor_amount',
 	      'payment.payment_no payidem.payment_number', 'payment.transaction_id payidem.channel_ref',
+	      'payout.amount payidem.minor_amount', 'payout.bank_ref payidem.channel_ref',
+	      'payout.currency payidem.currency_code', 'payout.out_payout_no payidem.merchant_ref',
+	      'payout.payout_no payidem.payout_number',
 	      'refund.amount payidem.minor_amount',
 	      'refund.channel_refund_id payidem.channel_ref', 'refund.out_refund_no payidem.merchant_ref',
-	      'refund.reason payidem.refund_reason', 'refund.refund_no payidem.refund_number'],
+	      'refund.reason payidem.refund_reason', 'refund.refund_no payidem.refund_number',
+	      'settlement_item.currency payidem.currency_code'],
 	'the columns typed by payidem domains');
 SELECT is((SELECT array_agg(DISTINCT format_type(typbasetype, typtypmod) ORDER BY format_type(typbasetype, typtypmod))
              FROM pg_type WHERE typnamespace = 'payidem'::regnamespace AND typtype = 'd'),
@@ -275,13 +287,14 @@ SELECT set_eq($$SELECT status FROM payidem.state WHERE entity = 'refund'$$,
 	ARRAY['pending', 'succeeded', 'failed'],
 	'state: refund statuses are pending, succeeded, failed');
 SELECT set_eq($$SELECT entity, status FROM payidem.state WHERE initial$$,
-	$$VALUES ('order', 'pending'), ('payment', 'pending'), ('refund', 'pending')$$,
-	'state: the initial status is pending for order, payment and refund');
+	$$VALUES ('order', 'pending'), ('payment', 'pending'), ('refund', 'pending'), ('payout', 'pending')$$,
+	'state: the initial status is pending for order, payment, refund and payout');
 SELECT set_eq($$SELECT entity, status FROM payidem.state WHERE terminal$$,
 	$$VALUES ('order', 'closed'), ('order', 'refunded'),
 	         ('payment', 'refunded'),
-	         ('refund', 'succeeded'), ('refund', 'failed')$$,
-	'state: terminal statuses are order closed/refunded, payment refunded, refund succeeded/failed');
+	         ('refund', 'succeeded'), ('refund', 'failed'),
+	         ('payout', 'succeeded'), ('payout', 'failed')$$,
+	'state: terminal statuses are order closed/refunded, payment refunded, refund and payout succeeded/failed');
 
 -- Allowed transitions of each entity
 SELECT set_eq($$SELECT from_status, to_status FROM payidem.transition WHERE entity = 'order'$$,
@@ -1204,8 +1217,10 @@ $$, $$ VALUES
 	('notify_event', ''), ('notify_event_seq', ''), ('query_lease', ''),
 	('idempotency', ''), ('anomaly', ''), ('anomaly_anomaly_id_seq', ''),
 	('channel_bill', ''), ('recon_batch', ''), ('reconciliation', ''), ('reconciliation_recon_id_seq', ''), ('order_no_hwm', ''),
+	('business_day', ''), ('ledger_entry', ''), ('ledger_entry_entry_id_seq', ''), ('merchant_balance', ''),
+	('settlement_item', ''), ('settlement_hold', ''), ('settle_state', ''), ('payout', ''), ('adjustment', ''),
 	('merchant_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)'), ('auditor_role', 'WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles u WHERE u.oid = role::oid)')
-$$, 'extconfig lists the 20 tables and 5 sequences, with their dump conditions (not order_expiry: derived, made again by a restore)');
+$$, 'extconfig lists the 28 tables and 6 sequences, with their dump conditions (not order_expiry: derived, made again by a restore)');
 SELECT set_eq($$
 	SELECT c.relname::text, cfg.cond
 	FROM pg_catalog.pg_extension e,
