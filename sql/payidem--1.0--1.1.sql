@@ -3094,7 +3094,8 @@ COMMENT ON FUNCTION payidem.revoke_auditor(regrole) IS
 	'Undo grant_auditor(): the role no longer sees every merchant''s rows (a merchant mapping it has stays); a role left with no mapping keeps no payidem grant grant_auditor() gave.';
 
 -- reconcile() returns fee_mismatch too: a new result type, so the function
--- is made again, with the EXECUTE grants it had
+-- is made again; the roles that had EXECUTE on it are named in a WARNING
+-- (the update grants nothing: see the end of this part)
 SELECT pg_catalog.set_config('payidem_update.reconcile_grantees',
 		coalesce(pg_catalog.string_agg(pg_catalog.quote_ident(u.rolname), ','), ''), true)
   FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a, pg_catalog.pg_roles u
@@ -3427,8 +3428,9 @@ REVOKE ALL ON FUNCTION payidem.reconcile(text, date, boolean) FROM PUBLIC;
 DO $$
 BEGIN
 	IF current_setting('payidem_update.reconcile_grantees') <> '' THEN
-		EXECUTE 'GRANT EXECUTE ON FUNCTION payidem.reconcile(text, date, boolean) TO '
-				|| current_setting('payidem_update.reconcile_grantees');
+		RAISE WARNING 'reconcile() was made again with a new result column (fee_mismatch): roles % no longer may execute it',
+			current_setting('payidem_update.reconcile_grantees') USING
+			HINT = 'Run payidem.grant_app() (or GRANT EXECUTE ON FUNCTION payidem.reconcile(text, date, boolean)) for them again.';
 	END IF;
 END
 $$;
@@ -4441,6 +4443,13 @@ REVOKE ALL ON FUNCTION payidem._is_business_day(date),
 	payidem._ledger_append_only()
 	FROM PUBLIC;
 
+-- nothing for PUBLIC, as the install's privileges part makes it
+REVOKE ALL ON TABLE payidem.business_day, payidem.ledger_entry, payidem.merchant_balance,
+	payidem.settlement_item, payidem.settlement_hold, payidem.settle_state, payidem.payout,
+	payidem.adjustment, payidem.merchant_balances, payidem.settlement_summary, payidem.platform_margin
+	FROM PUBLIC;
+REVOKE ALL ON SEQUENCE payidem.ledger_entry_entry_id_seq FROM PUBLIC;
+
 SELECT pg_catalog.pg_extension_config_dump('payidem.business_day', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.ledger_entry', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.ledger_entry_entry_id_seq', '');
@@ -4451,27 +4460,49 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.settle_state', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.payout', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.adjustment', '');
 
--- Roles made before the update get what their grant gives now: application
--- roles (grant_app: those that may create orders) the payout functions and
--- balance(), auditors (grant_auditor) the books and verify().
-DO $$
-DECLARE
-	r record;
-BEGIN
-	FOR r IN SELECT u.rolname FROM pg_catalog.pg_roles u
-			  WHERE NOT u.rolsuper
-				AND u.oid <> (SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'payidem')
-				AND pg_catalog.has_function_privilege(u.oid,
-						'payidem.create_order(text, text, bigint, text, text, text, interval, text)', 'EXECUTE')
-				AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
-							 WHERE p.oid = 'payidem.create_order(text, text, bigint, text, text, text, interval, text)'::regprocedure
-							   AND a.grantee = u.oid) LOOP
-		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.request_payout(text, bigint, text, text), '
-					   'payidem.apply_payout_result(text, text, text), payidem.balance(text, text) TO %I', r.rolname);
-	END LOOP;
-	FOR r IN SELECT u.rolname FROM payidem.auditor_role a JOIN pg_catalog.pg_roles u ON u.oid = a.role::oid LOOP
-		EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(false), r.rolname);
-		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify() TO %I', r.rolname);
-	END LOOP;
-END
-$$;
+-- Roles made before the update: the update grants them nothing (a GRANT
+-- made by an extension's script is recorded as the extension's own, which
+-- pg_dump leaves out, so a restore would lose it).  Run grant_app() and
+-- grant_auditor() again for them after the update (CHANGELOG, README): they
+-- add the payout functions and balance(), the books and verify().
+
+-- the daily report counts fee_mismatch, and a fee_mismatch's money is its fees' gap
+CREATE OR REPLACE VIEW payidem.recon_summary AS
+SELECT b.channel_no, b.bill_date,
+	   b.recon_batch_no AS last_batch_no, b.finished_at, b.bill_timezone,
+	   b.bill_lines, b.bill_amount_total, b.platform_payments, b.platform_amount_total,
+	   b.matched, b.platform_only, b.channel_only, b.amount_mismatch, b.status_mismatch,
+	   b.straddled,
+	   coalesce(d.open_count, 0) AS open_count,
+	   coalesce(d.open_amount, 0) AS open_amount,
+	   coalesce(d.open_channel_only, 0) AS open_channel_only,
+	   coalesce(d.handled_count, 0) AS handled_count,
+	   coalesce(d.ignored_count, 0) AS ignored_count,
+	   coalesce(d.auto_resolved_count, 0) AS auto_resolved_count,
+	   b.fee_mismatch
+  FROM (SELECT DISTINCT ON (rb.channel_no, rb.bill_date) rb.*
+		  FROM payidem.recon_batch rb
+		 WHERE rb.status = 'done'
+		 ORDER BY rb.channel_no, rb.bill_date, rb.started_at DESC,
+				  pg_catalog.length(rb.recon_batch_no) DESC, rb.recon_batch_no DESC) b
+  LEFT JOIN (SELECT rc.channel_no, rc.bill_date,
+					count(*) FILTER (WHERE rc.handle_status = 'open') AS open_count,
+					sum(CASE rc.diff_type
+						 WHEN 'platform_only' THEN rc.platform_amount
+						 WHEN 'channel_only' THEN rc.channel_amount
+						 WHEN 'amount_mismatch' THEN pg_catalog.abs(rc.platform_amount - rc.channel_amount)
+						 WHEN 'fee_mismatch' THEN pg_catalog.abs(rc.platform_fee - rc.channel_fee)
+						 ELSE coalesce(rc.channel_amount, rc.platform_amount)
+						END) FILTER (WHERE rc.handle_status = 'open') AS open_amount,
+					count(*) FILTER (WHERE rc.handle_status = 'open' AND rc.diff_type = 'channel_only') AS open_channel_only,
+					count(*) FILTER (WHERE rc.handle_status = 'handled') AS handled_count,
+					count(*) FILTER (WHERE rc.handle_status = 'ignored') AS ignored_count,
+					count(*) FILTER (WHERE rc.handle_status = 'auto_resolved') AS auto_resolved_count
+			   FROM payidem.reconciliation rc
+			  GROUP BY rc.channel_no, rc.bill_date) d
+	ON d.channel_no = b.channel_no AND d.bill_date = b.bill_date;
+COMMENT ON VIEW payidem.recon_summary IS
+	'Daily reconciliation report per channel and bill day: the last run''s counts and totals, and the differences still open (count, money concerned, channel_only among them) or closed by a person or automatically.';
+COMMENT ON COLUMN payidem.recon_summary.open_amount IS
+	'Money concerned by the open differences, minor units: the amount of a platform_only, channel_only or status_mismatch, the gap of an amount_mismatch or of a fee_mismatch''s fees.';
+

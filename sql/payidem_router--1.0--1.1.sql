@@ -98,7 +98,7 @@ RETURN payidem.partition_of(payout_no, 'payout');
 -- what a shard raised as the shard raised it (payidem._shard_error).
 CREATE FUNCTION payidem._wrap_shard_call(fn regprocedure, volatility text)
 RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $wrap$
 DECLARE
 	f record;
 	v_call text;
@@ -145,12 +145,12 @@ BEGIN
 		EXECUTE format('COMMENT ON FUNCTION payidem.%I(%s) IS %L', f.proname, f.idargs, f.comment);
 	END IF;
 END
-$$;
+$wrap$;
 COMMENT ON FUNCTION payidem._wrap_shard_call(regprocedure, text) IS
 	'Router, internal to its install and updates: keep a function that reaches a shard as _proxy_<name> and put the API''s function in its place, raising what a shard raised as the shard raised it.';
 
--- reconcile() with fee_mismatch: its three parts made again, with the grants
--- reconcile had
+-- reconcile() with fee_mismatch: its three parts made again; the roles that
+-- could execute it are named in a WARNING
 SELECT pg_catalog.set_config('payidem_update.reconcile_grantees',
 		coalesce(pg_catalog.string_agg(pg_catalog.quote_ident(u.rolname), ','), ''), true)
   FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a, pg_catalog.pg_roles u
@@ -188,9 +188,9 @@ SELECT payidem._wrap_shard_call('payidem.reconcile(text, date, boolean)', 'VOLAT
 DO $$
 BEGIN
 	IF current_setting('payidem_update.reconcile_grantees') <> '' THEN
-		EXECUTE 'GRANT EXECUTE ON FUNCTION payidem.reconcile(text, date, boolean), '
-				'payidem._proxy_reconcile(text, date, boolean), payidem._reconcile_all(text, date, boolean) TO '
-				|| current_setting('payidem_update.reconcile_grantees');
+		RAISE WARNING 'reconcile() was made again with a new result column (fee_mismatch): roles % no longer may execute it',
+			current_setting('payidem_update.reconcile_grantees') USING
+			HINT = 'Run payidem.grant_app() for them again.';
 	END IF;
 END
 $$;
@@ -370,22 +370,6 @@ END;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
 
--- application roles made before the update (grant_app: those that may
--- create orders) get the new API functions and their parts
-DO $$
-DECLARE
-	r record;
-BEGIN
-	FOR r IN SELECT u.rolname FROM pg_catalog.pg_roles u
-			  WHERE NOT u.rolsuper
-				AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
-							 WHERE p.oid = 'payidem.create_order(text, text, bigint, text, text, text, interval, text)'::regprocedure
-							   AND a.grantee = u.oid) LOOP
-		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.request_payout(text, bigint, text, text), '
-					   'payidem._proxy_request_payout(text, bigint, text, text), '
-					   'payidem.apply_payout_result(text, text, text), payidem._proxy_apply_payout_result(text, text, text), '
-					   'payidem.balance(text, text), payidem._proxy_balance(text, text), '
-					   'payidem.payout_partition(text), payidem.partition_of(text, text) TO %I', r.rolname);
-	END LOOP;
-END
-$$;
+-- Application roles made before the update are granted nothing here (a
+-- GRANT made by an extension's script is recorded as the extension's own,
+-- which pg_dump leaves out): run grant_app() for them again after the update.

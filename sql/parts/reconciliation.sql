@@ -642,7 +642,8 @@ SELECT b.channel_no, b.bill_date,
 	   coalesce(d.open_channel_only, 0) AS open_channel_only,
 	   coalesce(d.handled_count, 0) AS handled_count,
 	   coalesce(d.ignored_count, 0) AS ignored_count,
-	   coalesce(d.auto_resolved_count, 0) AS auto_resolved_count
+	   coalesce(d.auto_resolved_count, 0) AS auto_resolved_count,
+	   b.fee_mismatch
   FROM (SELECT DISTINCT ON (rb.channel_no, rb.bill_date) rb.*
 		  FROM payidem.recon_batch rb
 		 WHERE rb.status = 'done'
@@ -654,6 +655,7 @@ SELECT b.channel_no, b.bill_date,
 						 WHEN 'platform_only' THEN rc.platform_amount
 						 WHEN 'channel_only' THEN rc.channel_amount
 						 WHEN 'amount_mismatch' THEN pg_catalog.abs(rc.platform_amount - rc.channel_amount)
+						 WHEN 'fee_mismatch' THEN pg_catalog.abs(rc.platform_fee - rc.channel_fee)
 						 ELSE coalesce(rc.channel_amount, rc.platform_amount)
 						END) FILTER (WHERE rc.handle_status = 'open') AS open_amount,
 					count(*) FILTER (WHERE rc.handle_status = 'open' AND rc.diff_type = 'channel_only') AS open_channel_only,
@@ -666,7 +668,7 @@ SELECT b.channel_no, b.bill_date,
 COMMENT ON VIEW payidem.recon_summary IS
 	'Daily reconciliation report per channel and bill day: the last run''s counts and totals, and the differences still open (count, money concerned, channel_only among them) or closed by a person or automatically.';
 COMMENT ON COLUMN payidem.recon_summary.open_amount IS
-	'Money concerned by the open differences, minor units: the amount of a platform_only, channel_only or status_mismatch, the gap of an amount_mismatch.';
+	'Money concerned by the open differences, minor units: the amount of a platform_only, channel_only or status_mismatch, the gap of an amount_mismatch or of a fee_mismatch''s fees.';
 
 -- (end of reconciliation functions)
 

@@ -408,7 +408,7 @@ sub run_cluster
 		   AND NOT EXISTS (SELECT 1 FROM pg_proc q WHERE q.pronamespace = p.pronamespace
 							  AND q.proname = '_proxy_' || p.proname)}),
 		'anomaly_partition,app_functions,check_partition,cluster_check,cluster_partitions,event_partition,'
-		. 'grant_app,idem_partition,merchant_partition,order_partition,partition_of,payment_partition,purge_transaction_placement,'
+		. 'grant_app,idem_partition,merchant_partition,order_partition,partition_of,payment_partition,payout_partition,purge_transaction_placement,'
 		. 'recon_partition,refund_partition',
 		"$tag: every other API function has its PL/Proxy part and raises the shard's errors");
 
@@ -835,7 +835,16 @@ my @errors = (
 	[ "SELECT payidem.unbind_channel('$m0', 'NO_SUCH')", 0 ],
 	[ "SELECT payidem.verify_notification('$api_key0', 'payload', 'v1=00', NULL)", 0 ],
 	[ "SELECT payidem.load_merchant_secret('$m0', '../etc/passwd')", 0 ],
-	[ "SELECT payidem.load_channel_config('WX_001', '../etc/passwd')", 0 ]);
+	[ "SELECT payidem.load_channel_config('WX_001', '../etc/passwd')", 0 ],
+	# settlement (DESIGN section 11): settle on every partition, a merchant's
+	# payouts, adjustments and balance on its own, a payout result on the
+	# partition its number names
+	[ "SELECT * FROM payidem.settle(NULL)", 0 ],
+	[ "SELECT payidem.request_payout('$m0', -1, 'PAY-1')", 0 ],
+	[ "SELECT payidem.apply_payout_result('PT123', 'succeeded')", 0 ],
+	[ "SELECT payidem.adjust_balance('$m0', 0, 'ADJ-1', 'nothing')", 0 ],
+	[ "SELECT * FROM payidem.balance('$m0', 'cny')", 0 ],
+	[ "SELECT payidem.set_merchant_notify_url('nobody', NULL)", 0 ]);
 like($router->safe_psql('postgres', "SELECT payidem.gen_order_no_for('$home4{3}', 'PY')"), qr/^PY\d{14}03\d{8}$/,
 	'api: gen_order_no_for(merchant) issues a number on the shard of the merchant\'s orders');
 my @results = (
@@ -852,7 +861,9 @@ my @results = (
 	[ "SELECT string_agg(name, ',') FROM payidem.stats()", 0 ],
 	[ "SELECT payidem.reencrypt_secrets()", 0 ],
 	[ "SELECT string_agg(name, ',') FROM payidem.stats_by_shard() WHERE shard = 0",
-	  0, "SELECT string_agg(name, ',') FROM payidem.stats()" ]);
+	  0, "SELECT string_agg(name, ',') FROM payidem.stats()" ],
+	[ "SELECT row(b.*)::text FROM payidem.balance('$m0') b", 0 ],
+	[ "SELECT count(*) FROM payidem.verify()", 0 ]);
 for my $case (@errors)
 {
 	my ($call, $where, $there) = @$case;

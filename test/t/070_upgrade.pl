@@ -51,6 +51,10 @@ $node->safe_psql('updated_empty', "CREATE EXTENSION payidem VERSION '$first'");
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}),
 	$first, "installed as $first");
 my $sums = $node->safe_psql('upgraded', table_sums_sql());
+my $own_flow_sql = q{SELECT string_agg(x, ',' ORDER BY x) FROM (
+	SELECT format('%s:%s:%s:%s', entity, status, initial, terminal) FROM payidem.state WHERE NOT builtin
+	UNION ALL SELECT format('%s:%s>%s', entity, from_status, to_status) FROM payidem.transition WHERE NOT builtin) w(x)};
+my $own_flow = $node->safe_psql('upgraded', $own_flow_sql);
 my $queue = $node->safe_psql('upgraded', expiry_queue_sql());
 my %rows = map { my @f = split /\|/; ($f[0] => $f[1]) } split /\n/, $sums;
 cmp_ok(scalar(grep { $rows{$_} > 0 } keys %rows), '>=', 14,
@@ -67,8 +71,14 @@ for my $i (1 .. $#path)
 	$node->safe_psql($_, "ALTER EXTENSION payidem UPDATE TO '$to'") for qw(upgraded updated_empty);
 	is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}),
 		$to, "updated $from -> $to");
-	# (the tables and columns $from had: what $to adds is new)
-	is($node->safe_psql('upgraded', table_sums_sql($columns)), $sums, "$to: every table has the same rows");
+	# (the tables and columns $from had: what $to adds is new; so are the
+	# built-in whitelist rows of its new entities, which section 4 compares
+	# with a fresh install's, and the whitelist rows of the story's own flow
+	# are compared below)
+	my $no_whitelist = sub { join "\n", grep { !/^(state|transition)\|/ } split /\n/, $_[0] };
+	is($no_whitelist->($node->safe_psql('upgraded', table_sums_sql($columns))), $no_whitelist->($sums),
+		"$to: every table has the same rows");
+	is($node->safe_psql('upgraded', $own_flow_sql), $own_flow, "$to: the DBA's own whitelist rows are the same");
 	is($node->safe_psql('upgraded', expiry_queue_sql()), $queue, "$to: the expiry queue is the same");
 	# (the SQL of $from ran on this library before the step: the story, and the
 	# calls below on the step before) the SQL of this version calls the
@@ -83,6 +93,9 @@ for my $i (1 .. $#path)
 	$sums = $node->safe_psql('upgraded', table_sums_sql());
 	$queue = $node->safe_psql('upgraded', expiry_queue_sql());
 }
+# what the CHANGELOG tells a DBA to do after the update: the grants again,
+# so that the roles reach what the new version adds to them
+$node->safe_psql('upgraded', $grants);
 is($node->safe_psql('upgraded', 'SELECT payidem.library_version()'), $default,
 	'the library is the default version, and the upgraded SQL reaches it');
 
