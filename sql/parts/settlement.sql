@@ -203,8 +203,6 @@ DECLARE
 	v_tz text := payidem._bill_timezone();
 	st payidem.settle_state;
 	v_today date;
-	v_next date;
-	v_first_not_due date;
 BEGIN
 	IF v_d IS NULL OR NOT isfinite(v_d) OR v_d < date '1970-01-01' OR v_d > date '9999-12-30' THEN
 		PERFORM payidem._raise_invalid('invalid settlement date',
@@ -214,11 +212,8 @@ BEGIN
 	INSERT INTO payidem.settle_state (id) VALUES (true) ON CONFLICT DO NOTHING;
 	SELECT * INTO st FROM payidem.settle_state s FOR UPDATE;
 
-	CREATE TEMP TABLE IF NOT EXISTS pg_temp.payidem_settle_run (
-		item_no text, item_type text, payment_no text, merchant_no text, channel_no text,
-		currency text, bill_day date, settle_day date, amount bigint, fee bigint, cost bigint,
-		scanned boolean, due boolean, allowed boolean) ON COMMIT DROP;
-	TRUNCATE pg_temp.payidem_settle_run;
+	v_today := (now() AT TIME ZONE v_tz)::date;
+	RETURN QUERY
 	WITH u AS MATERIALIZED (
 		SELECT x.*, m.settle_cycle
 		  FROM payidem._unsettled_items(NULL, v_d) x
@@ -228,28 +223,30 @@ BEGIN
 	d AS MATERIALIZED (
 		SELECT y.bill_day, y.settle_cycle, payidem._settle_day(y.bill_day, y.settle_cycle) AS settle_day
 		  FROM (SELECT DISTINCT u.bill_day, u.settle_cycle FROM u) y
-	)
-	INSERT INTO pg_temp.payidem_settle_run
-	SELECT u.item_no, u.item_type, u.payment_no, u.merchant_no, u.channel_no, u.currency, u.bill_day,
-		   d.settle_day, u.amount, u.fee, u.cost, u.scanned,
-		   d.settle_day <= v_d,
-		   u.item_type = 'refund'
-		   OR (EXISTS (SELECT 1 FROM payidem.recon_batch b
-						WHERE b.channel_no = u.channel_no AND b.bill_date = u.bill_day AND b.status = 'done')
-			   AND NOT EXISTS (SELECT 1 FROM payidem.reconciliation rc
-								WHERE rc.payment_no = u.payment_no AND rc.handle_status = 'open')
-			   AND NOT EXISTS (SELECT 1 FROM payidem.anomaly a
-								WHERE a.payment_no = u.payment_no AND a.handle_status = 'open'))
-	  FROM u JOIN d ON d.bill_day = u.bill_day AND d.settle_cycle = u.settle_cycle;
-
-	RETURN QUERY
-	WITH settled AS (
+	),
+	-- each item: due (its settlement day reached), and allowed (a refund
+	-- always; a payment once its channel's bill day is reconciled and no
+	-- open difference or anomaly names it)
+	run AS MATERIALIZED (
+		SELECT u.item_no, u.item_type, u.payment_no, u.merchant_no, u.channel_no, u.currency, u.bill_day,
+			   d.settle_day, u.amount, u.fee, u.cost, u.scanned,
+			   d.settle_day <= v_d AS due,
+			   u.item_type = 'refund'
+			   OR (EXISTS (SELECT 1 FROM payidem.recon_batch b
+							WHERE b.channel_no = u.channel_no AND b.bill_date = u.bill_day AND b.status = 'done')
+				   AND NOT EXISTS (SELECT 1 FROM payidem.reconciliation rc
+									WHERE rc.payment_no = u.payment_no AND rc.handle_status = 'open')
+				   AND NOT EXISTS (SELECT 1 FROM payidem.anomaly a
+									WHERE a.payment_no = u.payment_no AND a.handle_status = 'open')) AS allowed
+		  FROM u JOIN d ON d.bill_day = u.bill_day AND d.settle_cycle = u.settle_cycle
+	),
+	settled AS (
 		INSERT INTO payidem.settlement_item AS si
 			(item_no, item_type, payment_no, merchant_no, channel_no, currency, bill_day, settle_day,
 			 settle_date, amount, fee, cost)
 		SELECT r.item_no, r.item_type, r.payment_no, r.merchant_no, r.channel_no, r.currency, r.bill_day,
 			   r.settle_day, v_d, r.amount, r.fee, r.cost
-		  FROM pg_temp.payidem_settle_run r
+		  FROM run r
 		 WHERE r.due AND r.allowed
 		 ORDER BY r.merchant_no, r.item_no
 		ON CONFLICT (item_no) DO NOTHING
@@ -299,20 +296,43 @@ BEGIN
 	),
 	blocked AS (
 		SELECT r.merchant_no, r.currency, count(*) AS held
-		  FROM pg_temp.payidem_settle_run r
+		  FROM run r
 		 WHERE r.due AND NOT r.allowed
 		 GROUP BY r.merchant_no, r.currency
 	),
 	holds AS (
 		INSERT INTO payidem.settlement_hold (payment_no)
-		SELECT r.payment_no FROM pg_temp.payidem_settle_run r
+		SELECT r.payment_no FROM run r
 		 WHERE r.due AND NOT r.allowed
 		ON CONFLICT (payment_no) DO NOTHING
 		RETURNING 1
 	),
+	-- where the next run starts reading: the first bill day with an item
+	-- read but not yet due, but never past yesterday (a payment of yesterday
+	-- may still be committed) nor past d + 1 (later days were not read); not
+	-- moved while a transaction older than the last run is still open (it
+	-- may commit an item of a day already passed); never back
+	progress AS (
+		UPDATE payidem.settle_state s
+		   SET scan_from = CASE
+				WHEN st.scan_from IS NOT NULL AND st.last_xmax IS NOT NULL
+					 AND pg_snapshot_xmin(pg_current_snapshot()) < st.last_xmax THEN st.scan_from
+				WHEN st.scan_from IS NULL AND NOT EXISTS (SELECT 1 FROM run) THEN NULL
+				ELSE greatest(least(coalesce((SELECT min(r.bill_day) FROM run r WHERE r.scanned AND NOT r.due),
+											 v_d + 1),
+									v_d + 1, v_today - 1),
+							  st.scan_from)
+			   END,
+			   last_scan_from = st.scan_from,
+			   last_xmax = pg_snapshot_xmax(pg_current_snapshot()),
+			   last_run_at = now(), last_settle_date = v_d
+		 WHERE s.id
+		RETURNING 1
+	),
 	touched AS (
 		SELECT (SELECT count(*) FROM entries) + (SELECT count(*) FROM balances)
-			   + (SELECT count(*) FROM unheld) + (SELECT count(*) FROM holds) AS n
+			   + (SELECT count(*) FROM unheld) + (SELECT count(*) FROM holds)
+			   + (SELECT count(*) FROM progress) AS n
 	)
 	SELECT coalesce(x.merchant_no, k.merchant_no), coalesce(x.currency, k.currency),
 		   coalesce(x.items, 0), coalesce(x.gross, 0)::numeric, coalesce(x.refunds, 0)::numeric,
@@ -323,33 +343,6 @@ BEGIN
 	 CROSS JOIN touched
 	 WHERE touched.n >= 0
 	 ORDER BY 1, 2;
-
-	-- where the next run starts reading: the first bill day with an item
-	-- not yet due, but never past yesterday (a payment of yesterday may still
-	-- be committed), never past d + 1 (later days were not read), and not at
-	-- all while a transaction older than the last run is still open (it may
-	-- commit an item of a day already passed)
-	v_today := (now() AT TIME ZONE v_tz)::date;
-	SELECT min(r.bill_day) INTO v_first_not_due
-	  FROM pg_temp.payidem_settle_run r WHERE r.scanned AND NOT r.due;
-	v_next := least(coalesce(v_first_not_due, v_d + 1), v_d + 1, v_today - 1);
-	IF st.scan_from IS NOT NULL THEN
-		v_next := greatest(least(v_next, v_d + 1), st.scan_from);
-		IF st.last_xmax IS NOT NULL
-		   AND pg_snapshot_xmin(pg_current_snapshot()) < st.last_xmax THEN
-			v_next := st.scan_from;
-		END IF;
-	ELSIF v_first_not_due IS NULL AND NOT EXISTS (SELECT 1 FROM pg_temp.payidem_settle_run) THEN
-		-- nothing read at all: the first run of an empty database keeps
-		-- reading from the beginning
-		v_next := NULL;
-	END IF;
-	UPDATE payidem.settle_state s
-	   SET scan_from = v_next, last_scan_from = st.scan_from,
-		   last_xmax = pg_snapshot_xmax(pg_current_snapshot()),
-		   last_run_at = now(), last_settle_date = v_d
-	 WHERE s.id;
-	TRUNCATE pg_temp.payidem_settle_run;
 END
 $$;
 COMMENT ON FUNCTION payidem.settle(date) IS
