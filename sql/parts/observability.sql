@@ -44,7 +44,7 @@ COMMENT ON VIEW payidem.open_anomalies IS
 CREATE VIEW payidem.open_differences WITH (security_invoker = true) AS
 SELECT r.recon_id, r.channel_no, r.bill_date, r.diff_type, r.transaction_id, r.payment_no,
 	   r.platform_amount, r.channel_amount, r.platform_status, r.channel_status, r.created_at,
-	   pg_catalog.now() - r.created_at AS open_for
+	   pg_catalog.now() - r.created_at AS open_for, r.platform_fee, r.channel_fee
   FROM payidem.reconciliation r
  WHERE r.handle_status = 'open'
  ORDER BY r.bill_date, r.recon_id;

@@ -68,10 +68,7 @@ COMMENT ON FUNCTION payidem._bill_day(timestamptz, text) IS
 -- for settle(), balance()'s pending and the merchant_balances view.  For
 -- a merchant (p_merchant_no), or all (NULL); up to the end of bill day
 -- p_until (NULL: no end).  A refund's fee and cost are its share of its
--- payment's: round(fee * refund / amount) half-up, except the one that
--- completes the payment's refunded amount and is the last not yet settled,
--- which takes the remainder, so a fully refunded payment returns exactly its
--- fee and cost.
+-- payment's (shares, below).
 CREATE FUNCTION payidem._unsettled_items(p_merchant_no text, p_until date)
 RETURNS TABLE (item_no text, item_type text, payment_no text, merchant_no text, channel_no text,
 			   currency text, bill_day date, amount bigint, fee bigint, cost bigint, scanned boolean)
@@ -143,26 +140,24 @@ BEGIN
 		  FROM refunds r
 		 WHERE NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r.refund_no)
 	),
+	-- a refund's share of its payment's fee and cost: the payment's fee
+	-- (cost) for the refunded amount up to and including this refund, less
+	-- that for the amount before it, each rounded half-up: the refunds
+	-- already settled come first (their sum, settled), then the others by
+	-- the time they succeeded.  A single partial refund returns
+	-- round(fee * refund / amount); the shares never go below 0 and add up to
+	-- exactly the fee (cost) once the payment is fully refunded, whatever the
+	-- refunds' sizes.
 	shares AS (
 		SELECT r.refund_no, r.payment_no, r.merchant_no, r.amount, r.refunded_at,
 			   p.channel_no, o.currency::text AS currency, p.amount AS p_amount,
 			   p.fee_amount, p.cost_amount,
-			   -- the last of the payment's unsettled refunds, once it is fully refunded
-			   p.refunded_amount = p.amount
-			   AND NOT EXISTS (SELECT 1 FROM payidem.refund r2
-								WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
-								  AND (r2.refunded_at, r2.refund_no) > (r.refunded_at, r.refund_no)
-								  AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si
-												   WHERE si.item_no = r2.refund_no)) AS takes_rest,
-			   -- the rounded shares of the payment's other succeeded refunds
-			   (SELECT coalesce(sum(round(p.fee_amount::numeric * r2.amount / p.amount)), 0)
-				  FROM payidem.refund r2
+			   (SELECT coalesce(sum(r2.amount), 0) FROM payidem.refund r2
 				 WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
-				   AND r2.refund_no <> r.refund_no) AS others_fee,
-			   (SELECT coalesce(sum(round(p.cost_amount::numeric * r2.amount / p.amount)), 0)
-				  FROM payidem.refund r2
-				 WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
-				   AND r2.refund_no <> r.refund_no) AS others_cost
+				   AND (EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r2.refund_no)
+						OR ((r2.refunded_at, r2.refund_no) < (r.refunded_at, r.refund_no)
+							AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si
+											 WHERE si.item_no = r2.refund_no)))) AS before
 		  FROM unsettled_refunds r
 		  JOIN payidem.payment p ON p.payment_no = r.payment_no
 		  JOIN payidem."order" o ON o.order_no = p.order_no
@@ -173,10 +168,10 @@ BEGIN
 	UNION ALL
 	SELECT s.refund_no, 'refund', s.payment_no, s.merchant_no, s.channel_no, s.currency,
 		   payidem._bill_day(s.refunded_at, v_tz), s.amount,
-		   CASE WHEN s.takes_rest THEN s.fee_amount - s.others_fee
-				ELSE round(s.fee_amount::numeric * s.amount / s.p_amount) END::bigint,
-		   CASE WHEN s.takes_rest THEN s.cost_amount - s.others_cost
-				ELSE round(s.cost_amount::numeric * s.amount / s.p_amount) END::bigint,
+		   (round(s.fee_amount::numeric * (s.before + s.amount) / s.p_amount)
+			- round(s.fee_amount::numeric * s.before / s.p_amount))::bigint,
+		   (round(s.cost_amount::numeric * (s.before + s.amount) / s.p_amount)
+			- round(s.cost_amount::numeric * s.before / s.p_amount))::bigint,
 		   true
 	  FROM shares s;
 END
@@ -209,6 +204,9 @@ BEGIN
 			format('The date was %s; settle() takes a day from 1970-01-01 to 9999-12-30.', coalesce(v_d::text, 'NULL')),
 			'Pass the day to settle up to, e.g. current_date.');
 	END IF;
+	-- (runs wait for each other on settle_state's row, then read what the
+	-- one before settled: READ COMMITTED shows it, REPEATABLE READ would not)
+	PERFORM payidem._refuse_repeatable_read('settle', 'the items other runs settled');
 	INSERT INTO payidem.settle_state (id) VALUES (true) ON CONFLICT DO NOTHING;
 	SELECT * INTO st FROM payidem.settle_state s FOR UPDATE;
 
@@ -422,12 +420,6 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_other bigint := d_available + d_in_payout;
 BEGIN
-	INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
-	SELECT p_journal, e.account, e.merchant_no, NULL, p_currency, e.amount, p_source
-	  FROM (VALUES ('merchant_available'::text, p_merchant_no, -d_available),
-				   ('merchant_payout', p_merchant_no, -d_in_payout),
-				   (other_account, NULL, v_other)) e(account, merchant_no, amount)
-	 WHERE e.amount <> 0;
 	-- (an update, the row made at 0 first if missing: an upsert would check
 	-- the row it proposes, a negative in_payout, before finding the old one)
 	UPDATE payidem.merchant_balance b
@@ -440,6 +432,14 @@ BEGIN
 		   SET available = b.available + d_available, in_payout = b.in_payout + d_in_payout, updated_at = now()
 		 WHERE b.merchant_no = p_merchant_no AND b.currency = p_currency;
 	END IF;
+	-- (the entries after the balance's lock: their order is the order in
+	-- which the merchant's balance moved)
+	INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
+	SELECT p_journal, e.account, e.merchant_no, NULL, p_currency, e.amount, p_source
+	  FROM (VALUES ('merchant_available'::text, p_merchant_no, -d_available),
+				   ('merchant_payout', p_merchant_no, -d_in_payout),
+				   (other_account, NULL, v_other)) e(account, merchant_no, amount)
+	 WHERE e.amount <> 0;
 END
 $$;
 COMMENT ON FUNCTION payidem._post(text, text, text, text, bigint, bigint, text) IS
@@ -483,18 +483,19 @@ BEGIN
 				DETAIL = format('Merchant %s has status %s.', v_merchant_no, v_status),
 				HINT = 'Only active merchants are paid out; what a closed merchant is owed is paid with adjust_balance().';
 		END IF;
+		-- never more than is available: the balance row's lock orders
+		-- concurrent payouts of the merchant, each sees what the one before
+		-- left, and the payout records what it saw
+		SELECT b.available INTO v_available FROM payidem.merchant_balance b
+		 WHERE b.merchant_no = v_merchant_no AND b.currency = v_currency
+		   FOR NO KEY UPDATE;
 		-- the unique constraint decides between concurrent first calls: the
 		-- loser waits for the winner's commit and answers as a repeat
-		INSERT INTO payidem.payout AS x (payout_no, merchant_no, out_payout_no, amount, currency)
-		VALUES (payidem.gen_order_no('PT'), v_merchant_no, v_out, v_amount, v_currency)
+		INSERT INTO payidem.payout AS x (payout_no, merchant_no, out_payout_no, amount, currency, available_before)
+		VALUES (payidem.gen_order_no('PT'), v_merchant_no, v_out, v_amount, v_currency, coalesce(v_available, 0))
 		ON CONFLICT ON CONSTRAINT payout_out_payout_no_key DO NOTHING
 		RETURNING x.payout_no INTO v_payout_no;
 		IF v_payout_no IS NOT NULL THEN
-			-- never more than is available: the balance row's lock orders
-			-- concurrent payouts, and each sees what the one before left
-			SELECT b.available INTO v_available FROM payidem.merchant_balance b
-			 WHERE b.merchant_no = v_merchant_no AND b.currency = v_currency
-			   FOR NO KEY UPDATE;
 			IF coalesce(v_available, 0) < v_amount THEN
 				RAISE EXCEPTION 'insufficient balance for a payout of % %', v_amount, v_currency USING
 					ERRCODE = 'PI010',
@@ -545,6 +546,10 @@ BEGIN
 		PERFORM payidem._raise_not_found('payout', v_payout_no, 'payidem.payout', 'payout_no');
 	END IF;
 	IF p.status = v_status AND (v_ref IS NULL OR p.bank_ref IS NULL OR v_ref = p.bank_ref) THEN
+		IF p.bank_ref IS NULL AND v_ref IS NOT NULL THEN
+			-- the bank's reference, first given with a repeat
+			UPDATE payidem.payout x SET bank_ref = v_ref, updated_at = now() WHERE x.payout_no = v_payout_no;
+		END IF;
 		RETURN 'duplicate';
 	END IF;
 	IF p.status <> 'pending' THEN
@@ -652,7 +657,7 @@ COMMENT ON FUNCTION payidem.set_merchant_notify_url(text, text) IS
 -- currency.  NULL merchant: all.
 CREATE FUNCTION payidem._balances(p_merchant_no text)
 RETURNS TABLE (merchant_no text, currency text, pending numeric, available bigint, in_payout bigint)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 	SELECT coalesce(b.merchant_no, u.merchant_no), coalesce(b.currency::text, u.currency),
 		   coalesce(u.pending, 0), coalesce(b.available, 0), coalesce(b.in_payout, 0)
@@ -807,17 +812,27 @@ BEGIN ATOMIC
 				  WHERE x.account = 'merchant_available' GROUP BY x.journal_no) j ON j.journal_no = si.item_no
 	 WHERE coalesce(j.merchant, 0) <> CASE WHEN si.item_type = 'payment' THEN si.amount - si.fee ELSE si.fee - si.amount END
 	UNION ALL
-	-- no payout took more than was available: the merchant's available
-	-- balance, replayed in the order the entries were written, is not
-	-- negative after any payout request
-	SELECT 'payout_within_available', r.journal_no,
-		   format('merchant %s had %s %s available after it', r.merchant_no, r.after, r.currency)
-	  FROM (SELECT x.journal_no, x.merchant_no, x.currency,
-				   -sum(x.amount) OVER (PARTITION BY x.merchant_no, x.currency ORDER BY x.entry_id) AS after,
-				   x.journal_no ~ '^PT[0-9]{24}$' AS is_request
-			  FROM payidem.ledger_entry x
-			 WHERE x.account = 'merchant_available') r
-	 WHERE r.is_request AND r.after < 0
+	-- no payout took more than was available: what the merchant had when the
+	-- payout was taken (recorded under the balance's lock)
+	SELECT 'payout_within_available', p.payout_no,
+		   format('%s %s paid out of %s available', p.amount, p.currency, coalesce(p.available_before::text, 'unrecorded'))
+	  FROM payidem.payout p
+	 WHERE p.available_before IS NULL OR p.amount > p.available_before
+	UNION ALL
+	-- every succeeded payment of a bill day settle() no longer reads is
+	-- settled or held (else no run would find it: a DBA puts it in
+	-- settlement_hold)
+	SELECT 'settled_or_held', p.payment_no,
+		   format('paid at %s, before the day settle() reads from (%s), neither settled nor held',
+				  p.paid_at, st.scan_from)
+	  FROM payidem.settle_state st
+	  JOIN payidem.payment p
+		ON p.paid_at < pg_catalog.timezone(payidem._bill_timezone(), st.scan_from::timestamp)
+	 WHERE p.status = ANY (payidem._paid_payment_statuses())
+	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = p.payment_no)
+	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_hold h WHERE h.payment_no = p.payment_no)
+	   AND NOT EXISTS (SELECT 1 FROM payidem.anomaly a
+						WHERE a.payment_no = p.payment_no AND a.handle_status = 'open')
 	UNION ALL
 	-- a payout's journals agree with its status
 	SELECT 'payout_journals', p.payout_no,

@@ -174,6 +174,7 @@ CREATE TABLE payidem.payout (
 	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	finished_at		timestamptz,
+	available_before bigint,
 	CONSTRAINT payout_pkey PRIMARY KEY (payout_no),
 	CONSTRAINT payout_out_payout_no_key UNIQUE (merchant_no, out_payout_no),
 	CONSTRAINT payout_merchant_fkey FOREIGN KEY (merchant_no)
@@ -185,6 +186,8 @@ COMMENT ON COLUMN payidem.payout.payout_no IS
 	'Platform payout number, payidem.gen_order_no(''PT'').';
 COMMENT ON COLUMN payidem.payout.out_payout_no IS
 	'The requester''s own number for the payout; unique per merchant (a repeated request returns the same payout).';
+COMMENT ON COLUMN payidem.payout.available_before IS
+	'The merchant''s available balance when the payout was taken (under the balance''s lock): verify() checks the payout took no more.';
 COMMENT ON COLUMN payidem.payout.bank_ref IS
 	'The bank''s reference of the transfer, as apply_payout_result() reported it.';
 
