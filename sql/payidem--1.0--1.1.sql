@@ -2542,7 +2542,7 @@ CREATE TABLE payidem.ledger_entry (
 	account		payidem.ledger_account NOT NULL,
 	merchant_no	text,
 	channel_no	text,
-	currency	payidem.currency_code NOT NULL,
+	currency	character(3)	NOT NULL,
 	amount		bigint			NOT NULL,
 	source_no	text			NOT NULL,
 	created_at	timestamptz		NOT NULL DEFAULT pg_catalog.now(),
@@ -2562,6 +2562,8 @@ COMMENT ON TABLE payidem.ledger_entry IS
 	'The double-entry journal of settlements, payouts and adjustments: append-only; each journal_no sums to 0 per currency (checked at commit).';
 COMMENT ON COLUMN payidem.ledger_entry.journal_no IS
 	'One business event: a settled payment or refund (its number), a payout request (PT...), its result (PT.../succeeded, PT.../failed), an adjustment (AJ...).';
+COMMENT ON COLUMN payidem.ledger_entry.currency IS
+	'The currency of the business event (a payment''s order''s, a payout''s, an adjustment''s: each checked where it was written; not again per entry).';
 COMMENT ON COLUMN payidem.ledger_entry.amount IS
 	'Minor units; debit positive, credit negative.';
 COMMENT ON COLUMN payidem.ledger_entry.source_no IS
@@ -2598,7 +2600,7 @@ CREATE TABLE payidem.settlement_item (
 	payment_no	text		NOT NULL,
 	merchant_no	text		NOT NULL,
 	channel_no	text		NOT NULL,
-	currency	payidem.currency_code NOT NULL,
+	currency	character(3) NOT NULL,
 	bill_day	date		NOT NULL,
 	settle_day	date		NOT NULL,
 	settle_date	date		NOT NULL,
@@ -3558,11 +3560,13 @@ $$;
 COMMENT ON FUNCTION payidem._settle_day(date, text) IS
 	'Internal: the settlement day of an item of a bill day on a merchant''s cycle (D<n>: n calendar days later; T<n>: the n-th business day after).';
 
--- The bill day of a time: its date in payidem.bill_timezone.
+-- The bill day of a time: its date in payidem.bill_timezone.  Inlined into
+-- the queries that call it, a row at a time (no SET clause: a function with
+-- one is called, not inlined); its names are schema-qualified instead.
 CREATE FUNCTION payidem._bill_day(t timestamptz, tz text)
 RETURNS date
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN (t AT TIME ZONE tz)::date;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CAST(pg_catalog.timezone(tz, t) AS pg_catalog.date);
 COMMENT ON FUNCTION payidem._bill_day(timestamptz, text) IS
 	'Internal: the calendar day of a time in a zone (the bill day, with payidem.bill_timezone).';
 
@@ -3750,7 +3754,6 @@ BEGIN
 			   r.settle_day, v_d, r.amount, r.fee, r.cost
 		  FROM run r
 		 WHERE r.due AND r.allowed
-		 ORDER BY r.merchant_no, r.item_no
 		ON CONFLICT (item_no) DO NOTHING
 		RETURNING si.item_no, si.item_type, si.merchant_no, si.channel_no, si.currency::text AS currency,
 				  si.amount, si.fee, si.cost

@@ -264,17 +264,25 @@ payidem_journal_capture(PG_FUNCTION_ARGS)
 	slot = begin_read(rel, trigdata->tg_newtable);
 	while (tuplestore_gettupleslot(trigdata->tg_newtable, true, false, slot))
 	{
-		bool		isnull;
-		char	   *journal = slot_text(slot, a_journal, &isnull);
-		char	   *currency = slot_text(slot, a_currency, &isnull);
-		char	   *account = slot_text(slot, a_account, &isnull);
-		int64		amount = DatumGetInt64(slot_getattr(slot, a_amount, &isnull));
+		bool		n1,
+					n2,
+					n3,
+					n4;
+		text	   *journal = DatumGetTextPP(slot_getattr(slot, a_journal, &n1));
+		text	   *currency = DatumGetTextPP(slot_getattr(slot, a_currency, &n2));
+		text	   *account = DatumGetTextPP(slot_getattr(slot, a_account, &n3));
+		int64		amount = DatumGetInt64(slot_getattr(slot, a_amount, &n4));
+		int			jlen,
+					alen;
+		const char *acc;
 
-		/* the columns are NOT NULL; currency is char(3) */
-		if (journal == NULL || currency == NULL || account == NULL || isnull)
+		/* the columns are NOT NULL */
+		if (n1 || n2 || n3 || n4)
 			continue;
-		if (cur_journal == NULL || strcmp(journal, cur_journal) != 0 ||
-			strncmp(currency, cur_currency, 3) != 0)
+		jlen = VARSIZE_ANY_EXHDR(journal);
+		if (cur_journal == NULL || (int) strlen(cur_journal) != jlen ||
+			memcmp(cur_journal, VARDATA_ANY(journal), jlen) != 0 ||
+			VARSIZE_ANY_EXHDR(currency) < 3 || memcmp(cur_currency, VARDATA_ANY(currency), 3) != 0)
 		{
 			if (cur_journal != NULL)
 			{
@@ -282,25 +290,30 @@ payidem_journal_capture(PG_FUNCTION_ARGS)
 					keep_delta(JOURNAL_SUM, cur_journal, cur_currency, cur_sum, 0);
 				pfree(cur_journal);
 			}
-			cur_journal = journal;
-			strlcpy(cur_currency, currency, sizeof(cur_currency));
+			cur_journal = pnstrdup(VARDATA_ANY(journal), jlen);
+			memset(cur_currency, 0, sizeof(cur_currency));
+			memcpy(cur_currency, VARDATA_ANY(currency), Min(3, VARSIZE_ANY_EXHDR(currency)));
 			cur_sum = 0;
 		}
-		else
-			pfree(journal);
 		cur_sum += amount;
 
-		if (strcmp(account, "merchant_available") == 0 || strcmp(account, "merchant_payout") == 0)
+		/* merchant_available, merchant_payout */
+		acc = VARDATA_ANY(account);
+		alen = VARSIZE_ANY_EXHDR(account);
+		if (alen > 9 && memcmp(acc, "merchant_", 9) == 0 &&
+			((alen == 18 && memcmp(acc, "merchant_available", 18) == 0) ||
+			 (alen == 15 && memcmp(acc, "merchant_payout", 15) == 0)))
 		{
+			bool		isnull;
 			char	   *merchant_no = slot_text(slot, a_merchant, &isnull);
 
 			if (merchant_no != NULL)
-				add_balance(balances,
-							account[9] == 'a' ? BALANCE_AVAILABLE : BALANCE_IN_PAYOUT,
-							merchant_no, currency, -(int128) amount, 0);
+			{
+				add_balance(balances, alen == 18 ? BALANCE_AVAILABLE : BALANCE_IN_PAYOUT,
+							merchant_no, cur_currency, -(int128) amount, 0);
+				pfree(merchant_no);
+			}
 		}
-		pfree(account);
-		pfree(currency);
 	}
 	if (cur_journal != NULL && cur_sum != 0)
 		keep_delta(JOURNAL_SUM, cur_journal, cur_currency, cur_sum, 0);

@@ -54,11 +54,13 @@ $$;
 COMMENT ON FUNCTION payidem._settle_day(date, text) IS
 	'Internal: the settlement day of an item of a bill day on a merchant''s cycle (D<n>: n calendar days later; T<n>: the n-th business day after).';
 
--- The bill day of a time: its date in payidem.bill_timezone.
+-- The bill day of a time: its date in payidem.bill_timezone.  Inlined into
+-- the queries that call it, a row at a time (no SET clause: a function with
+-- one is called, not inlined); its names are schema-qualified instead.
 CREATE FUNCTION payidem._bill_day(t timestamptz, tz text)
 RETURNS date
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN (t AT TIME ZONE tz)::date;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CAST(pg_catalog.timezone(tz, t) AS pg_catalog.date);
 COMMENT ON FUNCTION payidem._bill_day(timestamptz, text) IS
 	'Internal: the calendar day of a time in a zone (the bill day, with payidem.bill_timezone).';
 
@@ -246,7 +248,6 @@ BEGIN
 			   r.settle_day, v_d, r.amount, r.fee, r.cost
 		  FROM run r
 		 WHERE r.due AND r.allowed
-		 ORDER BY r.merchant_no, r.item_no
 		ON CONFLICT (item_no) DO NOTHING
 		RETURNING si.item_no, si.item_type, si.merchant_no, si.channel_no, si.currency::text AS currency,
 				  si.amount, si.fee, si.cost

@@ -53,7 +53,7 @@ CREATE TABLE payidem.ledger_entry (
 	account		payidem.ledger_account NOT NULL,
 	merchant_no	text,
 	channel_no	text,
-	currency	payidem.currency_code NOT NULL,
+	currency	character(3)	NOT NULL,
 	amount		bigint			NOT NULL,
 	source_no	text			NOT NULL,
 	created_at	timestamptz		NOT NULL DEFAULT pg_catalog.now(),
@@ -73,6 +73,8 @@ COMMENT ON TABLE payidem.ledger_entry IS
 	'The double-entry journal of settlements, payouts and adjustments: append-only; each journal_no sums to 0 per currency (checked at commit).';
 COMMENT ON COLUMN payidem.ledger_entry.journal_no IS
 	'One business event: a settled payment or refund (its number), a payout request (PT...), its result (PT.../succeeded, PT.../failed), an adjustment (AJ...).';
+COMMENT ON COLUMN payidem.ledger_entry.currency IS
+	'The currency of the business event (a payment''s order''s, a payout''s, an adjustment''s: each checked where it was written; not again per entry).';
 COMMENT ON COLUMN payidem.ledger_entry.amount IS
 	'Minor units; debit positive, credit negative.';
 COMMENT ON COLUMN payidem.ledger_entry.source_no IS
@@ -109,7 +111,7 @@ CREATE TABLE payidem.settlement_item (
 	payment_no	text		NOT NULL,
 	merchant_no	text		NOT NULL,
 	channel_no	text		NOT NULL,
-	currency	payidem.currency_code NOT NULL,
+	currency	character(3) NOT NULL,
 	bill_day	date		NOT NULL,
 	settle_day	date		NOT NULL,
 	settle_date	date		NOT NULL,

@@ -123,7 +123,7 @@ SELECT is((SELECT array_agg(format('%s.%s %s', c.relname, a.attname, format_type
 	ARRAY['adjustment.adjust_no payidem.adjust_number', 'adjustment.currency payidem.currency_code',
 	      'adjustment.out_adjust_no payidem.merchant_ref',
 	      'channel_bill.transaction_id payidem.channel_ref',
-	      'ledger_entry.account payidem.ledger_account', 'ledger_entry.currency payidem.currency_code',
+	      'ledger_entry.account payidem.ledger_account',
 	      'merchant.notify_url payidem.http_url',
 	      'merchant_balance.currency payidem.currency_code',
 	      'notify_event.attempts payidem.attempt_count', 'notify_event.event payidem.notify_event_type',
@@ -140,8 +140,7 @@ SELECT is((SELECT array_agg(format('%s.%s %s', c.relname, a.attname, format_type
 	      'payout.payout_no payidem.payout_number',
 	      'refund.amount payidem.minor_amount',
 	      'refund.channel_refund_id payidem.channel_ref', 'refund.out_refund_no payidem.merchant_ref',
-	      'refund.reason payidem.refund_reason', 'refund.refund_no payidem.refund_number',
-	      'settlement_item.currency payidem.currency_code'],
+	      'refund.reason payidem.refund_reason', 'refund.refund_no payidem.refund_number'],
 	'the columns typed by payidem domains');
 SELECT is((SELECT array_agg(DISTINCT format_type(typbasetype, typtypmod) ORDER BY format_type(typbasetype, typtypmod))
              FROM pg_type WHERE typnamespace = 'payidem'::regnamespace AND typtype = 'd'),
