@@ -144,7 +144,12 @@ if (require.main === module) {
 	const server = createServer(secrets, ({ event, eventId, body }) => {
 		if (seen.has(eventId)) return;		// a repeated delivery: already taken
 		seen.add(eventId);
-		console.log(`${event} ${eventId}: order ${body.order_no} (${body.out_trade_no}) is ${body.status}`);
+		if (body.payout_no) {
+			// payout.succeeded / payout.failed: a payout, no order
+			console.log(`${event} ${eventId}: payout ${body.payout_no} (${body.out_payout_no}) of ${body.amount} is ${body.status}`);
+		} else {
+			console.log(`${event} ${eventId}: order ${body.order_no} (${body.out_trade_no}) is ${body.status}`);
+		}
 	}, {
 		onRefused: ({ status, reason }) => console.log(`refused (${status}): ${reason}`),
 	});
