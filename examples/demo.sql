@@ -182,8 +182,50 @@ SELECT payidem.load_bill('ALIPAY_001', :'bill_day',
   'channel_no,bill_date,transaction_id,payment_no,amount,fee,status,paid_at' || E'\n' ||
   format('ALIPAY_001,%s,ALI-20261129-0001,%s,2599,16,succeeded,%s', :'bill_day', :'ali_payment', now()) || E'\n' ||
   format('ALIPAY_001,%s,ALI-UNKNOWN-9,,500,3,succeeded,%s', :'bill_day', now())) AS bill_lines;
-SELECT matched, platform_only, channel_only, amount_mismatch, status_mismatch
+\echo 'The bill''s fee for our payment, 16, is the cost we expect the channel to charge: no fee_mismatch.'
+SELECT matched, platform_only, channel_only, amount_mismatch, status_mismatch, fee_mismatch
   FROM payidem.reconcile('ALIPAY_001', :'bill_day');
 SELECT diff_type, transaction_id, channel_amount, handle_status FROM payidem.reconciliation
  WHERE channel_no = 'ALIPAY_001' ORDER BY recon_id;
+
+\echo
+\echo '== 12. Settlement: reconciled payments become the merchant''s balance ========='
+\echo 'Nothing is settled yet: pending is what the payments brought in less their fees, less'
+\echo 'the refund (net of the fee share it returns).'
+SELECT * FROM payidem.balance(:'merchant_no');
+\echo 'The merchant is on T1: a day''s items are due the next business day. settle(d) settles'
+\echo 'every item due by d (the worker runs settle(today) once a day); settling a week ahead'
+\echo 'shows them now. The refund is settled (refunds are never held), so the balance is'
+\echo 'negative for now; the Alipay payment is held by its open status_mismatch, the late'
+\echo 'WeChat payment by its open anomaly and its unreconciled day.'
+SELECT * FROM payidem.settle(:'bill_day'::date + 7);
+\echo 'A person checks the status mismatch (the bill was cut before the refund) and closes it;'
+\echo 'the next run settles the payment; a run after it settles nothing twice (items 0; the'
+\echo 'late payment is still held).'
+SELECT recon_id FROM payidem.reconciliation
+ WHERE payment_no = :'ali_payment' AND handle_status = 'open' \gset
+SELECT payidem.resolve_diff(:recon_id, 'handled', 'the bill was cut before the partial refund');
+SELECT * FROM payidem.settle(:'bill_day'::date + 7);
+SELECT * FROM payidem.settle(:'bill_day'::date + 7);
+SELECT * FROM payidem.balance(:'merchant_no');
+\echo 'A payout within the available balance (a repeat is the same payout); the bank''s answer'
+\echo 'moves it out, and the merchant is told at its own URL (payout.succeeded).'
+SELECT payidem.set_merchant_notify_url(:'merchant_no', 'https://shop.example/payouts');
+SELECT payidem.request_payout(:'merchant_no', 1000, 'PAYOUT-0001') AS payout_no \gset
+SELECT payidem.request_payout(:'merchant_no', 1000, 'PAYOUT-0001') = :'payout_no' AS same_payout;
+\unset ON_ERROR_STOP
+\echo '-- more than is available is refused (PI010):'
+SELECT payidem.request_payout(:'merchant_no', 5000, 'PAYOUT-0002');
+\set ON_ERROR_STOP 1
+SELECT payidem.apply_payout_result(:'payout_no', 'succeeded', 'BANK-0001') AS bank_answer;
+SELECT payidem.apply_payout_result(:'payout_no', 'succeeded', 'BANK-0001') AS repeated_answer;
+SELECT * FROM payidem.balance(:'merchant_no');
+SELECT event, payload::jsonb ->> 'amount' AS amount, payload::jsonb ->> 'status' AS status
+  FROM payidem.notify_event WHERE payout_no = :'payout_no';
+\echo 'The journal: double entry, each journal sums to zero (checked at commit, for every writer).'
+SELECT journal_no, account, coalesce(merchant_no, channel_no, '(platform)') AS owner, amount
+  FROM payidem.ledger_entry ORDER BY entry_id;
+\echo 'verify() re-derives the books from the tables: no rows, nothing wrong.'
+SELECT * FROM payidem.verify();
+
 SELECT name, value FROM payidem.stats() WHERE value > 0 ORDER BY name;
