@@ -3805,10 +3805,14 @@ BEGIN
 		 WHERE r.due AND NOT r.allowed
 		 GROUP BY r.merchant_no, r.currency
 	),
+	-- held: the payments due but blocked, and those found only through an
+	-- open anomaly that are not settled now (once it is resolved, nothing
+	-- else would find them)
 	holds AS (
 		INSERT INTO payidem.settlement_hold (payment_no)
 		SELECT r.payment_no FROM run r
-		 WHERE r.due AND NOT r.allowed
+		 WHERE r.item_type = 'payment' AND ((r.due AND NOT r.allowed) OR (NOT r.scanned AND NOT r.allowed)
+											OR (NOT r.scanned AND NOT r.due))
 		ON CONFLICT (payment_no) DO NOTHING
 		RETURNING 1
 	),
@@ -4340,6 +4344,14 @@ BEGIN ATOMIC
 	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_hold h WHERE h.payment_no = p.payment_no)
 	   AND NOT EXISTS (SELECT 1 FROM payidem.anomaly a
 						WHERE a.payment_no = p.payment_no AND a.handle_status = 'open')
+	UNION ALL
+	SELECT 'settled_or_held', r.refund_no,
+		   format('refunded at %s, before the day settle() reads from (%s), not settled', r.refunded_at, st.scan_from)
+	  FROM payidem.settle_state st
+	  JOIN payidem.refund r
+		ON r.refunded_at < pg_catalog.timezone(payidem._bill_timezone(), st.scan_from::timestamp)
+	 WHERE r.status = 'succeeded'
+	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r.refund_no)
 	UNION ALL
 	-- a payout's journals agree with its status
 	SELECT 'payout_journals', p.payout_no,
