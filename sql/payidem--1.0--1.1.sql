@@ -3687,6 +3687,26 @@ BEGIN
 								WHERE a.payment_no = u.payment_no AND a.handle_status = 'open'))
 	  FROM u JOIN d ON d.bill_day = u.bill_day AND d.settle_cycle = u.settle_cycle;
 
+	-- the balances this run moves, locked before any of its journal entries
+	-- is written (made at 0 where missing), in one order: a payout or an
+	-- adjustment of the merchant then writes its entries wholly before this
+	-- run's or wholly after them, so the journal's order (entry_id) is the
+	-- order the balance moved in, which verify() replays (a payout holding
+	-- the balance while this run wrote a refund's entries and waited would
+	-- be replayed as taking money the refund had already taken back)
+	INSERT INTO payidem.merchant_balance AS b (merchant_no, currency)
+	SELECT DISTINCT r.merchant_no, r.currency
+	  FROM pg_temp.payidem_settle_run r
+	 WHERE r.due AND r.allowed
+	 ORDER BY 1, 2
+	ON CONFLICT (merchant_no, currency) DO NOTHING;
+	PERFORM FROM payidem.merchant_balance b
+	 WHERE (b.merchant_no, b.currency::text) IN (SELECT r.merchant_no, r.currency
+												   FROM pg_temp.payidem_settle_run r
+												  WHERE r.due AND r.allowed)
+	 ORDER BY b.merchant_no, b.currency
+	   FOR NO KEY UPDATE;
+
 	RETURN QUERY
 	WITH settled AS (
 		INSERT INTO payidem.settlement_item AS si
@@ -3865,8 +3885,11 @@ $$;
 -- Two entries of one journal, against a merchant's balance: the one way the
 -- payout and adjustment functions post.  d_available / d_in_payout: how the
 -- merchant's balances move (the merchant accounts' entries are their
--- negation); other_account takes what balances the journal.  Then the
--- balance row (made at 0 if missing) moves with them.
+-- negation); other_account takes what balances the journal.  The balance
+-- row (made at 0 if missing) moves first, which locks it, then the entries
+-- are written: every writer of a merchant's entries holds its balance row
+-- while it writes them, so their order (entry_id) is the order the balance
+-- moved in (verify() replays it).
 CREATE FUNCTION payidem._post(p_journal text, p_source text, p_merchant_no text, p_currency text,
 	d_available bigint, d_in_payout bigint, other_account text)
 RETURNS void
@@ -3874,12 +3897,6 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_other bigint := d_available + d_in_payout;
 BEGIN
-	INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
-	SELECT p_journal, e.account, e.merchant_no, NULL, p_currency, e.amount, p_source
-	  FROM (VALUES ('merchant_available'::text, p_merchant_no, -d_available),
-				   ('merchant_payout', p_merchant_no, -d_in_payout),
-				   (other_account, NULL, v_other)) e(account, merchant_no, amount)
-	 WHERE e.amount <> 0;
 	-- (an update, the row made at 0 first if missing: an upsert would check
 	-- the row it proposes, a negative in_payout, before finding the old one)
 	UPDATE payidem.merchant_balance b
@@ -3892,6 +3909,12 @@ BEGIN
 		   SET available = b.available + d_available, in_payout = b.in_payout + d_in_payout, updated_at = now()
 		 WHERE b.merchant_no = p_merchant_no AND b.currency = p_currency;
 	END IF;
+	INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
+	SELECT p_journal, e.account, e.merchant_no, NULL, p_currency, e.amount, p_source
+	  FROM (VALUES ('merchant_available'::text, p_merchant_no, -d_available),
+				   ('merchant_payout', p_merchant_no, -d_in_payout),
+				   (other_account, NULL, v_other)) e(account, merchant_no, amount)
+	 WHERE e.amount <> 0;
 END
 $$;
 COMMENT ON FUNCTION payidem._post(text, text, text, text, bigint, bigint, text) IS
