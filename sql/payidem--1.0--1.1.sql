@@ -3650,6 +3650,7 @@ DECLARE
 	v_today date;
 	v_next date;
 	v_first_not_due date;
+	v_pending_from date;
 BEGIN
 	IF v_d IS NULL OR NOT isfinite(v_d) OR v_d < date '1970-01-01' OR v_d > date '9999-12-30' THEN
 		PERFORM payidem._raise_invalid('invalid settlement date',
@@ -3658,6 +3659,17 @@ BEGIN
 	END IF;
 	INSERT INTO payidem.settle_state (id) VALUES (true) ON CONFLICT DO NOTHING;
 	SELECT * INTO st FROM payidem.settle_state s FOR UPDATE;
+	-- the first bill day a pending order may still bring a payment of: its
+	-- attempts may succeed at any time, with a paid_at as early as the order
+	-- was made (less the clock skew a channel is allowed), and commit after
+	-- this run has read.  Read before the run reads (an earlier snapshot): an
+	-- order paid in between is paid in what the run reads.
+	SELECT payidem._bill_day(min(o.created_at)
+							 - coalesce(nullif(current_setting('payidem.max_clock_skew', true), '')::interval,
+										interval '1 day'), v_tz)
+	  INTO v_pending_from
+	  FROM payidem.order_expiry q JOIN payidem."order" o ON o.order_no = q.order_no
+	 WHERE o.status = 'pending';
 
 	CREATE TEMP TABLE IF NOT EXISTS pg_temp.payidem_settle_run (
 		item_no text, item_type text, payment_no text, merchant_no text, channel_no text,
@@ -3791,9 +3803,12 @@ BEGIN
 
 	-- where the next run starts reading: the first bill day with an item
 	-- not yet due, but never past yesterday (a payment of yesterday may still
-	-- be committed), never past d + 1 (later days were not read), and not at
-	-- all while a transaction older than the last run is still open (it may
-	-- commit an item of a day already passed)
+	-- be committed), never past d + 1 (later days were not read), never past
+	-- the first day a pending order may still bring a payment of (its
+	-- success may commit after this run read; a payment of an order no longer
+	-- pending is an anomaly, which names it), and not at all while a
+	-- transaction older than the last run is still open (it may commit an
+	-- item of a day already passed)
 	v_today := (now() AT TIME ZONE v_tz)::date;
 	SELECT min(r.bill_day) INTO v_first_not_due
 	  FROM pg_temp.payidem_settle_run r WHERE r.scanned AND NOT r.due;
@@ -3808,6 +3823,10 @@ BEGIN
 		-- nothing read at all: the first run of an empty database keeps
 		-- reading from the beginning
 		v_next := NULL;
+	END IF;
+	IF v_next IS NOT NULL AND v_pending_from IS NOT NULL THEN
+		-- (back, too, if such an order is older than where this run read)
+		v_next := least(v_next, v_pending_from);
 	END IF;
 	UPDATE payidem.settle_state s
 	   SET scan_from = v_next, last_scan_from = st.scan_from,
