@@ -64,7 +64,8 @@ ISOLATION_IDEM     = idem_commit idem_rollback idem_lease_finish idem_three idem
 ISOLATION_STATE    = state_transit_race state_whitelist_cache state_delete_in_use
 ISOLATION_FLOW     = flow_duplicate_callbacks flow_callback_vs_query flow_close_vs_success flow_close_vs_begin flow_two_channels flow_refund_race flow_notify_workers notify_events flow_query_due flow_ddl_meanwhile flow_same_transaction_id flow_rebuild_keys flow_unknown_transaction
 ISOLATION_RECON    = recon_concurrent
-ISOLATION = $(ISOLATION_ORDER_NO) $(ISOLATION_IDEM) $(ISOLATION_STATE) $(ISOLATION_FLOW) $(ISOLATION_RECON)
+ISOLATION_SETTLE   = settle_twice settle_vs_payment payout_race payout_vs_settle_refund
+ISOLATION = $(ISOLATION_ORDER_NO) $(ISOLATION_IDEM) $(ISOLATION_STATE) $(ISOLATION_FLOW) $(ISOLATION_RECON) $(ISOLATION_SETTLE)
 ISOLATION_OPTS = --inputdir=test
 
 # TAP tests (PostgreSQL::Test::Cluster): test/t/*.pl

@@ -3706,6 +3706,7 @@ DECLARE
 	v_tz text := payidem._bill_timezone();
 	st payidem.settle_state;
 	v_today date;
+	v_pending_from date;
 BEGIN
 	IF v_d IS NULL OR NOT isfinite(v_d) OR v_d < date '1970-01-01' OR v_d > date '9999-12-30' THEN
 		PERFORM payidem._raise_invalid('invalid settlement date',
@@ -3717,6 +3718,17 @@ BEGIN
 	PERFORM payidem._refuse_repeatable_read('settle', 'the items other runs settled');
 	INSERT INTO payidem.settle_state (id) VALUES (true) ON CONFLICT DO NOTHING;
 	SELECT * INTO st FROM payidem.settle_state s FOR UPDATE;
+	-- the first bill day a pending order may still bring a payment of: its
+	-- attempts may succeed at any time, with a paid_at as early as the order
+	-- was made (less the clock skew a channel is allowed), and commit after
+	-- this run has read.  Read before the run reads (an earlier snapshot): an
+	-- order paid in between is paid in what the run reads.
+	SELECT payidem._bill_day(min(o.created_at)
+							 - coalesce(nullif(current_setting('payidem.max_clock_skew', true), '')::interval,
+										interval '1 day'), v_tz)
+	  INTO v_pending_from
+	  FROM payidem.order_expiry q JOIN payidem."order" o ON o.order_no = q.order_no
+	 WHERE o.status = 'pending';
 
 	v_today := (now() AT TIME ZONE v_tz)::date;
 	RETURN QUERY
@@ -3818,19 +3830,23 @@ BEGIN
 	),
 	-- where the next run starts reading: the first bill day with an item
 	-- read but not yet due, but never past yesterday (a payment of yesterday
-	-- may still be committed) nor past d + 1 (later days were not read); not
-	-- moved while a transaction older than the last run is still open (it
-	-- may commit an item of a day already passed); never back
+	-- may still be committed), nor past d + 1 (later days were not read),
+	-- nor past the first day a pending order may still bring a payment of
+	-- (its success may commit after this run read; a success for an order no
+	-- longer pending is an anomaly, which names it); not moved while a
+	-- transaction older than the last run is still open (it may commit an
+	-- item of a day already passed); never back but for a pending order
 	progress AS (
 		UPDATE payidem.settle_state s
 		   SET scan_from = CASE
 				WHEN st.scan_from IS NOT NULL AND st.last_xmax IS NOT NULL
 					 AND pg_snapshot_xmin(pg_current_snapshot()) < st.last_xmax THEN st.scan_from
 				WHEN st.scan_from IS NULL AND NOT EXISTS (SELECT 1 FROM run) THEN NULL
-				ELSE greatest(least(coalesce((SELECT min(r.bill_day) FROM run r WHERE r.scanned AND NOT r.due),
-											 v_d + 1),
-									v_d + 1, v_today - 1),
-							  st.scan_from)
+				ELSE least(greatest(least(coalesce((SELECT min(r.bill_day) FROM run r WHERE r.scanned AND NOT r.due),
+												   v_d + 1),
+										  v_d + 1, v_today - 1),
+									st.scan_from),
+						   v_pending_from)
 			   END,
 			   last_scan_from = st.scan_from,
 			   last_xmax = pg_snapshot_xmax(pg_current_snapshot()),
@@ -3922,8 +3938,11 @@ $$;
 -- Two entries of one journal, against a merchant's balance: the one way the
 -- payout and adjustment functions post.  d_available / d_in_payout: how the
 -- merchant's balances move (the merchant accounts' entries are their
--- negation); other_account takes what balances the journal.  Then the
--- balance row (made at 0 if missing) moves with them.
+-- negation); other_account takes what balances the journal.  The balance
+-- row (made at 0 if missing) moves first, which locks it, then the entries
+-- are written: every writer of a merchant's entries holds its balance row
+-- while it writes them, so their order (entry_id) is the order the balance
+-- moved in (verify() replays it).
 CREATE FUNCTION payidem._post(p_journal text, p_source text, p_merchant_no text, p_currency text,
 	d_available bigint, d_in_payout bigint, other_account text)
 RETURNS void
