@@ -3064,7 +3064,8 @@ BEGIN
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
 	EXECUTE format('GRANT SELECT ON %s, %s TO %I', payidem._reader_tables(false),
 				   payidem._reader_tables(true), v_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify() TO %I', v_role);
+	-- (the view merchant_balances calls _balances() with its reader's privileges)
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify(), payidem._balances(text) TO %I', v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
 END
@@ -3086,7 +3087,7 @@ BEGIN
 	END IF;
 	-- what grant_auditor() granted, except what a merchant mapping still needs
 	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
-	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem.verify() FROM %I', v_role);
+	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem.verify(), payidem._balances(text) FROM %I', v_role);
 	PERFORM payidem._revoke_reader_grants(role, v_role);
 END
 $$;
@@ -4101,10 +4102,12 @@ COMMENT ON FUNCTION payidem.set_merchant_notify_url(text, text) IS
 
 -- Pending (earned, not yet settled: amounts less fees, refunds less their
 -- fee shares; may be negative), available and in payout, per merchant and
--- currency.  NULL merchant: all.
+-- currency.  NULL merchant: all.  As the owner: the view merchant_balances
+-- calls it with its reader's privileges (grant_auditor grants EXECUTE on it),
+-- and what it reads needs more than an auditor's SELECTs.
 CREATE FUNCTION payidem._balances(p_merchant_no text)
 RETURNS TABLE (merchant_no text, currency text, pending numeric, available bigint, in_payout bigint)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 	SELECT coalesce(b.merchant_no, u.merchant_no), coalesce(b.currency::text, u.currency),
 		   coalesce(u.pending, 0), coalesce(b.available, 0), coalesce(b.in_payout, 0)
@@ -4472,7 +4475,7 @@ BEGIN
 	END LOOP;
 	FOR r IN SELECT u.rolname FROM payidem.auditor_role a JOIN pg_catalog.pg_roles u ON u.oid = a.role::oid LOOP
 		EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(false), r.rolname);
-		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify() TO %I', r.rolname);
+		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify(), payidem._balances(text) TO %I', r.rolname);
 	END LOOP;
 END
 $$;

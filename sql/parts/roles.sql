@@ -241,7 +241,8 @@ BEGIN
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
 	EXECUTE format('GRANT SELECT ON %s, %s TO %I', payidem._reader_tables(false),
 				   payidem._reader_tables(true), v_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify() TO %I', v_role);
+	-- (the view merchant_balances calls _balances() with its reader's privileges)
+	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify(), payidem._balances(text) TO %I', v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;
 END
@@ -316,7 +317,7 @@ BEGIN
 	END IF;
 	-- what grant_auditor() granted, except what a merchant mapping still needs
 	EXECUTE format('REVOKE SELECT ON %s FROM %I', payidem._reader_tables(false), v_role);
-	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem.verify() FROM %I', v_role);
+	EXECUTE format('REVOKE EXECUTE ON FUNCTION payidem.verify(), payidem._balances(text) FROM %I', v_role);
 	PERFORM payidem._revoke_reader_grants(role, v_role);
 END
 $$;

@@ -656,10 +656,12 @@ COMMENT ON FUNCTION payidem.set_merchant_notify_url(text, text) IS
 
 -- Pending (earned, not yet settled: amounts less fees, refunds less their
 -- fee shares; may be negative), available and in payout, per merchant and
--- currency.  NULL merchant: all.
+-- currency.  NULL merchant: all.  As the owner: the view merchant_balances
+-- calls it with its reader's privileges (grant_auditor grants EXECUTE on it),
+-- and what it reads needs more than an auditor's SELECTs.
 CREATE FUNCTION payidem._balances(p_merchant_no text)
 RETURNS TABLE (merchant_no text, currency text, pending numeric, available bigint, in_payout bigint)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
 	SELECT coalesce(b.merchant_no, u.merchant_no), coalesce(b.currency::text, u.currency),
 		   coalesce(u.pending, 0), coalesce(b.available, 0), coalesce(b.in_payout, 0)
