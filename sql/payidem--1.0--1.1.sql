@@ -3687,6 +3687,19 @@ BEGIN
 			   AND NOT EXISTS (SELECT 1 FROM payidem.anomaly a
 								WHERE a.payment_no = u.payment_no AND a.handle_status = 'open'))
 	  FROM u JOIN d ON d.bill_day = u.bill_day AND d.settle_cycle = u.settle_cycle;
+	-- a merchant whose available balance this run would take out of the
+	-- bigint range (amounts up to the bigint maximum are accepted) is not
+	-- settled: its due items are held, and the other merchants are settled
+	UPDATE pg_temp.payidem_settle_run r SET allowed = false
+	  FROM (SELECT x.merchant_no, x.currency
+			  FROM pg_temp.payidem_settle_run x
+			  LEFT JOIN payidem.merchant_balance b ON b.merchant_no = x.merchant_no AND b.currency = x.currency
+			 WHERE x.due AND x.allowed
+			 GROUP BY x.merchant_no, x.currency, b.available
+			HAVING coalesce(b.available, 0)
+				   + sum(CASE WHEN x.item_type = 'payment' THEN x.amount - x.fee ELSE x.fee - x.amount END)
+				   NOT BETWEEN -9223372036854775808 AND 9223372036854775807) o
+	 WHERE r.merchant_no = o.merchant_no AND r.currency = o.currency AND r.due AND r.allowed;
 
 	RETURN QUERY
 	WITH settled AS (
@@ -3752,7 +3765,7 @@ BEGIN
 	holds AS (
 		INSERT INTO payidem.settlement_hold (payment_no)
 		SELECT r.payment_no FROM pg_temp.payidem_settle_run r
-		 WHERE r.due AND NOT r.allowed
+		 WHERE r.due AND NOT r.allowed AND r.item_type = 'payment'
 		ON CONFLICT (payment_no) DO NOTHING
 		RETURNING 1
 	),
@@ -3771,13 +3784,15 @@ BEGIN
 	 ORDER BY 1, 2;
 
 	-- where the next run starts reading: the first bill day with an item
-	-- not yet due, but never past yesterday (a payment of yesterday may still
-	-- be committed), never past d + 1 (later days were not read), and not at
+	-- not yet due (or a refund held, which settlement_hold does not keep),
+	-- but never past yesterday (a payment of yesterday may still be
+	-- committed), never past d + 1 (later days were not read), and not at
 	-- all while a transaction older than the last run is still open (it may
 	-- commit an item of a day already passed)
 	v_today := (now() AT TIME ZONE v_tz)::date;
 	SELECT min(r.bill_day) INTO v_first_not_due
-	  FROM pg_temp.payidem_settle_run r WHERE r.scanned AND NOT r.due;
+	  FROM pg_temp.payidem_settle_run r
+	 WHERE r.scanned AND (NOT r.due OR (NOT r.allowed AND r.item_type = 'refund'));
 	v_next := least(coalesce(v_first_not_due, v_d + 1), v_d + 1, v_today - 1);
 	IF st.scan_from IS NOT NULL THEN
 		v_next := greatest(least(v_next, v_d + 1), st.scan_from);
@@ -3799,7 +3814,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.settle(date) IS
-	'Settle every succeeded payment and refund whose settlement day (bill day plus the merchant''s settle_cycle) is on or before settle_date, each once: payments only once their channel''s bill day is reconciled and no open difference or anomaly names them (held otherwise). One row per merchant and currency with items settled or held.';
+	'Settle every succeeded payment and refund whose settlement day (bill day plus the merchant''s settle_cycle) is on or before settle_date, each once: payments only once their channel''s bill day is reconciled and no open difference or anomaly names them (held otherwise; so is every item of a merchant whose balance would leave the bigint range). One row per merchant and currency with items settled or held.';
 
 -- The worker's daily run: settle(today in payidem.bill_timezone) once the
 -- day's payidem.settle_after has passed, once a day (settle_state.worker_day).
