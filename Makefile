@@ -55,8 +55,9 @@ REGRESS_STATE    = state_machine
 REGRESS_MERCHANT = merchant merchant_security
 REGRESS_FLOW     = payment_flow payment_result_paths books notifications generated_columns
 REGRESS_RECON    = reconciliation reconciliation_generated
+REGRESS_SETTLE   = settlement
 REGRESS_RELIABILITY = bad_input
-REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON) $(REGRESS_RELIABILITY)
+REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON) $(REGRESS_SETTLE) $(REGRESS_RELIABILITY)
 
 # isolation specs: test/specs/<name>.spec -> test/expected/<name>.out
 ISOLATION_ORDER_NO = order_no_concurrent

@@ -26,6 +26,12 @@
  *
  * An order the caller may not read is PI009, as one that does not exist.
  *
+ * balance() is C for the same reason: it answers by who calls (a role
+ * mapped to merchants sees its own only, DESIGN §11), and what it answers is
+ * payidem._balance(), in SQL, run as the tables' owner — so the one grant of
+ * balance() is all a caller needs (the internal function is granted to no
+ * one).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -36,12 +42,14 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/rls.h"
 #include "utils/syscache.h"
+#include "utils/tuplestore.h"
 
 #include "catalog.h"
 #include "errcodes.h"
@@ -117,4 +125,55 @@ payidem_find_order(PG_FUNCTION_ARGS)
 					 errhint("Pass the %s.", i == 0 ? "merchant_no" : "out_trade_no")));
 	return read_order(fcinfo, (Datum) 0, true, PG_GETARG_DATUM(0), PG_ARGISNULL(0),
 					  PG_GETARG_DATUM(1), PG_ARGISNULL(1));
+}
+
+/*
+ * payidem.balance(merchant_no text, currency text DEFAULT 'CNY')
+ *		RETURNS TABLE (pending numeric, available bigint, in_payout bigint)
+ *		payidem._balance(merchant_no, currency, <the caller>) as the owner: its
+ *		checks (22023, PI009 for a merchant the caller may not see) and its row.
+ */
+static SPIPlanPtr balance_plan = NULL;
+
+PG_FUNCTION_INFO_V1(payidem_balance);
+Datum
+payidem_balance(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	PayidemAsOwner as_owner;
+	Datum		args[3];
+	char		argnulls[3] = {' ', ' ', ' '};
+	Oid			types[3] = {TEXTOID, TEXTOID, REGROLEOID};
+	uint64		i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	for (i = 0; i < 2; i++)
+	{
+		args[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
+		argnulls[i] = PG_ARGISNULL(i) ? 'n' : ' ';
+	}
+	args[2] = ObjectIdGetDatum(GetUserId());
+
+	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), SECURITY_NOFORCE_RLS, &as_owner);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	payidem_saved_plan(&balance_plan,
+					   "SELECT b.pending, b.available, b.in_payout FROM payidem._balance($1, $2, $3) b",
+					   3, types);
+	if (SPI_execute_plan(balance_plan, args, argnulls, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "payidem: the read of a balance failed");
+	/* (the tuplestore copies each row: it outlives the SPI connection) */
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		values[3];
+		bool		nulls[3];
+		int			j;
+
+		for (j = 0; j < 3; j++)
+			values[j] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, j + 1, &nulls[j]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	SPI_finish();
+	payidem_become_caller(&as_owner);
+	return (Datum) 0;
 }

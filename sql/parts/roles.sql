@@ -121,7 +121,7 @@ BEGIN ATOMIC
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
 						 'verify_notification', 'query_due',
 						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
-						 'request_payout', 'apply_payout_result', 'balance', '_balance');
+						 'request_payout', 'apply_payout_result', 'balance');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -143,7 +143,7 @@ BEGIN ATOMIC
 	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
 	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
 		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
-					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance', '_balance')
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance')
 					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
 					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
 	 WHERE m.oid = r.role::oid
@@ -241,7 +241,7 @@ BEGIN
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem._row_visible(text, regrole) TO %I', v_role);
 	EXECUTE format('GRANT SELECT ON %s, %s TO %I', payidem._reader_tables(false),
 				   payidem._reader_tables(true), v_role);
-	-- (merchant_balances calls _balances as its reader)
+	-- (the view merchant_balances calls _balances() with its reader's privileges)
 	EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.verify(), payidem._balances(text) TO %I', v_role);
 	PERFORM payidem._forget_dropped_roles();
 	INSERT INTO payidem.auditor_role (role) VALUES (grant_auditor.role) ON CONFLICT DO NOTHING;

@@ -239,7 +239,7 @@ BEGIN
 	-- each item: due (its settlement day reached), and allowed (a refund
 	-- always; a payment once its channel's bill day is reconciled and no
 	-- open difference or anomaly names it)
-	run AS MATERIALIZED (
+	run0 AS MATERIALIZED (
 		SELECT u.item_no, u.item_type, u.payment_no, u.merchant_no, u.channel_no, u.currency, u.bill_day,
 			   d.settle_day, u.amount, u.fee, u.cost, u.scanned,
 			   d.settle_day <= v_d AS due,
@@ -251,6 +251,26 @@ BEGIN
 				   AND NOT EXISTS (SELECT 1 FROM payidem.anomaly a
 									WHERE a.payment_no = u.payment_no AND a.handle_status = 'open')) AS allowed
 		  FROM u JOIN d ON d.bill_day = u.bill_day AND d.settle_cycle = u.settle_cycle
+	),
+	-- a merchant whose available balance this run would take out of the
+	-- bigint range (amounts up to the bigint maximum are accepted) is not
+	-- settled: its due items are held, and the other merchants are settled
+	beyond AS (
+		SELECT x.merchant_no, x.currency
+		  FROM run0 x
+		  LEFT JOIN payidem.merchant_balance b ON b.merchant_no = x.merchant_no AND b.currency = x.currency
+		 WHERE x.due AND x.allowed
+		 GROUP BY x.merchant_no, x.currency, b.available
+		HAVING coalesce(b.available, 0)
+			   + sum(CASE WHEN x.item_type = 'payment' THEN x.amount - x.fee ELSE x.fee - x.amount END)
+			   NOT BETWEEN -9223372036854775808 AND 9223372036854775807
+	),
+	run AS MATERIALIZED (
+		SELECT x.item_no, x.item_type, x.payment_no, x.merchant_no, x.channel_no, x.currency, x.bill_day,
+			   x.settle_day, x.amount, x.fee, x.cost, x.scanned, x.due,
+			   x.allowed AND NOT EXISTS (SELECT 1 FROM beyond o
+										  WHERE o.merchant_no = x.merchant_no AND o.currency = x.currency) AS allowed
+		  FROM run0 x
 	),
 	settled AS (
 		INSERT INTO payidem.settlement_item AS si
@@ -323,7 +343,8 @@ BEGIN
 		RETURNING 1
 	),
 	-- where the next run starts reading: the first bill day with an item
-	-- read but not yet due, but never past yesterday (a payment of yesterday
+	-- read but not yet due (or a refund held, which settlement_hold does not
+	-- keep), but never past yesterday (a payment of yesterday
 	-- may still be committed), nor past d + 1 (later days were not read),
 	-- nor past the first day a pending order may still bring a payment of
 	-- (its success may commit after this run read; a success for an order no
@@ -336,7 +357,8 @@ BEGIN
 				WHEN st.scan_from IS NOT NULL AND st.last_xmax IS NOT NULL
 					 AND pg_snapshot_xmin(pg_current_snapshot()) < st.last_xmax THEN st.scan_from
 				WHEN st.scan_from IS NULL AND NOT EXISTS (SELECT 1 FROM run) THEN NULL
-				ELSE least(greatest(least(coalesce((SELECT min(r.bill_day) FROM run r WHERE r.scanned AND NOT r.due),
+				ELSE least(greatest(least(coalesce((SELECT min(r.bill_day) FROM run r
+													 WHERE r.scanned AND (NOT r.due OR (NOT r.allowed AND r.item_type = 'refund'))),
 												   v_d + 1),
 										  v_d + 1, v_today - 1),
 									st.scan_from),
@@ -365,7 +387,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.settle(date) IS
-	'Settle every succeeded payment and refund whose settlement day (bill day plus the merchant''s settle_cycle) is on or before settle_date, each once: payments only once their channel''s bill day is reconciled and no open difference or anomaly names them (held otherwise). One row per merchant and currency with items settled or held.';
+	'Settle every succeeded payment and refund whose settlement day (bill day plus the merchant''s settle_cycle) is on or before settle_date, each once: payments only once their channel''s bill day is reconciled and no open difference or anomaly names them (held otherwise; so is every item of a merchant whose balance would leave the bigint range). One row per merchant and currency with items settled or held.';
 
 -- The worker's daily run: settle(today in payidem.bill_timezone) once the
 -- day's payidem.settle_after has passed, once a day (settle_state.worker_day).
@@ -678,7 +700,9 @@ COMMENT ON FUNCTION payidem.set_merchant_notify_url(text, text) IS
 
 -- Pending (earned, not yet settled: amounts less fees, refunds less their
 -- fee shares; may be negative), available and in payout, per merchant and
--- currency.  NULL merchant: all.
+-- currency.  NULL merchant: all.  As the owner: the view merchant_balances
+-- calls it with its reader's privileges (grant_auditor grants EXECUTE on it),
+-- and what it reads needs more than an auditor's SELECTs.
 CREATE FUNCTION payidem._balances(p_merchant_no text)
 RETURNS TABLE (merchant_no text, currency text, pending numeric, available bigint, in_payout bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -699,15 +723,16 @@ COMMENT ON FUNCTION payidem._balances(text) IS
 
 -- The caller's view: a role that reads a merchant's rows (map_merchant_role)
 -- sees its own merchants only (another is PI009, as if it did not exist);
--- the application (grant_app) and auditors see every merchant.
+-- the application (grant_app) and auditors see every merchant.  caller is
+-- the role current at the call of balance() (src/read_api.c, which runs
+-- this as the owner: no one else may execute it).
 CREATE FUNCTION payidem._balance(p_merchant_no text, p_currency text, caller regrole)
 RETURNS TABLE (pending numeric, available bigint, in_payout bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
 	PERFORM payidem._require('merchant_no', p_merchant_no);
 	PERFORM payidem._check_currency(p_currency);
-	IF NOT pg_has_role(SESSION_USER, caller, 'MEMBER')
-	   OR NOT EXISTS (SELECT 1 FROM payidem.merchant m WHERE m.merchant_no = p_merchant_no)
+	IF NOT EXISTS (SELECT 1 FROM payidem.merchant m WHERE m.merchant_no = p_merchant_no)
 	   OR (EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE pg_has_role(caller, r.role, 'USAGE'))
 		   AND NOT EXISTS (SELECT 1 FROM pg_roles u WHERE u.oid = caller::oid AND (u.rolsuper OR u.rolbypassrls))
 		   AND NOT payidem._row_visible(p_merchant_no, caller)) THEN
@@ -721,12 +746,12 @@ $$;
 COMMENT ON FUNCTION payidem._balance(text, text, regrole) IS
 	'Internal to balance(): the balances of a merchant the caller may see (PI009 otherwise).';
 
+-- (C, as get_order(): to know who calls while the caller needs EXECUTE on
+-- this function alone; src/read_api.c)
 CREATE FUNCTION payidem.balance(merchant_no text, currency text DEFAULT 'CNY')
 RETURNS TABLE (pending numeric, available bigint, in_payout bigint)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-	SELECT * FROM payidem._balance(merchant_no, currency, CURRENT_USER::regrole);
-END;
+AS 'MODULE_PATHNAME', 'payidem_balance'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.balance(text, text) IS
 	'A merchant''s balances in a currency: pending (earned, not yet settled, net of fees; may be negative), available (settled, may be paid out) and in_payout (requested, not yet confirmed). A role mapped to merchants (map_merchant_role) sees only its own: another is PI009.';
 
