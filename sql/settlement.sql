@@ -12,8 +12,8 @@
 --      the bank's success and failure, repeated and contradicting results,
 --      the signed payout events;
 --   5. the days after the holidays: reconcile()'s fee_mismatch and a bill
---      without fees, refunds' fee shares and the last refund taking the
---      remainder, a refund settled after the money was paid out driving the
+--      without fees, refunds' fee shares (the last refund taking the
+--      remainder), a refund settled after the money was paid out driving the
 --      balance negative and the next settlement repaying it, frozen and
 --      closed merchants settled too, the reports; a merchant whose balance
 --      would leave the bigint range held, the others settled;
@@ -346,23 +346,23 @@ SELECT * FROM payidem.balance(:'mt');
 -- without a fee: nothing compared) matches P4, but the open anomaly of P4
 -- holds it.  The refunds are never held: R1 returns all of P1 (paid out long
 -- ago) with its whole fee 50 and cost 25; R2a and R2b their shares of P2's
--- fee 5 and cost 3, rounded half-up (100/1000 x 5 = 0.5 -> 1, x 3 = 0.3 -> 0;
--- 300/1000 x 5 = 1.5 -> 2, x 3 = 0.9 -> 1).  T2 bikes' Q3 (Wed, T2: Thu, Fri).
+-- fee 5 and cost 3: the fee (cost) of the refunded amount so far less that of
+-- the amount before, each rounded half-up (R2a: 100/1000 x 5 = 0.5 -> 1,
+-- x 3 = 0.3 -> 0; R2b: 400/1000 x 5 = 2 less 1 = 1, x 3 = 1.2 -> 1 less 0 = 1).  T2 bikes' Q3 (Wed, T2: Thu, Fri).
 SELECT payidem.load_bill('ST_WX', '2026-10-08', E'ST_WX,2026-10-08,TX-P4,,3000,,succeeded,\n') AS lines;
 SELECT * FROM payidem.reconcile('ST_WX', '2026-10-08');
 SELECT * FROM pg_temp.settle('2026-10-09');
 SELECT * FROM pg_temp.items('2026-10-09');
 SELECT * FROM pg_temp.held();
--- T1 tea's available balance is negative: 2985 - 10347; no payout until
+-- T1 tea's available balance is negative: 2985 - 10348; no payout until
 -- it is positive again
 SELECT * FROM payidem.balance(:'mt');
 SELECT * FROM pg_temp.try(format('payidem.request_payout(%L, 1, %L)', :'mt', 'PAY-4'));
 
 -- 10 October (the worked Saturday): the anomaly resolved, Friday's bills
 -- reconciled: P4 (Thu), P5 (Fri, T1: the worked Saturday) and R2c, the
--- refund that completes P2, taking what is left of its fee and cost (5 - 1 -
--- 2 = 2, where its own share would be 3; 3 - 0 - 1 = 2): P2's refunds return
--- exactly its fee and cost.  The settlement repays the negative balance.
+-- refund that completes P2, taking what is left of its fee and cost (5 - 2 =
+-- 3; 3 - 1 = 2): P2's refunds return exactly its fee and cost.  The settlement repays the negative balance.
 SELECT payidem.resolve_anomaly(:p4_anomaly, 'handled', 'the failure report was stale');
 SELECT payidem.load_bill('ST_WX', '2026-10-09', E'ST_WX,2026-10-09,TX-P5,,6000,15,succeeded,\n') AS lines;
 SELECT * FROM payidem.reconcile('ST_WX', '2026-10-09');
