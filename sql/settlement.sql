@@ -219,7 +219,7 @@ $$;
 
 -- before any settlement: everything pending, amounts less fees, refunds
 -- less their fee shares.  T1 tea: 9950 + 995 + 1990 + 2985 + 5970 + 3980
--- from its payments, less 9950 + 99 + 298 + 598 for its refunds = 14925.
+-- from its payments, less 9950 + 99 + 299 + 597 for its refunds = 14925.
 SELECT * FROM pg_temp.balances();
 
 -------------------------------------------------------------- 3. settlement
