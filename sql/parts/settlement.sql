@@ -112,20 +112,21 @@ BEGIN
 		SELECT a.payment_no, false FROM payidem.anomaly a
 		 WHERE a.handle_status = 'open' AND a.payment_no IS NOT NULL
 	),
+	-- each payment once (read by its day and held, say)
+	each AS (
+		SELECT x.payment_no, bool_or(x.scanned) AS scanned FROM pay x GROUP BY x.payment_no
+	),
 	payments AS (
 		SELECT p.payment_no AS item_no, 'payment'::text AS item_type, p.payment_no, p.merchant_no,
 			   p.channel_no, o.currency::text AS currency, payidem._bill_day(p.paid_at, v_tz) AS bill_day,
-			   p.amount::bigint AS amount, p.fee_amount AS fee, p.cost_amount AS cost,
-			   bool_or(pay.scanned) AS scanned
-		  FROM pay
-		  JOIN payidem.payment p ON p.payment_no = pay.payment_no
+			   p.amount::bigint AS amount, p.fee_amount AS fee, p.cost_amount AS cost, e.scanned
+		  FROM each e
+		  JOIN payidem.payment p ON p.payment_no = e.payment_no
 		  JOIN payidem."order" o ON o.order_no = p.order_no
 		 WHERE p.status = ANY (payidem._paid_payment_statuses())
 		   AND (p_merchant_no IS NULL OR p.merchant_no = p_merchant_no)
 		   AND p.paid_at < v_to
 		   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = p.payment_no)
-		 GROUP BY p.payment_no, p.merchant_no, p.channel_no, o.currency, p.paid_at, p.amount,
-				  p.fee_amount, p.cost_amount
 	),
 	refunds AS (
 		SELECT r.refund_no, r.payment_no, r.merchant_no, r.amount::bigint AS amount, r.refunded_at
@@ -239,31 +240,50 @@ BEGIN
 	-- each item: due (its settlement day reached), and allowed (a refund
 	-- always; a payment once its channel's bill day is reconciled and no
 	-- open difference or anomaly names it)
+	-- the channel days reconciled, once each (not a look-up per item)
+	reconciled AS MATERIALIZED (
+		SELECT c.channel_no, c.bill_day
+		  FROM (SELECT DISTINCT u.channel_no, u.bill_day FROM u WHERE u.item_type = 'payment') c
+		 WHERE EXISTS (SELECT 1 FROM payidem.recon_batch b
+						WHERE b.channel_no = c.channel_no AND b.bill_date = c.bill_day AND b.status = 'done')
+	),
+	-- the payments an open anomaly or an open difference names (their
+	-- partial indexes of open ones)
+	flagged AS MATERIALIZED (
+		SELECT a.payment_no FROM payidem.anomaly a
+		 WHERE a.handle_status = 'open' AND a.payment_no IS NOT NULL
+		UNION
+		SELECT rc.payment_no FROM payidem.reconciliation rc
+		 WHERE rc.handle_status = 'open' AND rc.payment_no IS NOT NULL
+	),
 	run0 AS MATERIALIZED (
 		SELECT u.item_no, u.item_type, u.payment_no, u.merchant_no, u.channel_no, u.currency, u.bill_day,
 			   d.settle_day, u.amount, u.fee, u.cost, u.scanned,
 			   d.settle_day <= v_d AS due,
 			   u.item_type = 'refund'
-			   OR (EXISTS (SELECT 1 FROM payidem.recon_batch b
-							WHERE b.channel_no = u.channel_no AND b.bill_date = u.bill_day AND b.status = 'done')
-				   AND NOT EXISTS (SELECT 1 FROM payidem.reconciliation rc
-									WHERE rc.payment_no = u.payment_no AND rc.handle_status = 'open')
-				   AND NOT EXISTS (SELECT 1 FROM payidem.anomaly a
-									WHERE a.payment_no = u.payment_no AND a.handle_status = 'open')) AS allowed
-		  FROM u JOIN d ON d.bill_day = u.bill_day AND d.settle_cycle = u.settle_cycle
+			   OR (rd.channel_no IS NOT NULL AND fl.payment_no IS NULL) AS allowed
+		  FROM u
+		  JOIN d ON d.bill_day = u.bill_day AND d.settle_cycle = u.settle_cycle
+		  LEFT JOIN reconciled rd ON rd.channel_no = u.channel_no AND rd.bill_day = u.bill_day
+		  LEFT JOIN flagged fl ON fl.payment_no = u.payment_no
 	),
 	-- a merchant whose available balance this run would take out of the
 	-- bigint range (amounts up to the bigint maximum are accepted) is not
 	-- settled: its due items are held, and the other merchants are settled
 	beyond AS (
 		SELECT x.merchant_no, x.currency
-		  FROM run0 x
+		  FROM (SELECT r.merchant_no, r.currency,
+					   sum(CASE WHEN r.item_type = 'payment' THEN r.amount - r.fee ELSE r.fee - r.amount END) AS moves
+				  FROM run0 r
+				 WHERE r.due AND r.allowed
+				 GROUP BY r.merchant_no, r.currency) x
 		  LEFT JOIN payidem.merchant_balance b ON b.merchant_no = x.merchant_no AND b.currency = x.currency
-		 WHERE x.due AND x.allowed
-		 GROUP BY x.merchant_no, x.currency, b.available
-		HAVING coalesce(b.available, 0)
-			   + sum(CASE WHEN x.item_type = 'payment' THEN x.amount - x.fee ELSE x.fee - x.amount END)
-			   NOT BETWEEN -9223372036854775808 AND 9223372036854775807
+		 WHERE coalesce(b.available, 0) + x.moves NOT BETWEEN -9223372036854775808 AND 9223372036854775807
+		   -- (looked at only when some merchant could: the run's amounts and
+		   -- the largest balance together pass the range)
+		   AND (SELECT coalesce(sum(r.amount), 0) FROM run0 r WHERE r.due AND r.allowed)
+			   + (SELECT coalesce(max(greatest(b2.available, -b2.available)), 0) FROM payidem.merchant_balance b2)
+			   > 9223372036854775807
 	),
 	run AS MATERIALIZED (
 		SELECT x.item_no, x.item_type, x.payment_no, x.merchant_no, x.channel_no, x.currency, x.bill_day,

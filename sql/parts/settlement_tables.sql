@@ -261,5 +261,8 @@ ALTER TABLE payidem.reconciliation ADD CONSTRAINT reconciliation_sides_consisten
 ALTER TABLE payidem.recon_batch ADD CONSTRAINT recon_batch_fee_mismatch_nonnegative CHECK (fee_mismatch >= 0);
 COMMENT ON COLUMN payidem.reconciliation.diff_type IS
 	'platform_only (we have it, the bill does not), channel_only (money taken, no record of ours), amount_mismatch, status_mismatch, fee_mismatch (the bill''s fee is not the payment''s cost_amount).';
--- Settlement finds a day's refunds by the time they succeeded.
-CREATE INDEX refund_refunded_at ON payidem.refund (refunded_at);
+-- Settlement holds a payment an open difference names: the open ones, by
+-- payment (a difference is written by reconcile(), not on a payment's path).
+CREATE INDEX reconciliation_open_payment ON payidem.reconciliation (payment_no) WHERE handle_status = 'open';
+-- Settlement finds a merchant's refunds by the time they succeeded.
+CREATE INDEX refund_merchant_refunded ON payidem.refund (merchant_no, refunded_at);
