@@ -2750,6 +2750,42 @@ COMMENT ON COLUMN payidem.reconciliation.diff_type IS
 	'platform_only (we have it, the bill does not), channel_only (money taken, no record of ours), amount_mismatch, status_mismatch, fee_mismatch (the bill''s fee is not the payment''s cost_amount).';
 -- Settlement finds a day's refunds by the time they succeeded.
 CREATE INDEX refund_refunded_at ON payidem.refund (refunded_at);
+-- recon_summary reads the rows of recon_batch whole (rb.*), which PostgreSQL
+-- expands to the columns the table had when the view was made: the view made
+-- again reads fee_mismatch too, as a new install's does (its own columns and
+-- privileges stay)
+CREATE OR REPLACE VIEW payidem.recon_summary AS
+SELECT b.channel_no, b.bill_date,
+	   b.recon_batch_no AS last_batch_no, b.finished_at, b.bill_timezone,
+	   b.bill_lines, b.bill_amount_total, b.platform_payments, b.platform_amount_total,
+	   b.matched, b.platform_only, b.channel_only, b.amount_mismatch, b.status_mismatch,
+	   b.straddled,
+	   coalesce(d.open_count, 0) AS open_count,
+	   coalesce(d.open_amount, 0) AS open_amount,
+	   coalesce(d.open_channel_only, 0) AS open_channel_only,
+	   coalesce(d.handled_count, 0) AS handled_count,
+	   coalesce(d.ignored_count, 0) AS ignored_count,
+	   coalesce(d.auto_resolved_count, 0) AS auto_resolved_count
+  FROM (SELECT DISTINCT ON (rb.channel_no, rb.bill_date) rb.*
+		  FROM payidem.recon_batch rb
+		 WHERE rb.status = 'done'
+		 ORDER BY rb.channel_no, rb.bill_date, rb.started_at DESC,
+				  pg_catalog.length(rb.recon_batch_no) DESC, rb.recon_batch_no DESC) b
+  LEFT JOIN (SELECT rc.channel_no, rc.bill_date,
+					count(*) FILTER (WHERE rc.handle_status = 'open') AS open_count,
+					sum(CASE rc.diff_type
+						 WHEN 'platform_only' THEN rc.platform_amount
+						 WHEN 'channel_only' THEN rc.channel_amount
+						 WHEN 'amount_mismatch' THEN pg_catalog.abs(rc.platform_amount - rc.channel_amount)
+						 ELSE coalesce(rc.channel_amount, rc.platform_amount)
+						END) FILTER (WHERE rc.handle_status = 'open') AS open_amount,
+					count(*) FILTER (WHERE rc.handle_status = 'open' AND rc.diff_type = 'channel_only') AS open_channel_only,
+					count(*) FILTER (WHERE rc.handle_status = 'handled') AS handled_count,
+					count(*) FILTER (WHERE rc.handle_status = 'ignored') AS ignored_count,
+					count(*) FILTER (WHERE rc.handle_status = 'auto_resolved') AS auto_resolved_count
+			   FROM payidem.reconciliation rc
+			  GROUP BY rc.channel_no, rc.bill_date) d
+	ON d.channel_no = b.channel_no AND d.bill_date = b.bill_date;
 
 -- functions of 1.0 that settlement changes
 CREATE OR REPLACE FUNCTION payidem._check_number(kind text, value text)
@@ -4440,6 +4476,14 @@ REVOKE ALL ON FUNCTION payidem._is_business_day(date),
 	payidem._balance_capture(),
 	payidem._ledger_append_only()
 	FROM PUBLIC;
+-- the new tables, views and sequence, as privileges.sql leaves every one of
+-- a new install's (nothing for PUBLIC; pg_init_privs records it)
+REVOKE ALL ON payidem.business_day, payidem.ledger_entry, payidem.merchant_balance,
+	payidem.settlement_item, payidem.settlement_hold, payidem.settle_state, payidem.payout,
+	payidem.adjustment, payidem.merchant_balances, payidem.settlement_summary,
+	payidem.platform_margin
+	FROM PUBLIC;
+REVOKE ALL ON SEQUENCE payidem.ledger_entry_entry_id_seq FROM PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('payidem.business_day', '');
 SELECT pg_catalog.pg_extension_config_dump('payidem.ledger_entry', '');
@@ -4475,3 +4519,25 @@ BEGIN
 	END LOOP;
 END
 $$;
+
+-- The grants this update gave roles -- above, and reconcile()'s made again --
+-- are the roles' own, as the grant_app(), grant_auditor() or GRANT they come
+-- from were.  But a GRANT run by an extension's script is recorded in
+-- pg_init_privs as the object's initial privileges, and pg_dump writes an
+-- extension object's privileges as the difference from its initial ones: a
+-- dump of the updated database would leave these grants out (and those
+-- grant_auditor() had given on 1.0's tables, granted again above), and the
+-- roles would lose them on restore.  The initial privileges of payidem's
+-- objects are put back to what a new install records: the owner's own
+-- (an entry whose grantee is its grantor), nothing granted to another role.
+UPDATE pg_catalog.pg_init_privs ip
+   SET initprivs = ARRAY(SELECT a FROM pg_catalog.unnest(ip.initprivs) a
+						  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.aclexplode(ARRAY[a]) x
+											 WHERE x.grantee <> x.grantor))
+ WHERE ip.privtype = 'e'
+   AND EXISTS (SELECT 1 FROM pg_catalog.unnest(ip.initprivs) a, pg_catalog.aclexplode(ARRAY[a]) x
+				WHERE x.grantee <> x.grantor)
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+				WHERE d.classid = ip.classoid AND d.objid = ip.objoid AND d.deptype = 'e'
+				  AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+				  AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'payidem'));
