@@ -3051,7 +3051,7 @@ BEGIN ATOMIC
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
 						 'verify_notification', 'query_due',
 						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
-						 'request_payout', 'apply_payout_result', 'balance');
+						 'request_payout', 'apply_payout_result', 'balance', '_balance');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -3063,7 +3063,7 @@ BEGIN ATOMIC
 	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
 	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
 		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
-					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance')
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance', '_balance')
 					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
 					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
 	 WHERE m.oid = r.role::oid
@@ -4158,7 +4158,10 @@ COMMENT ON FUNCTION payidem._balances(text) IS
 
 -- The caller's view: a role that reads a merchant's rows (map_merchant_role)
 -- sees its own merchants only (another is PI009, as if it did not exist);
--- the application (grant_app) and auditors see every merchant.
+-- the application (grant_app) and auditors see every merchant.  balance()
+-- calls it as its caller (to pass CURRENT_USER), so whoever may execute
+-- balance() needs it too: grant_app() grants both (app_functions()), and it
+-- checks that the session's user is a member of the caller it is given.
 CREATE FUNCTION payidem._balance(p_merchant_no text, p_currency text, caller regrole)
 RETURNS TABLE (pending numeric, available bigint, in_payout bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -4497,7 +4500,8 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.adjustment', '');
 
 -- Roles made before the update get what their grant gives now: application
 -- roles (grant_app: those that may create orders) the payout functions and
--- balance(), auditors (grant_auditor) the books and verify().
+-- balance() (with _balance(), which balance() calls as its caller),
+-- auditors (grant_auditor) the books and verify().
 DO $$
 DECLARE
 	r record;
@@ -4511,7 +4515,8 @@ BEGIN
 							 WHERE p.oid = 'payidem.create_order(text, text, bigint, text, text, text, interval, text)'::regprocedure
 							   AND a.grantee = u.oid) LOOP
 		EXECUTE format('GRANT EXECUTE ON FUNCTION payidem.request_payout(text, bigint, text, text), '
-					   'payidem.apply_payout_result(text, text, text), payidem.balance(text, text) TO %I', r.rolname);
+					   'payidem.apply_payout_result(text, text, text), payidem.balance(text, text), '
+					   'payidem._balance(text, text, regrole) TO %I', r.rolname);
 	END LOOP;
 	FOR r IN SELECT u.rolname FROM payidem.auditor_role a JOIN pg_catalog.pg_roles u ON u.oid = a.role::oid LOOP
 		EXECUTE format('GRANT SELECT ON %s TO %I', payidem._reader_tables(false), r.rolname);

@@ -677,7 +677,10 @@ COMMENT ON FUNCTION payidem._balances(text) IS
 
 -- The caller's view: a role that reads a merchant's rows (map_merchant_role)
 -- sees its own merchants only (another is PI009, as if it did not exist);
--- the application (grant_app) and auditors see every merchant.
+-- the application (grant_app) and auditors see every merchant.  balance()
+-- calls it as its caller (to pass CURRENT_USER), so whoever may execute
+-- balance() needs it too: grant_app() grants both (app_functions()), and it
+-- checks that the session's user is a member of the caller it is given.
 CREATE FUNCTION payidem._balance(p_merchant_no text, p_currency text, caller regrole)
 RETURNS TABLE (pending numeric, available bigint, in_payout bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
