@@ -256,24 +256,6 @@ BEGIN
 		RETURNING si.item_no, si.item_type, si.merchant_no, si.channel_no, si.currency::text AS currency,
 				  si.amount, si.fee, si.cost
 	),
-	-- each item's journal (journal_no = its number): a payment credits the
-	-- merchant its amount less its fee and the platform the fee, and debits
-	-- the channel what it remits less its cost and the cost; a refund the
-	-- reverse of its share
-	entries AS (
-		INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
-		SELECT s.item_no, e.account, e.merchant_no, e.channel_no, s.currency, e.amount * e.sign, s.item_no
-		  FROM settled s
-		 CROSS JOIN LATERAL (
-				SELECT CASE WHEN s.item_type = 'payment' THEN 1 ELSE -1 END AS sign) g
-		 CROSS JOIN LATERAL (VALUES
-				('channel_receivable'::text, NULL::text, s.channel_no, s.amount - s.cost, g.sign),
-				('channel_cost', NULL, NULL, s.cost, g.sign),
-				('merchant_available', s.merchant_no, NULL, -(s.amount - s.fee), g.sign),
-				('fee_revenue', NULL, NULL, -s.fee, g.sign)) e(account, merchant_no, channel_no, amount, sign)
-		 WHERE e.amount <> 0
-		RETURNING 1
-	),
 	sums AS (
 		SELECT s.merchant_no, s.currency, count(*) AS items,
 			   coalesce(sum(s.amount) FILTER (WHERE s.item_type = 'payment'), 0) AS gross,
@@ -283,6 +265,8 @@ BEGIN
 		  FROM settled s
 		 GROUP BY s.merchant_no, s.currency
 	),
+	-- each merchant's balance row moves by what its items bring, locked in
+	-- the order of merchant_no
 	balances AS (
 		INSERT INTO payidem.merchant_balance AS b (merchant_no, currency, available)
 		SELECT x.merchant_no, x.currency, (x.gross - x.refunds - x.fees)::bigint
@@ -290,6 +274,28 @@ BEGIN
 		 ORDER BY x.merchant_no, x.currency
 		ON CONFLICT (merchant_no, currency) DO UPDATE
 		   SET available = b.available + EXCLUDED.available, updated_at = now()
+		RETURNING 1
+	),
+	-- each item's journal (journal_no = its number): a payment credits the
+	-- merchant its amount less its fee and the platform the fee, and debits
+	-- the channel what it remits less its cost and the cost; a refund the
+	-- reverse of its share.  Written once every balance row is locked (the
+	-- join with balances: no entry before all of its rows): a merchant's
+	-- entries are written in the order its balance moved (_post too), the
+	-- order verify() replays them in.
+	entries AS (
+		INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
+		SELECT s.item_no, e.account, e.merchant_no, e.channel_no, s.currency, e.amount * e.sign, s.item_no
+		  FROM settled s
+		 CROSS JOIN (SELECT count(*) FROM balances) locked
+		 CROSS JOIN LATERAL (
+				SELECT CASE WHEN s.item_type = 'payment' THEN 1 ELSE -1 END AS sign) g
+		 CROSS JOIN LATERAL (VALUES
+				('channel_receivable'::text, NULL::text, s.channel_no, s.amount - s.cost, g.sign),
+				('channel_cost', NULL, NULL, s.cost, g.sign),
+				('merchant_available', s.merchant_no, NULL, -(s.amount - s.fee), g.sign),
+				('fee_revenue', NULL, NULL, -s.fee, g.sign)) e(account, merchant_no, channel_no, amount, sign)
+		 WHERE e.amount <> 0
 		RETURNING 1
 	),
 	unheld AS (
@@ -420,8 +426,8 @@ $$;
 -- Two entries of one journal, against a merchant's balance: the one way the
 -- payout and adjustment functions post.  d_available / d_in_payout: how the
 -- merchant's balances move (the merchant accounts' entries are their
--- negation); other_account takes what balances the journal.  Then the
--- balance row (made at 0 if missing) moves with them.
+-- negation); other_account takes what balances the journal.  The balance
+-- row (made at 0 if missing) moves with them, first.
 CREATE FUNCTION payidem._post(p_journal text, p_source text, p_merchant_no text, p_currency text,
 	d_available bigint, d_in_payout bigint, other_account text)
 RETURNS void
@@ -429,12 +435,6 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_other bigint := d_available + d_in_payout;
 BEGIN
-	INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
-	SELECT p_journal, e.account, e.merchant_no, NULL, p_currency, e.amount, p_source
-	  FROM (VALUES ('merchant_available'::text, p_merchant_no, -d_available),
-				   ('merchant_payout', p_merchant_no, -d_in_payout),
-				   (other_account, NULL, v_other)) e(account, merchant_no, amount)
-	 WHERE e.amount <> 0;
 	-- (an update, the row made at 0 first if missing: an upsert would check
 	-- the row it proposes, a negative in_payout, before finding the old one)
 	UPDATE payidem.merchant_balance b
@@ -447,6 +447,15 @@ BEGIN
 		   SET available = b.available + d_available, in_payout = b.in_payout + d_in_payout, updated_at = now()
 		 WHERE b.merchant_no = p_merchant_no AND b.currency = p_currency;
 	END IF;
+	-- the entries once the row is locked: a merchant's entries are written
+	-- in the order its balance moved (settle() too), the order verify()
+	-- replays them in
+	INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
+	SELECT p_journal, e.account, e.merchant_no, NULL, p_currency, e.amount, p_source
+	  FROM (VALUES ('merchant_available'::text, p_merchant_no, -d_available),
+				   ('merchant_payout', p_merchant_no, -d_in_payout),
+				   (other_account, NULL, v_other)) e(account, merchant_no, amount)
+	 WHERE e.amount <> 0;
 END
 $$;
 COMMENT ON FUNCTION payidem._post(text, text, text, text, bigint, bigint, text) IS
@@ -818,8 +827,10 @@ BEGIN ATOMIC
 	 WHERE coalesce(j.merchant, 0) <> CASE WHEN si.item_type = 'payment' THEN si.amount - si.fee ELSE si.fee - si.amount END
 	UNION ALL
 	-- no payout took more than was available: the merchant's available
-	-- balance, replayed in the order the entries were written, is not
-	-- negative after any payout request
+	-- balance, replayed in the order the entries were written (payidem's
+	-- writers write a merchant's entries while its balance row is locked:
+	-- the order the balance moved in), is not negative after any payout
+	-- request
 	SELECT 'payout_within_available', r.journal_no,
 		   format('merchant %s had %s %s available after it', r.merchant_no, r.after, r.currency)
 	  FROM (SELECT x.journal_no, x.merchant_no, x.currency,
