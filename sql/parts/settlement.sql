@@ -68,10 +68,13 @@ COMMENT ON FUNCTION payidem._bill_day(timestamptz, text) IS
 -- for settle(), balance()'s pending and the merchant_balances view.  For
 -- a merchant (p_merchant_no), or all (NULL); up to the end of bill day
 -- p_until (NULL: no end).  A refund's fee and cost are its share of its
--- payment's: round(fee * refund / amount) half-up, except the one that
--- completes the payment's refunded amount and is the last not yet settled,
--- which takes the remainder, so a fully refunded payment returns exactly its
--- fee and cost.
+-- payment's, rounded cumulatively: what round(fee * refunded / amount)
+-- half-up comes to with this refund, less what the payment's refunds before
+-- it returned.  A payment's first refund returns round(fee * refund /
+-- amount); together its refunds never return more than its fee and cost, and
+-- exactly them once it is fully refunded.  (Each refund rounded on its own
+-- would not add up: four refunds of a quarter of a cost of 2 would each
+-- return round(0.5) = 1, and the last, taking the remainder, -1.)
 CREATE FUNCTION payidem._unsettled_items(p_merchant_no text, p_until date)
 RETURNS TABLE (item_no text, item_type text, payment_no text, merchant_no text, channel_no text,
 			   currency text, bill_day date, amount bigint, fee bigint, cost bigint, scanned boolean)
@@ -143,29 +146,25 @@ BEGIN
 		  FROM refunds r
 		 WHERE NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r.refund_no)
 	),
+	-- a refund's share: what the payment's refunded amount so far (its
+	-- settled refunds, then its unsettled ones in the order they succeeded,
+	-- this one included) returns of the fee and cost, round(fee * refunded /
+	-- amount) half-up, less what was returned before it (by the settled
+	-- refunds, then the unsettled ones before it)
 	shares AS (
 		SELECT r.refund_no, r.payment_no, r.merchant_no, r.amount, r.refunded_at,
 			   p.channel_no, o.currency::text AS currency, p.amount AS p_amount,
-			   p.fee_amount, p.cost_amount,
-			   -- the last of the payment's unsettled refunds, once it is fully refunded
-			   p.refunded_amount = p.amount
-			   AND NOT EXISTS (SELECT 1 FROM payidem.refund r2
-								WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
-								  AND (r2.refunded_at, r2.refund_no) > (r.refunded_at, r.refund_no)
-								  AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si
-												   WHERE si.item_no = r2.refund_no)) AS takes_rest,
-			   -- the rounded shares of the payment's other succeeded refunds
-			   (SELECT coalesce(sum(round(p.fee_amount::numeric * r2.amount / p.amount)), 0)
-				  FROM payidem.refund r2
-				 WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
-				   AND r2.refund_no <> r.refund_no) AS others_fee,
-			   (SELECT coalesce(sum(round(p.cost_amount::numeric * r2.amount / p.amount)), 0)
-				  FROM payidem.refund r2
-				 WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
-				   AND r2.refund_no <> r.refund_no) AS others_cost
+			   p.fee_amount, p.cost_amount, st.amount AS s_amount, st.fee AS s_fee, st.cost AS s_cost,
+			   sum(r.amount) OVER (PARTITION BY r.payment_no ORDER BY r.refunded_at, r.refund_no) AS upto
 		  FROM unsettled_refunds r
 		  JOIN payidem.payment p ON p.payment_no = r.payment_no
 		  JOIN payidem."order" o ON o.order_no = p.order_no
+		 CROSS JOIN LATERAL (
+				SELECT coalesce(sum(si.amount), 0) AS amount, coalesce(sum(si.fee), 0) AS fee,
+					   coalesce(sum(si.cost), 0) AS cost
+				  FROM payidem.refund r2
+				  JOIN payidem.settlement_item si ON si.item_no = r2.refund_no
+				 WHERE r2.payment_no = r.payment_no) st
 	)
 	SELECT x.item_no, x.item_type, x.payment_no, x.merchant_no, x.channel_no, x.currency, x.bill_day,
 		   x.amount, x.fee, x.cost, x.scanned
@@ -173,10 +172,10 @@ BEGIN
 	UNION ALL
 	SELECT s.refund_no, 'refund', s.payment_no, s.merchant_no, s.channel_no, s.currency,
 		   payidem._bill_day(s.refunded_at, v_tz), s.amount,
-		   CASE WHEN s.takes_rest THEN s.fee_amount - s.others_fee
-				ELSE round(s.fee_amount::numeric * s.amount / s.p_amount) END::bigint,
-		   CASE WHEN s.takes_rest THEN s.cost_amount - s.others_cost
-				ELSE round(s.cost_amount::numeric * s.amount / s.p_amount) END::bigint,
+		   (greatest(round(s.fee_amount::numeric * (s.s_amount + s.upto) / s.p_amount) - s.s_fee, 0)
+			- greatest(round(s.fee_amount::numeric * (s.s_amount + s.upto - s.amount) / s.p_amount) - s.s_fee, 0))::bigint,
+		   (greatest(round(s.cost_amount::numeric * (s.s_amount + s.upto) / s.p_amount) - s.s_cost, 0)
+			- greatest(round(s.cost_amount::numeric * (s.s_amount + s.upto - s.amount) / s.p_amount) - s.s_cost, 0))::bigint,
 		   true
 	  FROM shares s;
 END
