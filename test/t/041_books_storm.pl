@@ -523,8 +523,8 @@ books_hold('after the storm');
 # ---------------------------------------------------------------- the last pass
 # every day's bill as the channel has it, reconciled; the anomalies resolved;
 # settle(): every paid payment and succeeded refund is settled, once
-$q->(q{
-DO $pass$
+my $bills_sql = q{
+DO $bills$
 DECLARE
 	d record;
 	v_tz text := current_setting('payidem.bill_timezone');
@@ -542,10 +542,12 @@ BEGIN
 			   AND (p.paid_at AT TIME ZONE v_tz)::date = d.day));
 		PERFORM payidem.reconcile(d.channel_no, d.day);
 	END LOOP;
-	PERFORM payidem.resolve_anomaly(a.anomaly_id, 'handled', 'the last pass')
-	   FROM payidem.anomaly a WHERE a.handle_status = 'open';
 END
-$pass$;
+$bills$;
+};
+$q->($bills_sql . q{
+SELECT count(*) FROM (SELECT payidem.resolve_anomaly(a.anomaly_id, 'handled', 'the last pass')
+                        FROM payidem.anomaly a WHERE a.handle_status = 'open') x;
 INSERT INTO bs_settle SELECT current_date + 10, s.* FROM payidem.settle(current_date + 10) s;
 });
 is($q->(q{SELECT count(*) FROM payidem.reconciliation WHERE handle_status = 'open' AND payment_no IS NOT NULL}), '0',
@@ -558,6 +560,34 @@ is($q->(q{SELECT (SELECT count(*) FROM payidem.payment WHERE status IN ('succeed
 is($q->(q{SELECT count(*) FROM payidem.settlement_hold}), '0', 'last pass: nothing is held');
 is($q->(q{SELECT count(*) FROM payidem.merchant_balances WHERE pending <> 0}), '0', 'last pass: nothing is pending');
 books_hold('after the last pass');
+
+# ---------------------------------------------------------------- a payment refunded in quarters
+# 900 at the D1 merchant's fee of 0.45 % (4) and the channel's cost of 0.2 %
+# (2), refunded in four quarters of 225, two settled by one run and two by
+# the next: each refund returns what the payment's refunded amount so far
+# returns, round(fee * refunded / 900), less what the refunds before it
+# returned -- together exactly the fee and the cost (each quarter rounded on
+# its own would return round(0.5) = 1 of the cost, 3 for the first three)
+my $quarters = $q->(q{
+	SELECT payidem.begin_payment(payidem.create_order(merchant_no, 'BS-QUARTERS', 900, 'quarters'), 'BS_WX')
+	  FROM bs_merchant WHERE merchant_no = (SELECT m.merchant_no FROM payidem.merchant m WHERE m.merchant_name = 'Books Storm Two')});
+my $refund_quarters = sub {
+	my @n = @_;
+	$q->(join('', map { qq{SELECT payidem.apply_refund_result(payidem.refund('$quarters', 225, 'BS-QUARTER-$_'), 'succeeded');} } @n));
+};
+$q->(qq{SELECT payidem.apply_payment_result('$quarters', 'callback', 'succeeded', 'TX-QUARTERS', 900)});
+$refund_quarters->(1, 2);
+$q->($bills_sql . q{INSERT INTO bs_settle SELECT current_date + 10, s.* FROM payidem.settle(current_date + 10) s;});
+$refund_quarters->(3, 4);
+$q->(q{INSERT INTO bs_settle SELECT current_date + 10, s.* FROM payidem.settle(current_date + 10) s;});
+my $shares_sql = qq{
+	SELECT p.fee_amount || '/' || p.cost_amount || ': '
+	       || string_agg(si.fee || '/' || si.cost, ' ' ORDER BY r.refunded_at, r.refund_no)
+	  FROM payidem.payment p JOIN payidem.refund r USING (payment_no) JOIN payidem.settlement_item si ON si.item_no = r.refund_no
+	 WHERE p.payment_no = '$quarters' GROUP BY p.fee_amount, p.cost_amount};
+is($q->($shares_sql), '4/2: 1/1 1/0 1/1 1/0',
+	'a payment refunded in four quarters, settled in two runs: the refunds return 1, 1, 1, 1 of its fee of 4 and 1, 0, 1, 0 of its cost of 2');
+books_hold('after the quarters');
 
 my %books = map { split /\|/ } split /\n/, $q->(q{
 	SELECT 'items', count(*) FROM payidem.settlement_item
