@@ -70,7 +70,13 @@ COMMENT ON FUNCTION payidem._bill_day(timestamptz, text) IS
 -- for settle(), balance()'s pending and the merchant_balances view.  For
 -- a merchant (p_merchant_no), or all (NULL); up to the end of bill day
 -- p_until (NULL: no end).  A refund's fee and cost are its share of its
--- payment's (shares, below).
+-- payment's, rounded cumulatively: what round(fee * refunded / amount)
+-- half-up comes to with this refund, less what the payment's refunds before
+-- it returned.  A payment's first refund returns round(fee * refund /
+-- amount); together its refunds never return more than its fee and cost, and
+-- exactly them once it is fully refunded.  (Each refund rounded on its own
+-- would not add up: four refunds of a quarter of a cost of 2 would each
+-- return round(0.5) = 1, and the last, taking the remainder, -1.)
 CREATE FUNCTION payidem._unsettled_items(p_merchant_no text, p_until date)
 RETURNS TABLE (item_no text, item_type text, payment_no text, merchant_no text, channel_no text,
 			   currency text, bill_day date, amount bigint, fee bigint, cost bigint, scanned boolean)
@@ -143,27 +149,25 @@ BEGIN
 		  FROM refunds r
 		 WHERE NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r.refund_no)
 	),
-	-- a refund's share of its payment's fee and cost: the payment's fee
-	-- (cost) for the refunded amount up to and including this refund, less
-	-- that for the amount before it, each rounded half-up: the refunds
-	-- already settled come first (their sum, settled), then the others by
-	-- the time they succeeded.  A single partial refund returns
-	-- round(fee * refund / amount); the shares never go below 0 and add up to
-	-- exactly the fee (cost) once the payment is fully refunded, whatever the
-	-- refunds' sizes.
+	-- a refund's share: what the payment's refunded amount so far (its
+	-- settled refunds, then its unsettled ones in the order they succeeded,
+	-- this one included) returns of the fee and cost, round(fee * refunded /
+	-- amount) half-up, less what was returned before it (by the settled
+	-- refunds, then the unsettled ones before it)
 	shares AS (
 		SELECT r.refund_no, r.payment_no, r.merchant_no, r.amount, r.refunded_at,
 			   p.channel_no, o.currency::text AS currency, p.amount AS p_amount,
-			   p.fee_amount, p.cost_amount,
-			   (SELECT coalesce(sum(r2.amount), 0) FROM payidem.refund r2
-				 WHERE r2.payment_no = r.payment_no AND r2.status = 'succeeded'
-				   AND (EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r2.refund_no)
-						OR ((r2.refunded_at, r2.refund_no) < (r.refunded_at, r.refund_no)
-							AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si
-											 WHERE si.item_no = r2.refund_no)))) AS before
+			   p.fee_amount, p.cost_amount, st.amount AS s_amount, st.fee AS s_fee, st.cost AS s_cost,
+			   sum(r.amount) OVER (PARTITION BY r.payment_no ORDER BY r.refunded_at, r.refund_no) AS upto
 		  FROM unsettled_refunds r
 		  JOIN payidem.payment p ON p.payment_no = r.payment_no
 		  JOIN payidem."order" o ON o.order_no = p.order_no
+		 CROSS JOIN LATERAL (
+				SELECT coalesce(sum(si.amount), 0) AS amount, coalesce(sum(si.fee), 0) AS fee,
+					   coalesce(sum(si.cost), 0) AS cost
+				  FROM payidem.refund r2
+				  JOIN payidem.settlement_item si ON si.item_no = r2.refund_no
+				 WHERE r2.payment_no = r.payment_no) st
 	)
 	SELECT x.item_no, x.item_type, x.payment_no, x.merchant_no, x.channel_no, x.currency, x.bill_day,
 		   x.amount, x.fee, x.cost, x.scanned
@@ -171,10 +175,10 @@ BEGIN
 	UNION ALL
 	SELECT s.refund_no, 'refund', s.payment_no, s.merchant_no, s.channel_no, s.currency,
 		   payidem._bill_day(s.refunded_at, v_tz), s.amount,
-		   (round(s.fee_amount::numeric * (s.before + s.amount) / s.p_amount)
-			- round(s.fee_amount::numeric * s.before / s.p_amount))::bigint,
-		   (round(s.cost_amount::numeric * (s.before + s.amount) / s.p_amount)
-			- round(s.cost_amount::numeric * s.before / s.p_amount))::bigint,
+		   (greatest(round(s.fee_amount::numeric * (s.s_amount + s.upto) / s.p_amount) - s.s_fee, 0)
+			- greatest(round(s.fee_amount::numeric * (s.s_amount + s.upto - s.amount) / s.p_amount) - s.s_fee, 0))::bigint,
+		   (greatest(round(s.cost_amount::numeric * (s.s_amount + s.upto) / s.p_amount) - s.s_cost, 0)
+			- greatest(round(s.cost_amount::numeric * (s.s_amount + s.upto - s.amount) / s.p_amount) - s.s_cost, 0))::bigint,
 		   true
 	  FROM shares s;
 END
@@ -304,24 +308,6 @@ BEGIN
 		RETURNING si.item_no, si.item_type, si.merchant_no, si.channel_no, si.currency::text AS currency,
 				  si.amount, si.fee, si.cost
 	),
-	-- each item's journal (journal_no = its number): a payment credits the
-	-- merchant its amount less its fee and the platform the fee, and debits
-	-- the channel what it remits less its cost and the cost; a refund the
-	-- reverse of its share
-	entries AS (
-		INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
-		SELECT s.item_no, e.account, e.merchant_no, e.channel_no, s.currency, e.amount * e.sign, s.item_no
-		  FROM settled s
-		 CROSS JOIN LATERAL (
-				SELECT CASE WHEN s.item_type = 'payment' THEN 1 ELSE -1 END AS sign) g
-		 CROSS JOIN LATERAL (VALUES
-				('channel_receivable'::text, NULL::text, s.channel_no, s.amount - s.cost, g.sign),
-				('channel_cost', NULL, NULL, s.cost, g.sign),
-				('merchant_available', s.merchant_no, NULL, -(s.amount - s.fee), g.sign),
-				('fee_revenue', NULL, NULL, -s.fee, g.sign)) e(account, merchant_no, channel_no, amount, sign)
-		 WHERE e.amount <> 0
-		RETURNING 1
-	),
 	sums AS (
 		SELECT s.merchant_no, s.currency, count(*) AS items,
 			   coalesce(sum(s.amount) FILTER (WHERE s.item_type = 'payment'), 0) AS gross,
@@ -331,6 +317,8 @@ BEGIN
 		  FROM settled s
 		 GROUP BY s.merchant_no, s.currency
 	),
+	-- each merchant's balance row moves by what its items bring, locked in
+	-- the order of merchant_no
 	balances AS (
 		INSERT INTO payidem.merchant_balance AS b (merchant_no, currency, available)
 		SELECT x.merchant_no, x.currency, (x.gross - x.refunds - x.fees)::bigint
@@ -338,6 +326,28 @@ BEGIN
 		 ORDER BY x.merchant_no, x.currency
 		ON CONFLICT (merchant_no, currency) DO UPDATE
 		   SET available = b.available + EXCLUDED.available, updated_at = now()
+		RETURNING 1
+	),
+	-- each item's journal (journal_no = its number): a payment credits the
+	-- merchant its amount less its fee and the platform the fee, and debits
+	-- the channel what it remits less its cost and the cost; a refund the
+	-- reverse of its share.  Written once every balance row is locked (the
+	-- join with balances: no entry before all of its rows): a merchant's
+	-- entries are written in the order its balance moved (_post too), the
+	-- order verify() replays them in.
+	entries AS (
+		INSERT INTO payidem.ledger_entry (journal_no, account, merchant_no, channel_no, currency, amount, source_no)
+		SELECT s.item_no, e.account, e.merchant_no, e.channel_no, s.currency, e.amount * e.sign, s.item_no
+		  FROM settled s
+		 CROSS JOIN (SELECT count(*) FROM balances) locked
+		 CROSS JOIN LATERAL (
+				SELECT CASE WHEN s.item_type = 'payment' THEN 1 ELSE -1 END AS sign) g
+		 CROSS JOIN LATERAL (VALUES
+				('channel_receivable'::text, NULL::text, s.channel_no, s.amount - s.cost, g.sign),
+				('channel_cost', NULL, NULL, s.cost, g.sign),
+				('merchant_available', s.merchant_no, NULL, -(s.amount - s.fee), g.sign),
+				('fee_revenue', NULL, NULL, -s.fee, g.sign)) e(account, merchant_no, channel_no, amount, sign)
+		 WHERE e.amount <> 0
 		RETURNING 1
 	),
 	unheld AS (

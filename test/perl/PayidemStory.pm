@@ -7,7 +7,9 @@
 # be refused.
 #
 #   $node->safe_psql($db, 'CREATE EXTENSION payidem; ' . story_sql(600));
+#   $node->safe_psql($db, books_sql(payouts => 1));        # bills, settlement, payouts (1.1)
 #   my $sums = $node->safe_psql($db, table_sums_sql());    # relname|rows|md5 per table
+#   is($node->safe_psql($db, verify_sql()), '', ...);      # payidem.verify(), a line a row
 #   guards_hold($node, $db, 'restored');                   # the refusals, as tests
 #   is($node->safe_psql($db, log_disagreements_sql()), '0', ...);
 #
@@ -21,7 +23,8 @@ use warnings;
 use Exporter 'import';
 use Test::More;
 
-our @EXPORT = qw(story_sql table_sums_sql columns_sql expiry_queue_sql log_disagreements_sql refused guards_hold);
+our @EXPORT = qw(story_sql books_sql verify_sql table_sums_sql columns_sql expiry_queue_sql log_disagreements_sql
+  refused guards_hold);
 
 # The story with $orders orders (i % 10: 0..5 paid, 6 failed, 7 closed, 8
 # closed then paid (an anomaly), 9 no attempt).
@@ -88,42 +91,119 @@ SELECT * FROM payidem.reconcile('BK_WX', current_date);
 };
 }
 
+# The books of the story (1.1, DESIGN section 11): each channel's bill of
+# every bill day its payments were paid on (in payidem.bill_timezone) --
+# every paid payment with its transaction id, amount, cost as the fee, and
+# refunded once it is, plus the lines the day's bill already had that name
+# no payment of ours (the story's orphan) -- loaded and reconciled; then
+# settle() of every item due within a week (unless settle => 0).  The
+# payments closed before they were paid stay held (their paid_after_close
+# anomaly is open).  With payouts => 1 also (the story's merchant): its
+# notification URL, a payout that succeeded, one that failed, one pending,
+# and an adjustment.
+sub books_sql
+{
+	my (%opt) = @_;
+	my $sql = q{
+DO $books$
+DECLARE
+	d record;
+	v_tz text := coalesce(nullif(current_setting('payidem.bill_timezone', true), ''), 'UTC');
+BEGIN
+	FOR d IN SELECT p.channel_no, (p.paid_at AT TIME ZONE v_tz)::date AS day
+	           FROM payidem.payment p
+	          WHERE p.status IN ('succeeded', 'partially_refunded', 'refunded')
+	          GROUP BY 1, 2 ORDER BY 2, 1 LOOP
+		PERFORM payidem.load_bill(d.channel_no, d.day, (
+			SELECT string_agg(l.line, E'\n' ORDER BY l.line) FROM (
+				SELECT concat_ws(',', d.channel_no, to_char(d.day, 'YYYY-MM-DD'), p.transaction_id, p.payment_no,
+				                 p.amount, p.cost_amount,
+				                 CASE WHEN p.status = 'succeeded' THEN 'succeeded' ELSE 'refunded' END,
+				                 to_char(p.paid_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || 'Z') AS line
+				  FROM payidem.payment p
+				 WHERE p.channel_no = d.channel_no AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+				   AND (p.paid_at AT TIME ZONE v_tz)::date = d.day
+				UNION ALL
+				SELECT concat_ws(',', b.channel_no, to_char(b.bill_date, 'YYYY-MM-DD'), b.transaction_id,
+				                 coalesce(b.payment_no, ''), b.amount, coalesce(b.fee::text, ''), b.status,
+				                 coalesce(to_char(b.paid_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || 'Z', ''))
+				  FROM payidem.channel_bill b
+				 WHERE b.channel_no = d.channel_no AND b.bill_date = d.day
+				   AND NOT EXISTS (SELECT 1 FROM payidem.payment p
+				                    WHERE p.channel_no = b.channel_no AND p.transaction_id = b.transaction_id)) l));
+		PERFORM payidem.reconcile(d.channel_no, d.day);
+	END LOOP;
+END
+$books$;
+};
+	$sql .= q{SELECT count(*) FROM payidem.settle(current_date + 7);
+} if $opt{settle} // 1;
+	$sql .= q{
+SELECT payidem.set_merchant_notify_url(merchant_no, 'https://shop.example/payouts') FROM bk_merchant;
+SELECT payidem.apply_payout_result(payidem.request_payout(merchant_no, 1000, 'BK-PAYOUT-1'), 'succeeded', 'BANK-1')
+  FROM bk_merchant;
+SELECT payidem.apply_payout_result(payidem.request_payout(merchant_no, 500, 'BK-PAYOUT-2'), 'failed', 'BANK-2')
+  FROM bk_merchant;
+SELECT payidem.request_payout(merchant_no, 200, 'BK-PAYOUT-3') FROM bk_merchant;
+SELECT payidem.adjust_balance(merchant_no, -300, 'BK-ADJ-1', 'a fine') FROM bk_merchant;
+} if $opt{payouts};
+	return $sql;
+}
+
+# payidem.verify(): one line per violation ("invariant subject: detail"), none
+# when the books are right.
+sub verify_sql
+{
+	return q{SELECT coalesce(string_agg(invariant || ' ' || subject || ': ' || detail, E'\n'
+	                                    ORDER BY invariant, subject), '')
+	           FROM payidem.verify()};
+}
+
 # Per payidem table: its name, its row count and the md5 of its rows in
 # primary-key order (merchant_role holds OIDs, order_expiry is derived: see
 # expiry_queue_sql).
+#
+# columns_of => a table (relname, attname, attnum) of the payidem tables and
+# columns as they were before an update (columns_sql): only those tables,
+# each row as the record of those columns (which reads as the row itself,
+# x::text, while the table has no other column); rows => { relname =>
+# condition on x }: only those rows of that table.
 sub table_sums_sql
 {
-	my ($columns) = @_;
-	# with $columns (columns_sql()'s JSON of an earlier moment): only the tables
-	# and columns that existed then, so that a version's new columns and tables
-	# do not count as changed rows
-	my $keep = defined $columns ? "'" . ($columns =~ s/'/''/gr) . "'::jsonb" : 'NULL::jsonb';
+	my (%opt) = @_;
+	my $cols = $opt{columns_of};
+	my $rows = $opt{rows} // {};
+	my $where = join(' ', map {
+			my $cond = $rows->{$_} =~ s/'/''/gr;
+			"WHEN '$_' THEN ' WHERE $cond'" } sort keys %$rows);
+	$where = $where ? "CASE c.relname $where ELSE '' END" : "''";
+	my $record = $cols
+	  ? "coalesce((SELECT 'ROW(' || string_agg(format('x.%I', o.attname), ', ' ORDER BY o.attnum) || ')'
+	                 FROM $cols o WHERE o.relname = c.relname), 'x')"
+	  : "'x'";
+	my $only = $cols ? "AND c.relname IN (SELECT o.relname FROM $cols o)" : '';
 	return qq{
 	SELECT c.relname, (xpath('/table/row/n/text()', x))[1]::text, (xpath('/table/row/s/text()', x))[1]::text
 	  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
 	  LATERAL (SELECT string_agg(format('x.%I', a.attname), ', ' ORDER BY k.ord) AS pk
 	             FROM pg_index i, unnest(i.indkey) WITH ORDINALITY k(attnum, ord), pg_attribute a
 	            WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum) p,
-	  LATERAL query_to_xml(format('SELECT count(*) AS n, md5(coalesce(string_agg(
-	                                 (SELECT coalesce(jsonb_object_agg(e.k, e.v), ''{}'')::text FROM jsonb_each(to_jsonb(x)) e(k, v)
-	                                   WHERE %L::jsonb IS NULL OR %L::jsonb -> %L ? e.k),
-	                                 E''\\n'' ORDER BY %s), '''')) AS s FROM payidem.%I x',
-	                              $keep, $keep, c.relname, coalesce(p.pk, 'x::text'), c.relname), false, false, '') x
-	 WHERE n.nspname = 'payidem' AND c.relkind = 'r' AND c.relname NOT IN ('merchant_role', 'order_expiry')
-	   AND ($keep IS NULL OR $keep ? c.relname)
+	  LATERAL query_to_xml(format('SELECT count(*) AS n, md5(coalesce(string_agg(%s::text, E''\\n'' ORDER BY %s), '''')) AS s FROM payidem.%I x%s',
+	                              $record, coalesce(p.pk, 'x::text'), c.relname, $where), false, false, '') x
+	 WHERE n.nspname = 'payidem' AND c.relkind = 'r' AND c.relname NOT IN ('merchant_role', 'order_expiry') $only
 	 ORDER BY c.relname};
 }
 
-# The columns of payidem's tables now, as JSON for table_sums_sql().
+# The payidem tables and their columns now, as a table $name (for
+# table_sums_sql(columns_of => $name) after an update).
 sub columns_sql
 {
-	return q{
-	SELECT jsonb_object_agg(t.relname, t.cols)
-	  FROM (SELECT c.relname, jsonb_agg(a.attname ORDER BY a.attnum) AS cols
-	          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-	          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-	         WHERE n.nspname = 'payidem' AND c.relkind = 'r'
-	         GROUP BY c.relname) t};
+	my ($name) = @_;
+	return qq{DROP TABLE IF EXISTS $name;
+	CREATE TABLE $name AS
+	SELECT c.relname, a.attname, a.attnum::int AS attnum
+	  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_attribute a ON a.attrelid = c.oid
+	 WHERE n.nspname = 'payidem' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped};
 }
 
 # The expiry queue is derived data, not dumped: what it must hold is a row per

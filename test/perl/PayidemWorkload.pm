@@ -285,6 +285,13 @@ sub check_invariants
 	is($q1->(q{SELECT count(*) FROM payidem.idempotency WHERE status = 'processing' AND locked_until < now()}),
 		'0', "$what: no idempotency key stuck processing past its lease"); $checks++;
 
+	# 9. the books' own check (DESIGN section 11): journals, balances, settled
+	# items, payouts, paid orders and refunded amounts, re-derived from the
+	# tables
+	is($q1->(q{SELECT coalesce(string_agg(invariant || ' ' || subject || ': ' || detail, E'\n'
+	                                      ORDER BY invariant, subject), '') FROM payidem.verify()}),
+		'', "$what: payidem.verify() finds nothing wrong"); $checks++;
+
 	return $checks;
 }
 

@@ -16,7 +16,12 @@
 #     other success is an anomaly;
 #   - refunds never exceed what was paid, per payment and per order;
 #   - the latest status_log row of every entity equals its current status;
-#   - no idempotency key is left processing past its lease.
+#   - no idempotency key is left processing past its lease;
+#   - payidem.verify() finds nothing wrong (DESIGN section 11).
+#
+# Then the day's bills are reconciled and settle() of everything is cut by
+# one more immediate stop: it settled all or nothing, the books are
+# consistent, and the next run settles each item the first did not, once.
 #
 # How the numbers the clients received are recorded: each pgbench transaction
 # returns its numbers with \gset, and only after pgbench got the COMMIT's
@@ -37,6 +42,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use PayidemNode;
 use PayidemWorkload;
+use PayidemStory qw(books_sql verify_sql);
 use IPC::Run ();
 use Time::HiRes ();
 
@@ -126,6 +132,40 @@ for my $cycle (1 .. $crashes)
 	$total_checks += check_invariants($node, $logdir, 'after the fault-free run');
 }
 
+# ---------------------------------------------------------------- settle() cut by a crash
+# The day's bills, reconciled; settle() of everything the workload paid and
+# refunded, the server stopped with "immediate" while it runs (or just
+# after): all of it settled or none, the books consistent; the next run
+# settles the rest, each item once.
+q1(books_sql(settle => 0));
+my $paid_sql = q{p.status IN ('succeeded', 'partially_refunded', 'refunded')};
+my $crash_after = sprintf('%.2f', 0.02 + rand(0.4));
+{
+	my ($out, $err) = ('', '');
+	my $h = IPC::Run::start([ 'psql', '-X', '-At', '-d', $node->connstr('postgres'), '-c',
+			'SELECT coalesce(sum(items), 0) FROM payidem.settle(current_date + 7)' ], '>', \$out, '2>', \$err);
+	Time::HiRes::sleep($crash_after);
+	$node->stop('immediate');
+	$h->finish;
+	$node->start;
+}
+my $settled_at_crash = q1(q{SELECT count(*) FROM payidem.settlement_item});
+is(q1(verify_sql()), '', "settle() cut by a crash after ${crash_after}s: payidem.verify() finds nothing wrong");
+my $settled_now = q1(q{SELECT coalesce(sum(items), 0) FROM payidem.settle(current_date + 7)});
+my ($items, $paid, $unsettled, $refunds_unsettled) = split /\|/, q1(qq{
+	SELECT (SELECT count(*) FROM payidem.settlement_item),
+	       (SELECT count(*) FROM payidem.payment p WHERE $paid_sql),
+	       (SELECT count(*) FROM payidem.payment p WHERE $paid_sql
+	           AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item s WHERE s.item_no = p.payment_no)
+	           AND NOT EXISTS (SELECT 1 FROM payidem.settlement_hold h WHERE h.payment_no = p.payment_no)),
+	       (SELECT count(*) FROM payidem.refund r WHERE r.status = 'succeeded'
+	           AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item s WHERE s.item_no = r.refund_no))});
+ok($settled_at_crash == 0 || ($settled_at_crash == $items && $settled_now == 0),
+	"the settle() the crash cut settled all ($items items) or nothing: $settled_at_crash before the next run, which settled $settled_now");
+is($settled_at_crash + $settled_now, $items, 'each item was settled by one run');
+is("$unsettled $refunds_unsettled", '0 0', "each of the $paid paid payments is settled or held, each succeeded refund settled");
+is(q1(verify_sql()), '', 'settled: payidem.verify() finds nothing wrong');
+
 is_deeply(\%unexpected, {}, 'no SQL error other than the crashes themselves in any pgbench run')
   or diag(explain \%unexpected);
 
@@ -139,9 +179,11 @@ my $log = slurp_file($node->logfile);
 unlike($log, qr/PANIC|terminated by signal/, 'no PANIC, no backend killed by a signal');
 diag(sprintf(
 		'060 figures: seed %d; %d pgbench transactions; %d immediate stops at [%s] s; %d orders, %d payments, %d refunds committed; '
-		  . '%d payment results/closes recorded (%s); %d numbers logged by clients; %d invariant checks passed; %.1f s',
+		  . '%d payment results/closes recorded (%s); %d numbers logged by clients; %d invariant checks passed; '
+		  . '%d items settled, %d of them before the settle() cut at %.2f s; %.1f s',
 		$seed, $total_tx, $total_faults, join(', ', @crash_at), $orders, $payments, $refunds, $results,
-		join(', ', map { "$_ $by{$_}" } sort keys %by), $lines, $total_checks, Time::HiRes::time() - $t0));
+		join(', ', map { "$_ $by{$_}" } sort keys %by), $lines, $total_checks, $items, $settled_at_crash, $crash_after,
+		Time::HiRes::time() - $t0));
 
 $node->stop;
 done_testing();

@@ -1,7 +1,9 @@
 # Backup and restore.  A populated database — merchants with secrets,
 # channels with encrypted configuration, orders in every status, payments,
-# refunds, anomalies, idempotency keys, notifications, a channel bill and its
-# reconciliation, and a flow a DBA added to the whitelist — is dumped with
+# refunds, anomalies, idempotency keys, notifications, channel bills and their
+# reconciliation, a flow a DBA added to the whitelist, and the books (settled
+# and held items, their journal, balances, payouts in every status, an
+# adjustment) — is dumped with
 # pg_dump -Fc and restored into a fresh cluster with a plain pg_restore, no
 # options (the guards load a restore's COPY, run by the tables' owner, as
 # dumped):
@@ -12,11 +14,13 @@
 # rows with one job, the rest with 4).
 #
 # Then: every payidem table has the same row count and the same checksum
-# (md5 of its rows ordered by primary key) on both sides; the state-machine
-# triggers are enabled again; the whitelist (also the DBA's rows), the
-# append-only log and the constraints still refuse illegal changes; secrets
-# still open under the same master key; the API keeps working and the next
-# numbers are above every restored one.
+# (md5 of its rows ordered by primary key) on both sides, the journal, the
+# balances and the settled items among them, and verify() finds nothing
+# wrong; the state-machine triggers are enabled again; the whitelist (also the
+# DBA's rows), the append-only log, the journal's check at commit and the
+# constraints still refuse illegal changes; secrets still open under the same
+# master key; the API keeps working (settle() settles nothing twice, payouts
+# go on) and the next numbers are above every restored one.
 use strict;
 use warnings;
 
@@ -42,6 +46,11 @@ sub new_node
 my $src = new_node('backup_src');
 $src->safe_psql('postgres', 'CREATE DATABASE shop');
 $src->safe_psql('shop', 'CREATE EXTENSION payidem;' . story_sql($orders));
+# and its books: bills reconciled, items settled (some held), payouts in each
+# status, an adjustment -- the journal, the balances and the items a restore
+# loads as dumped
+$src->safe_psql('shop', books_sql(payouts => 1));
+is($src->safe_psql('shop', verify_sql()), '', 'source: verify() finds nothing wrong');
 # what an application adds around payidem and a dump carries: grants to its
 # roles, and its own table's foreign key to a payidem table
 $src->safe_psql('postgres', 'CREATE ROLE bk_app');
@@ -54,7 +63,11 @@ my $sums_src = $src->safe_psql('shop', $sums_sql);
 my %src_rows = map { my @f = split /\|/; ($f[0] => $f[1]) } split /\n/, $sums_src;
 my $tables = scalar(keys %src_rows);
 my $nonempty = grep { $src_rows{$_} > 0 } keys %src_rows;
-cmp_ok($nonempty, '>=', 14, "source: $nonempty of $tables payidem tables hold rows");
+cmp_ok($nonempty, '>=', 22, "source: $nonempty of $tables payidem tables hold rows");
+ok((grep { ($src_rows{$_} // 0) > 0 } qw(ledger_entry merchant_balance settlement_item settlement_hold payout adjustment))
+	== 6, "source: the books hold rows (ledger_entry $src_rows{ledger_entry}, merchant_balance $src_rows{merchant_balance}, "
+	  . "settlement_item $src_rows{settlement_item}, settlement_hold $src_rows{settlement_hold}, payout $src_rows{payout}, "
+	  . "adjustment $src_rows{adjustment})");
 is(scalar(grep { !/^[^|]+\|\d+\|[0-9a-f]{32}$/ } split /\n/, $sums_src), 0, 'source: a row count and an md5 for every table');
 my ($statuses) = $src->safe_psql('shop', q{SELECT string_agg(DISTINCT status, ',' ORDER BY status) FROM payidem."order"});
 is($statuses, 'closed,paid,partially_refunded,pending,refunded,shipping', "source: orders in every status ($statuses)");
@@ -77,6 +90,11 @@ is($src->safe_psql('shop', q{SELECT count(*) FROM payidem.merchant_role}), '1',
 is($dst->safe_psql('shop_restored', q{SELECT count(*) FROM payidem.merchant_role}), '0',
 	'restored: the dropped role\'s mapping was left out of the dump');
 is($sums_dst, $sums_src, "all $tables payidem tables: same row counts and checksums after the restore");
+my %dst_sums = map { my @f = split /\|/; ($f[0] => "$f[1] $f[2]") } split /\n/, $sums_dst;
+my %src_sums = map { my @f = split /\|/; ($f[0] => "$f[1] $f[2]") } split /\n/, $sums_src;
+is($dst_sums{$_}, $src_sums{$_}, "restored: $_ round-trips ($src_rows{$_} rows, same checksum)")
+  for qw(merchant_balance ledger_entry settlement_item);
+is($dst->safe_psql('shop_restored', verify_sql()), '', 'restored: verify() finds nothing wrong');
 my $queue_src = $src->safe_psql('shop', $queue_sql);
 like($queue_src, qr/^[1-9]\d* /, "source: pending orders in the expiry queue ($queue_src)");
 is($dst->safe_psql('shop_restored', $queue_sql), $queue_src,
@@ -117,6 +135,7 @@ is($dst->safe_psql('shop_parallel', $queue_sql), $src->safe_psql('shop', $queue_
 	'parallel restore: the expiry queue made again');
 is($dst->safe_psql('shop_parallel', log_disagreements_sql()), '0',
 	'parallel restore: the latest status_log row of every entity is its current status');
+is($dst->safe_psql('shop_parallel', verify_sql()), '', 'parallel restore: verify() finds nothing wrong');
 my @schema_dump = ('pg_dump', '--schema-only');
 my ($plain_schema, $par_schema, $err1, $err2);
 IPC::Run::run([ @schema_dump, '-d', $dst->connstr('shop_restored') ], '>', \$plain_schema, '2>', \$err1)
@@ -198,6 +217,40 @@ my $old_paid_payment = $dst->safe_psql('shop_restored',
 is($dst->safe_psql('shop_restored', qq{SELECT payidem.apply_payment_result('$old_paid_payment', 'callback', 'succeeded',
 	'TX$old_paid_payment', (SELECT amount FROM payidem.payment WHERE payment_no = '$old_paid_payment'))}),
 	'duplicate', 'a callback applied before the backup is a duplicate after the restore');
+
+# ---------------------------------------------------------------- the books on the restored copy
+# the journal's rules hold again for every writer but the restore's COPY
+refused_here(q{INSERT INTO payidem.ledger_entry (journal_no, account, currency, amount, source_no)
+	VALUES ('BK-TAMPER-1', 'adjustment', 'CNY', 1, 'BK-TAMPER-1')}, 'PI002',
+	'an unbalanced journal entry, as a superuser');
+refused_here(q{UPDATE payidem.merchant_balance SET available = available + 1}, 'PI002',
+	'a balance moved without its entries, as a superuser');
+$dst->safe_psql('shop_restored', q{GRANT INSERT ON payidem.ledger_entry TO bk_writer;
+	GRANT USAGE ON SEQUENCE payidem.ledger_entry_entry_id_seq TO bk_writer;});
+my ($jrc, $jout, $jerr) = $dst->psql('shop_restored',
+	"\\set VERBOSITY verbose\nSET ROLE bk_writer;\nCOPY payidem.ledger_entry (journal_no, account, currency, amount, source_no) FROM stdin;\n"
+	  . "BK-TAMPER-2\tadjustment\tCNY\t5\tBK-TAMPER-2\n\\.\n");
+like($jerr, qr/ERROR:\s+PI002: journal \S*BK-TAMPER-2\S* does not balance/,
+	'a COPY of an unbalanced journal by an application role: refused at commit (PI002)');
+# (the payment made on the restored copy above is of a bill day already
+# reconciled, with no difference or anomaly naming it: settled by contract)
+is($dst->safe_psql('shop_restored', q{SELECT coalesce(sum(items), 0) FROM payidem.settle(current_date + 8)})
+	  . ' ' . $dst->safe_psql('shop_restored', q{SELECT string_agg(item_no, ',') FROM payidem.settlement_item
+	                                             WHERE settle_date = current_date + 8}),
+	"1 $new_payment", 'restored: settle() settles the payment made after the restore, nothing from before the backup again');
+my $pending_payout = $dst->safe_psql('shop_restored',
+	q{SELECT payout_no FROM payidem.payout WHERE out_payout_no = 'BK-PAYOUT-3'});
+is($dst->safe_psql('shop_restored', qq{SELECT payidem.apply_payout_result('$pending_payout', 'succeeded', 'BANK-3')}),
+	'applied', 'restored: the payout pending at the backup gets its result');
+is($dst->safe_psql('shop_restored', q{SELECT payidem.apply_payout_result(payout_no, 'succeeded', 'BANK-1')
+	FROM payidem.payout WHERE out_payout_no = 'BK-PAYOUT-1'}), 'duplicate',
+	'restored: a payout result applied before the backup is a duplicate');
+is($dst->safe_psql('shop_restored', q{SELECT payidem.request_payout(merchant_no, 1000, 'BK-PAYOUT-1') =
+	(SELECT payout_no FROM payidem.payout WHERE out_payout_no = 'BK-PAYOUT-1') FROM bk_merchant}), 't',
+	'restored: a payout requested before the backup, requested again, is the same payout');
+is($dst->safe_psql('shop_restored', q{SELECT payidem.apply_payout_result(payidem.request_payout(merchant_no, 100, 'BK-PAYOUT-4'),
+	'succeeded') FROM bk_merchant}), 'applied', 'restored: a new payout of the restored balance');
+is($dst->safe_psql('shop_restored', verify_sql()), '', 'restored and used: verify() finds nothing wrong');
 
 my $total_rows = 0;
 $total_rows += $_ for values %src_rows;

@@ -23,6 +23,9 @@
 # another meaning, the jump is logged once and counted in stats(), and the
 # promoted server's books are consistent; a channel's success for a payment the
 # failover lost is an unknown_transaction anomaly.
+#
+# payidem.verify() finds nothing wrong on each promoted server, and on each
+# old primary restarted on its own data after its kill.
 use strict;
 use warnings;
 
@@ -31,6 +34,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use PayidemNode;
 use PayidemWorkload;
+use PayidemStory qw(verify_sql);
 use IPC::Run ();
 use Time::HiRes ();
 
@@ -277,6 +281,19 @@ is($standby2->safe_psql('postgres', q{
 	   AND NOT EXISTS (SELECT 1 FROM payidem.payment p WHERE p.payment_no = o.paid_payment_no
 	                      AND p.status IN ('succeeded', 'partially_refunded', 'refunded'))}),
 	'0', 'the promoted server\'s books: every paid order names its paying payment');
+
+is($standby2->safe_psql('postgres', verify_sql()), '',
+	'asynchronous: payidem.verify() finds nothing wrong on the promoted server');
+
+# the old primaries' own data, as they were killed (crash recovery, no
+# client): their books are consistent too, whatever their standby missed
+for ([ $primary, 'the first primary (synchronous)' ], [ $p2, 'the second primary (asynchronous)' ])
+{
+	my ($old, $name) = @$_;
+	$old->start;
+	is($old->safe_psql('postgres', verify_sql()), '', "$name, restarted on its own data: payidem.verify() finds nothing wrong");
+	$old->stop('immediate');
+}
 
 diag(sprintf('065 figures: %d bare numbers before the synchronous failover; %d logged numbers, %d events; %.1f s',
 	scalar(@old_bare), $lines, scalar(keys %meaning), Time::HiRes::time() - $t0));

@@ -5,13 +5,17 @@
 #      filled with the story of every table (PayidemStory);
 #   2. ALTER EXTENSION payidem UPDATE TO each version on the path from 1.0 to
 #      the default one, one step at a time: after each step the rows of every
-#      table are the same (row counts and checksums), so is the expiry queue, and
+#      table are the same (row counts and checksums, in the columns the table
+#      had before the step; the whitelist's built-in rows are the empty
+#      database's business, below), so is the expiry queue, and
 #      the old version's SQL keeps working on the new shared library (a library
 #      change that an old version's SQL would call wrongly fails here);
 #   3. every guarantee still holds on the upgraded database: the refusals of
 #      the state machines, the log and the constraints, a status that agrees with
 #      its log, the books' invariants, and the API (a new order paid, an old
-#      callback a duplicate, new numbers above the old ones);
+#      callback a duplicate, new numbers above the old ones); the history 1.0
+#      recorded is reconciled and settled (each paid payment settled or held,
+#      each refund settled, verify() clean, a payout of the balance);
 #   4. the upgraded schema is compared with a fresh install of the default
 #      version: pg_dump --schema-only --binary-upgrade (which, unlike a plain
 #      dump, writes every object of the extension), without its OIDs and
@@ -39,7 +43,8 @@ is( $node->safe_psql('postgres', qq{
 # ---------------------------------------------------------------- 1. the first release, with a story
 $node->safe_psql('postgres', 'CREATE DATABASE upgraded');
 # an application's role and an auditor, granted what 1.0 grants them: what a
-# later version grants them must reach them by its upgrade script too
+# later version grants them reaches them when the grants are run again after
+# the update (as CHANGELOG says), never as the extension's own privileges
 $node->safe_psql('postgres', 'CREATE ROLE up_app; CREATE ROLE up_auditor');
 my $grants = q{SELECT payidem.grant_app('up_app'); SELECT payidem.grant_auditor('up_auditor');};
 $node->safe_psql('upgraded', "CREATE EXTENSION payidem VERSION '$first';" . story_sql(300) . $grants);
@@ -51,12 +56,13 @@ $node->safe_psql('updated_empty', "CREATE EXTENSION payidem VERSION '$first'");
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}),
 	$first, "installed as $first");
 my $sums = $node->safe_psql('upgraded', table_sums_sql());
-my $own_flow_sql = q{SELECT string_agg(x, ',' ORDER BY x) FROM (
-	SELECT format('%s:%s:%s:%s', entity, status, initial, terminal) FROM payidem.state WHERE NOT builtin
-	UNION ALL SELECT format('%s:%s>%s', entity, from_status, to_status) FROM payidem.transition WHERE NOT builtin) w(x)};
-my $own_flow = $node->safe_psql('upgraded', $own_flow_sql);
 my $queue = $node->safe_psql('upgraded', expiry_queue_sql());
 my %rows = map { my @f = split /\|/; ($f[0] => $f[1]) } split /\n/, $sums;
+# A step may add columns to a table (read as they were before the step,
+# up_columns) and its built-in whitelist rows (compared by the empty database
+# below, with a fresh install's); every row the story wrote, the DBA's
+# whitelist rows with them, must be what it was.
+my %whitelist = (state => 'NOT x.builtin', transition => 'NOT x.builtin');
 cmp_ok(scalar(grep { $rows{$_} > 0 } keys %rows), '>=', 14,
 	'the story fills the tables (' . scalar(keys %rows) . ' tables)');
 my $max_before = $node->safe_psql('upgraded', q{SELECT max(substr(n, 3, 22)) FROM (
@@ -67,18 +73,13 @@ my $max_before = $node->safe_psql('upgraded', q{SELECT max(substr(n, 3, 22)) FRO
 for my $i (1 .. $#path)
 {
 	my ($from, $to) = @path[ $i - 1, $i ];
-	my $columns = $node->safe_psql('upgraded', columns_sql());
+	$node->safe_psql('upgraded', columns_sql('up_columns'));
+	$sums = $node->safe_psql('upgraded', table_sums_sql(rows => \%whitelist));
 	$node->safe_psql($_, "ALTER EXTENSION payidem UPDATE TO '$to'") for qw(upgraded updated_empty);
 	is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}),
 		$to, "updated $from -> $to");
-	# (the tables and columns $from had: what $to adds is new; so are the
-	# built-in whitelist rows of its new entities, which section 4 compares
-	# with a fresh install's, and the whitelist rows of the story's own flow
-	# are compared below)
-	my $no_whitelist = sub { join "\n", grep { !/^(state|transition)\|/ } split /\n/, $_[0] };
-	is($no_whitelist->($node->safe_psql('upgraded', table_sums_sql($columns))), $no_whitelist->($sums),
-		"$to: every table has the same rows");
-	is($node->safe_psql('upgraded', $own_flow_sql), $own_flow, "$to: the DBA's own whitelist rows are the same");
+	is($node->safe_psql('upgraded', table_sums_sql(columns_of => 'up_columns', rows => \%whitelist)), $sums,
+		"$to: every table of $from has the same rows (in its columns of $from)");
 	is($node->safe_psql('upgraded', expiry_queue_sql()), $queue, "$to: the expiry queue is the same");
 	# (the SQL of $from ran on this library before the step: the story, and the
 	# calls below on the step before) the SQL of this version calls the
@@ -89,12 +90,13 @@ for my $i (1 .. $#path)
 		'applied', "$to: a payment is applied");
 	is($node->safe_psql('upgraded', qq{SELECT outcome FROM payidem.idem_claim('up:$to', 'test', '$o', 'BK_WX', 700)}),
 		'claimed', "$to: a key is claimed");
-	# keep the story's sums for the next step
-	$sums = $node->safe_psql('upgraded', table_sums_sql());
+	# keep the story's expiry queue for the next step
 	$queue = $node->safe_psql('upgraded', expiry_queue_sql());
 }
-# what the CHANGELOG tells a DBA to do after the update: the grants again,
-# so that the roles reach what the new version adds to them
+# what the CHANGELOG tells a DBA to do after the update: the grants again
+# (the update grants nothing: a GRANT of an extension's script would be the
+# extension's own, which pg_dump leaves out), so that the roles reach what
+# the new version gives them
 $node->safe_psql('upgraded', $grants);
 is($node->safe_psql('upgraded', 'SELECT payidem.library_version()'), $default,
 	'the library is the default version, and the upgraded SQL reaches it');
@@ -138,6 +140,52 @@ is($node->safe_psql('upgraded', q{SELECT outcome FROM payidem.idem_claim('bk:ope
 ok($node->safe_psql('upgraded', q{SELECT substr(payidem.gen_order_no('PO'), 3, 22)}) gt $max_before,
 	'upgraded: new numbers are above every number from before');
 
+# ---------------------------------------------------------------- the books of what 1.0 recorded
+# 1.0 kept no books: the update's settlement starts from its history.  The
+# story's payments and refunds (each channel's bill of every day 1.0 made
+# payments on, loaded and reconciled) are settled by the first settle(),
+# which reads the whole history (settle_state has no scan point yet).
+is($node->safe_psql('upgraded', verify_sql()), '', 'upgraded: verify() finds nothing wrong in what 1.0 recorded');
+is($node->safe_psql('updated_empty', verify_sql()), '', 'updated with nothing in it: verify() finds nothing');
+my $paid_sql = q{p.status IN ('succeeded', 'partially_refunded', 'refunded')};
+my ($days, $paid_count, $refund_count) = split /\|/, $node->safe_psql('upgraded', qq{
+	SELECT (SELECT count(DISTINCT (p.channel_no, (p.paid_at AT TIME ZONE 'UTC')::date)) FROM payidem.payment p WHERE $paid_sql),
+	       (SELECT count(*) FROM payidem.payment p WHERE $paid_sql),
+	       (SELECT count(*) FROM payidem.refund WHERE status = 'succeeded')});
+$node->safe_psql('upgraded', books_sql());
+is($node->safe_psql('upgraded', q{SELECT count(*) FROM payidem.reconciliation
+	WHERE handle_status = 'open' AND diff_type <> 'channel_only'}), '0',
+	"upgraded: 1.0's payments of $days channel days reconciled against their bills, no difference left but the orphan line");
+is($node->safe_psql('upgraded', qq{SELECT count(*) FROM payidem.payment p WHERE $paid_sql
+	AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item s WHERE s.item_no = p.payment_no)
+	AND NOT EXISTS (SELECT 1 FROM payidem.settlement_hold h WHERE h.payment_no = p.payment_no)}), '0',
+	"upgraded: each of 1.0's $paid_count paid payments is settled or held");
+my ($held, $held_open) = split /\|/, $node->safe_psql('upgraded', q{
+	SELECT count(*), count(*) FILTER (WHERE EXISTS (SELECT 1 FROM payidem.anomaly a
+	                                                 WHERE a.payment_no = h.payment_no AND a.handle_status = 'open'))
+	  FROM payidem.settlement_hold h});
+ok($held > 0 && $held == $held_open, "upgraded: the $held held are those an open anomaly names (paid after their order closed)");
+is($node->safe_psql('upgraded', q{SELECT count(*) FROM payidem.refund r WHERE r.status = 'succeeded'
+	AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item s WHERE s.item_no = r.refund_no)}), '0',
+	"upgraded: each of 1.0's $refund_count succeeded refunds is settled");
+is($node->safe_psql('upgraded', q{
+	SELECT b.available = (SELECT sum(CASE s.item_type WHEN 'payment' THEN s.amount - s.fee ELSE s.fee - s.amount END)
+	                        FROM payidem.settlement_item s WHERE s.merchant_no = m.merchant_no)
+	       AND b.available > 0 AND b.in_payout = 0
+	       AND b.pending = (SELECT sum(p.amount - p.fee_amount) FROM payidem.settlement_hold h
+	                          JOIN payidem.payment p USING (payment_no) WHERE p.merchant_no = m.merchant_no)
+	  FROM bk_merchant m, payidem.balance(m.merchant_no) b}), 't',
+	'upgraded: the merchant\'s balance() is what was settled (available) and what is held (pending)');
+is($node->safe_psql('upgraded', verify_sql()), '', 'upgraded and settled: verify() finds nothing wrong');
+is($node->safe_psql('upgraded', q{SELECT coalesce(sum(items), 0) FROM payidem.settle(current_date + 7)}), '0',
+	'upgraded: settle() again settles nothing again');
+my $available = $node->safe_psql('upgraded', q{SELECT b.available FROM bk_merchant m, payidem.balance(m.merchant_no) b});
+refused($node, 'upgraded', qq{SELECT payidem.request_payout(merchant_no, $available + 1, 'UP-PAYOUT-0') FROM bk_merchant},
+	'PI010', 'upgraded: a payout of more than the settled balance');
+is($node->safe_psql('upgraded', qq{SELECT payidem.apply_payout_result(payidem.request_payout(merchant_no, $available, 'UP-PAYOUT-1'),
+	'succeeded') FROM bk_merchant}), 'applied', 'upgraded: the whole settled balance is paid out');
+is($node->safe_psql('upgraded', verify_sql()), '', 'upgraded, settled and paid out: verify() finds nothing wrong');
+
 # a role 1.0 let be both an application role and a merchant's reporting role:
 # the update refuses nothing retroactively, names it in a WARNING, and
 # get_order() refuses it from then on (42501)
@@ -161,7 +209,7 @@ like($both_err, qr/ERROR:  42501: role up_both cannot be both an application rol
 	'... and get_order() refuses it');
 
 # ---------------------------------------------------------------- 4. the same schema as a fresh install
-$node->safe_psql('upgraded', 'DROP TABLE bk_merchant, bk_order, bk_payment');
+$node->safe_psql('upgraded', 'DROP TABLE bk_merchant, bk_order, bk_payment, up_columns');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION payidem');
 is($node->safe_psql('updated_empty', table_sums_sql()), $node->safe_psql('fresh', table_sums_sql()),
