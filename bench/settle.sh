@@ -127,25 +127,28 @@ for ((r = 1; r <= RUNS; r++)); do
 done
 PAYOUT_TPS=$(median <"$RUN/payout.tps")
 PLAIN_TPS=$(median <"$RUN/plain.tps")
-# 8 clients, one merchant, each request 1,000: more than its balance
-sqlrun >/dev/null <<'SQL'
-CREATE FUNCTION bench_payout(out_no text) RETURNS integer LANGUAGE plpgsql AS $$
+# 8 clients, one merchant, 400 requests each of a 250th of its balance: more
+# than it has
+AVAILABLE_BEFORE=$(sqlrun -At -c "SELECT available FROM payidem.merchant_balance WHERE merchant_no = 'M000000000000001'")
+EACH=$((AVAILABLE_BEFORE / 250))
+[ "$EACH" -gt 0 ] || die "merchant M000000000000001 has nothing to pay out ($AVAILABLE_BEFORE)"
+sqlrun >/dev/null <<SQL
+CREATE FUNCTION bench_payout(out_no text) RETURNS integer LANGUAGE plpgsql AS \$\$
 BEGIN
-	PERFORM payidem.request_payout('M000000000000001', 1000, out_no);
+	PERFORM payidem.request_payout('M000000000000001', $EACH, out_no);
 	RETURN 1;
 EXCEPTION WHEN SQLSTATE 'PI010' THEN
 	RETURN 0;
 END
-$$;
+\$\$;
 CREATE TABLE race_outcome (paid integer);
 SQL
-AVAILABLE_BEFORE=$(sqlrun -At -c "SELECT available FROM payidem.merchant_balance WHERE merchant_no = 'M000000000000001'")
 echo "INSERT INTO race_outcome SELECT bench_payout('R' || txid_current());" >"$RUN/race.sql"
 pgbench -n -c 8 -j 4 -t 50 -f "$RUN/race.sql" "$DB" >"$RUN/race.log" 2>&1 || die "the payout race failed: $(tail -3 "$RUN/race.log")"
 read -r PAID REFUSED AVAILABLE_AFTER <<<"$(sqlrun -At -F ' ' -c "SELECT (SELECT sum(paid) FROM race_outcome), (SELECT count(*) - sum(paid) FROM race_outcome), (SELECT available FROM payidem.merchant_balance WHERE merchant_no = 'M000000000000001')")"
 [ "$AVAILABLE_AFTER" -ge 0 ] || die "the race overdrew the balance: $AVAILABLE_AFTER"
-[ $((AVAILABLE_BEFORE - PAID * 1000)) = "$AVAILABLE_AFTER" ] || die "the race paid $PAID × 1000 from $AVAILABLE_BEFORE, leaving $AVAILABLE_AFTER"
-[ $((PAID * 1000 + 1000)) -gt "$AVAILABLE_BEFORE" ] || die "the race refused payouts that fitted: $PAID paid of $AVAILABLE_BEFORE"
+[ $((AVAILABLE_BEFORE - PAID * EACH)) = "$AVAILABLE_AFTER" ] || die "the race paid $PAID × $EACH from $AVAILABLE_BEFORE, leaving $AVAILABLE_AFTER"
+[ "$AVAILABLE_AFTER" -lt "$EACH" ] || die "the race refused payouts that fitted: $PAID paid, $AVAILABLE_AFTER left, $EACH each"
 VIOLATIONS=$(sqlrun -At -c "SELECT count(*) FROM payidem.verify()")
 [ "$VIOLATIONS" = 0 ] || die "verify() found $VIOLATIONS violations"
 say "race: $PAID paid, $REFUSED refused (PI010), $AVAILABLE_BEFORE -> $AVAILABLE_AFTER available; verify() empty"
@@ -169,7 +172,7 @@ thousands() { sed ':a; s/\B[0-9]\{3\}\>/,&/; ta' <<<"$1"; }
 	echo "| request_payout() | $PAYOUT_TPS | ${PAYOUT_X}× |"
 	echo "| UPDATE … SET balance = balance - x WHERE balance >= x | $PLAIN_TPS | 1.00× |"
 	echo
-	echo "8 clients, 400 requests of 1,000 from one merchant's $(thousands "$AVAILABLE_BEFORE"): $PAID paid out, $REFUSED refused with PI010, $(thousands "$AVAILABLE_AFTER") left; verify() found nothing."
+	echo "8 clients, 400 requests of $(thousands "$EACH") from one merchant's $(thousands "$AVAILABLE_BEFORE"): $PAID paid out, $REFUSED refused with PI010, $(thousands "$AVAILABLE_AFTER") left; verify() found nothing."
 } | tee "$OUT.md"
 printf 'settle() (1 M items)\t%s\nfloor\t%s\n' "$SETTLE_MS" "$FLOOR_MS" | sed 's/\t/\t1\t/' >"$OUT.tsv"
 met() { awk -v x="$1" -v t="$2" 'BEGIN { print (x != "n/a" && x <= t) ? "yes" : "no" }'; }

@@ -2549,6 +2549,7 @@ CREATE TABLE payidem.ledger_entry (
 	CONSTRAINT ledger_entry_pkey PRIMARY KEY (entry_id),
 	CONSTRAINT ledger_entry_amount_nonzero CHECK (amount <> 0),
 	CONSTRAINT ledger_entry_journal_format CHECK (pg_catalog.length(journal_no) BETWEEN 1 AND 64),
+	CONSTRAINT ledger_entry_owner_length CHECK (pg_catalog.length(merchant_no) <= 64 AND pg_catalog.length(channel_no) <= 64),
 	CONSTRAINT ledger_entry_account_owner CHECK (
 		CASE
 			WHEN account IN ('merchant_available', 'merchant_payout')
@@ -2645,9 +2646,15 @@ CREATE TABLE payidem.settle_state (
 	last_run_at		timestamptz,
 	last_settle_date date,
 	worker_day		date,
+	scan_timezone	text,
+	settle_from		date,
 	CONSTRAINT settle_state_pkey PRIMARY KEY (id),
 	CONSTRAINT settle_state_one_row CHECK (id)
 );
+COMMENT ON COLUMN payidem.settle_state.scan_timezone IS
+	'The payidem.bill_timezone scan_from is a day of (a run with another zone reads from the same instant).';
+COMMENT ON COLUMN payidem.settle_state.settle_from IS
+	'Set by the owner, or NULL: no item of a bill day before it is settled (history paid outside payidem), and settle() never reads before it.';
 COMMENT ON TABLE payidem.settle_state IS
 	'settle()''s progress: the first bill day it still reads (scan_from), and when it ran; one row, its lock serializes settle() runs.';
 
@@ -3242,8 +3249,9 @@ BEGIN
 	-- transaction with the same status (that would be billing it twice; a
 	-- later day's line is the repeat, so re-running this day changes nothing).
 	bo AS (
-		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status,
+		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status, bn.b_fee,
 			   x.payment_no AS x_no, x.order_no AS x_order, x.amount AS x_amount, x.status AS x_status,
+			   x.cost_amount AS x_cost,
 			   coalesce(x.by_txn AND x.status = ANY (payidem._paid_payment_statuses()), false)
 			   AND NOT (coalesce(x.by_no, false)
 						AND count(*) OVER (PARTITION BY x.by_no, x.payment_no) > 1)
@@ -3256,18 +3264,18 @@ BEGIN
 		 -- (LIMIT 1, the line is unique: a look-up per line, never a hash
 		 -- join against the whole bill)
 		 CROSS JOIN LATERAL (
-				SELECT cb.payment_no AS b_no
+				SELECT cb.payment_no AS b_no, cb.fee AS b_fee
 				  FROM payidem.channel_bill cb
 				 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day AND cb.transaction_id = r.b_txn
 				 LIMIT 1) bn
 		  LEFT JOIN LATERAL (
 				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn, false AS by_no,
-					   pay.paid_at
+					   pay.paid_at, pay.cost_amount
 				  FROM payidem.payment_paid pp
 				 -- the payment by its key (LIMIT: a look-up, never a hash
 				 -- of every payment)
 				 CROSS JOIN LATERAL (
-						SELECT p1.payment_no, p1.order_no, p1.amount, p1.status, p1.paid_at
+						SELECT p1.payment_no, p1.order_no, p1.amount, p1.status, p1.paid_at, p1.cost_amount
 						  FROM payidem.payment p1
 						 WHERE p1.payment_no = pp.payment_no
 						 LIMIT 1) pay
@@ -3278,7 +3286,7 @@ BEGIN
 				-- one) and was paid this bill day, otherwise for the record only
 				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status,
 					   pay.transaction_id IS NULL AND pay.paid_at >= v_from AND pay.paid_at < v_to,
-					   pay.transaction_id IS NULL, pay.paid_at
+					   pay.transaction_id IS NULL, pay.paid_at, pay.cost_amount
 				  FROM payidem.payment pay
 				 WHERE pay.payment_no = bn.b_no AND pay.channel_no = v_channel
 				LIMIT 1) x ON true
@@ -3310,13 +3318,17 @@ BEGIN
 		 WHERE NOT po.elsewhere
 		UNION ALL
 		SELECT s.diff_type, s.b_txn, coalesce(s.x_no, s.b_no),
-			   CASE WHEN s.x_paid THEN s.x_amount END, s.b_amount, s.x_status, s.b_status, NULL, NULL
+			   CASE WHEN s.x_paid THEN s.x_amount END, s.b_amount, s.x_status, s.b_status,
+			   CASE WHEN s.diff_type = 'fee_mismatch' THEN s.x_cost END,
+			   CASE WHEN s.diff_type = 'fee_mismatch' THEN s.b_fee END
 		  FROM (SELECT bo.*,
 					   CASE
 						WHEN NOT bo.x_paid THEN 'channel_only'
 						WHEN bo.x_amount <> bo.b_amount THEN 'amount_mismatch'
 						WHEN (bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
 						  OR (bo.b_status = 'succeeded' AND bo.x_refunded) THEN 'status_mismatch'
+						-- a line of another day (a midnight straddle): its fee too
+						WHEN bo.b_fee <> bo.x_cost THEN 'fee_mismatch'
 					   END AS diff_type
 				  FROM bo) s
 		 WHERE s.diff_type IS NOT NULL
@@ -3421,7 +3433,8 @@ BEGIN
 		   (SELECT count(*) FROM bo
 			 WHERE bo.x_paid AND bo.x_amount = bo.b_amount
 			   AND NOT ((bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
-						OR (bo.b_status = 'succeeded' AND bo.x_refunded))) AS matched_across,
+						OR (bo.b_status = 'succeeded' AND bo.x_refunded))
+			   AND NOT coalesce(bo.b_fee <> bo.x_cost, false)) AS matched_across,
 		   (SELECT count(*) FROM bo WHERE bo.x_paid AND NOT bo.x_of_the_day)
 			 + (SELECT count(*) FROM po WHERE po.elsewhere) AS straddled,
 		   (SELECT count(*) FROM auto) AS auto_resolved,
@@ -3563,6 +3576,21 @@ $$;
 COMMENT ON FUNCTION payidem._settle_day(date, text) IS
 	'Internal: the settlement day of an item of a bill day on a merchant''s cycle (D<n>: n calendar days later; T<n>: the n-th business day after).';
 
+-- Where settle() reads from: the start of settle_state.scan_from in the zone
+-- it was recorded in (scan_timezone: the instant stays the same whatever the
+-- session's payidem.bill_timezone), never before settle_from (in the
+-- session's zone); -infinity before the first run.
+CREATE FUNCTION payidem._scan_start()
+RETURNS timestamptz
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT coalesce(greatest(timezone(coalesce(s.scan_timezone, payidem._bill_timezone()), s.scan_from::timestamp),
+								 timezone(payidem._bill_timezone(), s.settle_from::timestamp)),
+						'-infinity'::timestamptz)
+		  FROM payidem.settle_state s
+		UNION ALL SELECT '-infinity'::timestamptz LIMIT 1);
+COMMENT ON FUNCTION payidem._scan_start() IS
+	'Internal: the instant settle() reads items from (settle_state: scan_from in scan_timezone, not before settle_from).';
+
 -- The bill day of a time: its date in payidem.bill_timezone.  Inlined into
 -- the queries that call it, a row at a time (no SET clause: a function with
 -- one is called, not inlined); its names are schema-qualified instead.
@@ -3592,9 +3620,9 @@ RETURNS TABLE (item_no text, item_type text, payment_no text, merchant_no text, 
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_tz text := payidem._bill_timezone();
-	v_scan_from date := (SELECT s.scan_from FROM payidem.settle_state s);
-	v_from timestamptz := CASE WHEN v_scan_from IS NULL THEN '-infinity'::timestamptz
-							   ELSE timezone(v_tz, v_scan_from::timestamp) END;
+	v_from timestamptz := payidem._scan_start();
+	-- (no payment of a day before settle_from: history paid outside payidem)
+	v_floor timestamptz := (SELECT timezone(v_tz, s.settle_from::timestamp) FROM payidem.settle_state s);
 	v_to timestamptz := CASE WHEN p_until IS NULL THEN 'infinity'::timestamptz
 							 ELSE timezone(v_tz, (p_until + 1)::timestamp) END;
 BEGIN
@@ -3640,7 +3668,7 @@ BEGIN
 		  JOIN payidem."order" o ON o.order_no = p.order_no
 		 WHERE p.status = ANY (payidem._paid_payment_statuses())
 		   AND (p_merchant_no IS NULL OR p.merchant_no = p_merchant_no)
-		   AND p.paid_at < v_to
+		   AND p.paid_at < v_to AND (v_floor IS NULL OR p.paid_at >= v_floor)
 		   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = p.payment_no)
 	),
 	refunds AS (
@@ -3726,6 +3754,16 @@ BEGIN
 	PERFORM payidem._refuse_repeatable_read('settle', 'the items other runs settled');
 	INSERT INTO payidem.settle_state (id) VALUES (true) ON CONFLICT DO NOTHING;
 	SELECT * INTO st FROM payidem.settle_state s FOR UPDATE;
+	-- a run in another payidem.bill_timezone than the one scan_from is a day
+	-- of: the day of this zone that holds the same instant (reading a little
+	-- more, never less)
+	IF st.scan_from IS NOT NULL AND st.scan_timezone IS DISTINCT FROM v_tz THEN
+		UPDATE payidem.settle_state s
+		   SET scan_from = (timezone(coalesce(st.scan_timezone, v_tz), st.scan_from::timestamp) AT TIME ZONE v_tz)::date,
+			   scan_timezone = v_tz
+		 WHERE s.id
+		RETURNING * INTO st;
+	END IF;
 	-- the first bill day a pending order may still bring a payment of: its
 	-- attempts may succeed at any time, with a paid_at as early as the order
 	-- was made (less the clock skew a channel is allowed), and commit after
@@ -3791,7 +3829,8 @@ BEGIN
 				 WHERE r.due AND r.allowed
 				 GROUP BY r.merchant_no, r.currency) x
 		  LEFT JOIN payidem.merchant_balance b ON b.merchant_no = x.merchant_no AND b.currency = x.currency
-		 WHERE coalesce(b.available, 0) + x.moves NOT BETWEEN -9223372036854775808 AND 9223372036854775807
+		 WHERE (coalesce(b.available, 0) + x.moves NOT BETWEEN -9223372036854775808 AND 9223372036854775807
+				OR x.moves NOT BETWEEN -9223372036854775808 AND 9223372036854775807)
 		   -- (looked at only when some merchant could: the run's amounts and
 		   -- the largest balance together pass the range)
 		   AND (SELECT coalesce(sum(r.amount), 0) FROM run0 r WHERE r.due AND r.allowed)
@@ -3901,8 +3940,9 @@ BEGIN
 												   v_d + 1),
 										  v_d + 1, v_today - 1),
 									st.scan_from),
-						   v_pending_from)
+						   greatest(v_pending_from, st.settle_from))
 			   END,
+			   scan_timezone = v_tz,
 			   last_scan_from = st.scan_from,
 			   last_xmax = pg_snapshot_xmax(pg_current_snapshot()),
 			   last_run_at = now(), last_settle_date = v_d
@@ -4301,7 +4341,7 @@ COMMENT ON VIEW payidem.merchant_balances IS
 	'Every merchant''s pending, available and in-payout balance per currency.';
 
 CREATE VIEW payidem.settlement_summary AS
-	SELECT si.settle_date, si.merchant_no, si.currency::text AS currency, count(*) AS items,
+	SELECT si.settle_day, si.merchant_no, si.currency::text AS currency, count(*) AS items,
 		   coalesce(sum(si.amount) FILTER (WHERE si.item_type = 'payment'), 0)::numeric AS gross,
 		   coalesce(sum(si.amount) FILTER (WHERE si.item_type = 'refund'), 0)::numeric AS refunds,
 		   (coalesce(sum(si.fee) FILTER (WHERE si.item_type = 'payment'), 0)
@@ -4309,9 +4349,9 @@ CREATE VIEW payidem.settlement_summary AS
 		   (coalesce(sum(si.amount - si.fee) FILTER (WHERE si.item_type = 'payment'), 0)
 			- coalesce(sum(si.amount - si.fee) FILTER (WHERE si.item_type = 'refund'), 0))::numeric AS net
 	  FROM payidem.settlement_item si
-	 GROUP BY si.settle_date, si.merchant_no, si.currency;
+	 GROUP BY si.settle_day, si.merchant_no, si.currency;
 COMMENT ON VIEW payidem.settlement_summary IS
-	'What each settle() date settled per merchant and currency: items, gross (payments), refunds, fees (less the refunds'' shares), net = gross - refunds - fees.';
+	'What was settled per settlement day (each item''s bill day plus its merchant''s cycle), merchant and currency: items, gross (payments), refunds, fees (less the refunds'' shares), net = gross - refunds - fees.';
 
 CREATE VIEW payidem.platform_margin AS
 	SELECT si.bill_day, si.channel_no, si.currency::text AS currency,
@@ -4415,7 +4455,8 @@ BEGIN ATOMIC
 				  p.paid_at, st.scan_from)
 	  FROM payidem.settle_state st
 	  JOIN payidem.payment p
-		ON p.paid_at < pg_catalog.timezone(payidem._bill_timezone(), st.scan_from::timestamp)
+		ON p.paid_at < payidem._scan_start()
+	   AND (st.settle_from IS NULL OR p.paid_at >= pg_catalog.timezone(payidem._bill_timezone(), st.settle_from::timestamp))
 	 WHERE p.status = ANY (payidem._paid_payment_statuses())
 	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = p.payment_no)
 	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_hold h WHERE h.payment_no = p.payment_no)
@@ -4426,7 +4467,8 @@ BEGIN ATOMIC
 		   format('refunded at %s, before the day settle() reads from (%s), not settled', r.refunded_at, st.scan_from)
 	  FROM payidem.settle_state st
 	  JOIN payidem.refund r
-		ON r.refunded_at < pg_catalog.timezone(payidem._bill_timezone(), st.scan_from::timestamp)
+		ON r.refunded_at < payidem._scan_start()
+	   AND (st.settle_from IS NULL OR r.refunded_at >= pg_catalog.timezone(payidem._bill_timezone(), st.settle_from::timestamp))
 	 WHERE r.status = 'succeeded'
 	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r.refund_no)
 	UNION ALL
@@ -4578,8 +4620,39 @@ CREATE TRIGGER keep_money_records_truncate
 	BEFORE TRUNCATE ON payidem.settlement_item
 	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
 
+-- A payment an anomaly or a difference named, once that is resolved, is held
+-- for settlement: settle() found it through the open anomaly (or difference)
+-- while it was open, and after a late success that is the only way it would
+-- be found (docs/settlement.md, section 4).  For every writer of the two
+-- tables (resolve_anomaly(), resolve_diff(), reconcile(), a DBA).
+CREATE FUNCTION payidem._hold_resolved()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM payidem.payment p
+				WHERE p.payment_no = NEW.payment_no AND p.status = ANY (payidem._paid_payment_statuses()))
+	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = NEW.payment_no) THEN
+		INSERT INTO payidem.settlement_hold (payment_no) VALUES (NEW.payment_no) ON CONFLICT DO NOTHING;
+	END IF;
+	RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION payidem._hold_resolved() IS
+	'Trigger settlement_hold_on_resolve on payidem.anomaly and payidem.reconciliation: the paid, unsettled payment a resolved anomaly or difference names is held for settle().';
+CREATE TRIGGER settlement_hold_on_resolve
+	AFTER UPDATE OF handle_status ON payidem.anomaly
+	FOR EACH ROW
+	WHEN (OLD.handle_status = 'open' AND NEW.handle_status <> 'open' AND NEW.payment_no IS NOT NULL)
+	EXECUTE FUNCTION payidem._hold_resolved();
+CREATE TRIGGER settlement_hold_on_resolve
+	AFTER UPDATE OF handle_status ON payidem.reconciliation
+	FOR EACH ROW
+	WHEN (OLD.handle_status = 'open' AND NEW.handle_status <> 'open' AND NEW.payment_no IS NOT NULL)
+	EXECUTE FUNCTION payidem._hold_resolved();
+
 REVOKE ALL ON FUNCTION payidem._is_business_day(date),
 	payidem._settle_day(date, text),
+	payidem._scan_start(),
 	payidem._bill_day(timestamptz, text),
 	payidem._unsettled_items(text, date),
 	payidem.settle(date),
@@ -4597,7 +4670,8 @@ REVOKE ALL ON FUNCTION payidem._is_business_day(date),
 	payidem.verify(),
 	payidem._journal_capture(),
 	payidem._balance_capture(),
-	payidem._ledger_append_only()
+	payidem._ledger_append_only(),
+	payidem._hold_resolved()
 	FROM PUBLIC;
 
 -- nothing for PUBLIC, as the install's privileges part makes it

@@ -286,12 +286,12 @@ LANGUAGE plproxy AS $$
 	SELECT v.merchant_no, v.currency, v.pending, v.available, v.in_payout FROM payidem.merchant_balances v;
 $$;
 CREATE FUNCTION payidem._settlement_summary_all()
-RETURNS TABLE (settle_date date, merchant_no text, currency text, items bigint, gross numeric,
+RETURNS TABLE (settle_day date, merchant_no text, currency text, items bigint, gross numeric,
 			   refunds numeric, fees numeric, net numeric)
 LANGUAGE plproxy AS $$
 	CLUSTER 'payidem';
 	RUN ON ALL;
-	SELECT v.settle_date, v.merchant_no, v.currency, v.items, v.gross, v.refunds, v.fees, v.net
+	SELECT v.settle_day, v.merchant_no, v.currency, v.items, v.gross, v.refunds, v.fees, v.net
 	  FROM payidem.settlement_summary v;
 $$;
 CREATE FUNCTION payidem._platform_margin_all()
@@ -325,13 +325,13 @@ SELECT b.merchant_no, b.currency, pg_catalog.sum(b.pending) AS pending,
 COMMENT ON VIEW payidem.merchant_balances IS
 	'Router: every merchant''s pending, available and in-payout balance per currency, from every shard.';
 CREATE VIEW payidem.settlement_summary AS
-SELECT s.settle_date, s.merchant_no, s.currency, pg_catalog.sum(s.items)::bigint AS items,
+SELECT s.settle_day, s.merchant_no, s.currency, pg_catalog.sum(s.items)::bigint AS items,
 	   pg_catalog.sum(s.gross) AS gross, pg_catalog.sum(s.refunds) AS refunds, pg_catalog.sum(s.fees) AS fees,
 	   pg_catalog.sum(s.net) AS net
   FROM payidem._settlement_summary_all() s
- GROUP BY s.settle_date, s.merchant_no, s.currency;
+ GROUP BY s.settle_day, s.merchant_no, s.currency;
 COMMENT ON VIEW payidem.settlement_summary IS
-	'Router: what each settle() date settled per merchant and currency, from every shard.';
+	'Router: what was settled per settlement day, merchant and currency, from every shard.';
 CREATE VIEW payidem.platform_margin AS
 SELECT m.bill_day, m.channel_no, m.currency, pg_catalog.sum(m.fee_revenue) AS fee_revenue,
 	   pg_catalog.sum(m.channel_cost) AS channel_cost, pg_catalog.sum(m.margin) AS margin

@@ -387,9 +387,10 @@ SELECT * FROM pg_temp.items('2026-10-12');
 SELECT * FROM pg_temp.settle('2026-12-31');
 SELECT * FROM pg_temp.balances();
 
--- the reports: each settle() date's items, the platform's margin per bill day
-SELECT pg_temp.l(merchant_no) AS merchant, settle_date, currency, items, gross, refunds, fees, net
-  FROM payidem.settlement_summary WHERE merchant_no IN (SELECT no FROM lbl) ORDER BY settle_date, 1;
+-- the reports: the items per settlement day (P4, due on the 9th and held
+-- until the 10th, counts on the 9th), the platform's margin per bill day
+SELECT pg_temp.l(merchant_no) AS merchant, settle_day, currency, items, gross, refunds, fees, net
+  FROM payidem.settlement_summary WHERE merchant_no IN (SELECT no FROM lbl) ORDER BY settle_day, 1;
 SELECT bill_day, channel_no, currency, fee_revenue, channel_cost, margin
   FROM payidem.platform_margin WHERE channel_no IN ('ST_WX', 'ST_ALI') ORDER BY bill_day, channel_no;
 
@@ -535,8 +536,8 @@ SELECT count(*) AS settled_again FROM payidem.settle('2026-12-31') WHERE merchan
 SELECT payidem.adjust_balance(:'mt2', 6, 'BK-ADJ-1', 'fee refund') IS NOT NULL AS adjusted;
 SELECT payidem.set_merchant_notify_url(:'mt2', 'https://bikes.example/payouts');
 SELECT * FROM pg_temp.balances();
-SELECT pg_temp.l(merchant_no) AS merchant, settle_date, items, net
-  FROM payidem.settlement_summary WHERE merchant_no = :'mt2' ORDER BY settle_date;
+SELECT pg_temp.l(merchant_no) AS merchant, settle_day, items, net
+  FROM payidem.settlement_summary WHERE merchant_no = :'mt2' ORDER BY settle_day;
 SELECT bill_day, fee_revenue, channel_cost, margin FROM payidem.platform_margin
  WHERE channel_no = 'ST_ALI' ORDER BY bill_day;
 SELECT count(*) AS tea_entries FROM payidem.ledger_entry WHERE merchant_no = :'mt';

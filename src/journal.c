@@ -89,7 +89,13 @@ static List *journal_deltas = NIL;
 static bool journal_callbacks_registered = false;
 
 /* the key the deltas are summed under at commit */
-#define JOURNAL_KEY_LEN (NAMEDATALEN * 4)
+/*
+ * kind|currency|key: a journal_no or merchant_no is at most 64 characters
+ * (ledger_entry's checks), 256 bytes in any encoding; a longer key (a table
+ * whose checks were dropped) is refused rather than cut short, so that two
+ * keys never share a sum.
+ */
+#define JOURNAL_KEY_LEN 1024
 typedef struct JournalTotal
 {
 	char		hkey[JOURNAL_KEY_LEN];
@@ -99,6 +105,15 @@ typedef struct JournalTotal
 	int128		entries;
 	int128		balance;
 } JournalTotal;
+
+static void
+journal_key_too_long(const char *key)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+			 errmsg("a journal_no or merchant_no of payidem.ledger_entry is too long"),
+			 errdetail("The value has %zu bytes; a journal_no or merchant_no has at most 64 characters.", strlen(key))));
+}
 
 static void
 keep_delta(JournalKind kind, const char *key, const char *currency, int128 entries, int128 balance)
@@ -201,7 +216,8 @@ add_balance(HTAB *h, JournalKind kind, const char *merchant_no, const char *curr
 	StatementBalance *b;
 	bool		found;
 
-	snprintf(hkey, sizeof(hkey), "%d|%s|%s", (int) kind, currency, merchant_no);
+	if (snprintf(hkey, sizeof(hkey), "%d|%s|%s", (int) kind, currency, merchant_no) >= (int) sizeof(hkey))
+		journal_key_too_long(merchant_no);
 	b = hash_search(h, hkey, HASH_ENTER, &found);
 	if (!found)
 	{
@@ -401,7 +417,8 @@ journal_check(void)
 		char		hkey[JOURNAL_KEY_LEN];
 		bool		found;
 
-		snprintf(hkey, sizeof(hkey), "%d|%s|%s", (int) d->kind, d->currency, d->key);
+		if (snprintf(hkey, sizeof(hkey), "%d|%s|%s", (int) d->kind, d->currency, d->key) >= (int) sizeof(hkey))
+			journal_key_too_long(d->key);
 		t = hash_search(totals, hkey, HASH_ENTER, &found);
 		if (!found)
 		{

@@ -381,8 +381,9 @@ BEGIN
 	-- transaction with the same status (that would be billing it twice; a
 	-- later day's line is the repeat, so re-running this day changes nothing).
 	bo AS (
-		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status,
+		SELECT r.b_txn, bn.b_no, r.b_amount, r.b_status, bn.b_fee,
 			   x.payment_no AS x_no, x.order_no AS x_order, x.amount AS x_amount, x.status AS x_status,
+			   x.cost_amount AS x_cost,
 			   coalesce(x.by_txn AND x.status = ANY (payidem._paid_payment_statuses()), false)
 			   AND NOT (coalesce(x.by_no, false)
 						AND count(*) OVER (PARTITION BY x.by_no, x.payment_no) > 1)
@@ -395,18 +396,18 @@ BEGIN
 		 -- (LIMIT 1, the line is unique: a look-up per line, never a hash
 		 -- join against the whole bill)
 		 CROSS JOIN LATERAL (
-				SELECT cb.payment_no AS b_no
+				SELECT cb.payment_no AS b_no, cb.fee AS b_fee
 				  FROM payidem.channel_bill cb
 				 WHERE cb.channel_no = v_channel AND cb.bill_date = v_day AND cb.transaction_id = r.b_txn
 				 LIMIT 1) bn
 		  LEFT JOIN LATERAL (
 				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status, true AS by_txn, false AS by_no,
-					   pay.paid_at
+					   pay.paid_at, pay.cost_amount
 				  FROM payidem.payment_paid pp
 				 -- the payment by its key (LIMIT: a look-up, never a hash
 				 -- of every payment)
 				 CROSS JOIN LATERAL (
-						SELECT p1.payment_no, p1.order_no, p1.amount, p1.status, p1.paid_at
+						SELECT p1.payment_no, p1.order_no, p1.amount, p1.status, p1.paid_at, p1.cost_amount
 						  FROM payidem.payment p1
 						 WHERE p1.payment_no = pp.payment_no
 						 LIMIT 1) pay
@@ -417,7 +418,7 @@ BEGIN
 				-- one) and was paid this bill day, otherwise for the record only
 				SELECT pay.payment_no, pay.order_no, pay.amount, pay.status,
 					   pay.transaction_id IS NULL AND pay.paid_at >= v_from AND pay.paid_at < v_to,
-					   pay.transaction_id IS NULL, pay.paid_at
+					   pay.transaction_id IS NULL, pay.paid_at, pay.cost_amount
 				  FROM payidem.payment pay
 				 WHERE pay.payment_no = bn.b_no AND pay.channel_no = v_channel
 				LIMIT 1) x ON true
@@ -449,13 +450,17 @@ BEGIN
 		 WHERE NOT po.elsewhere
 		UNION ALL
 		SELECT s.diff_type, s.b_txn, coalesce(s.x_no, s.b_no),
-			   CASE WHEN s.x_paid THEN s.x_amount END, s.b_amount, s.x_status, s.b_status, NULL, NULL
+			   CASE WHEN s.x_paid THEN s.x_amount END, s.b_amount, s.x_status, s.b_status,
+			   CASE WHEN s.diff_type = 'fee_mismatch' THEN s.x_cost END,
+			   CASE WHEN s.diff_type = 'fee_mismatch' THEN s.b_fee END
 		  FROM (SELECT bo.*,
 					   CASE
 						WHEN NOT bo.x_paid THEN 'channel_only'
 						WHEN bo.x_amount <> bo.b_amount THEN 'amount_mismatch'
 						WHEN (bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
 						  OR (bo.b_status = 'succeeded' AND bo.x_refunded) THEN 'status_mismatch'
+						-- a line of another day (a midnight straddle): its fee too
+						WHEN bo.b_fee <> bo.x_cost THEN 'fee_mismatch'
 					   END AS diff_type
 				  FROM bo) s
 		 WHERE s.diff_type IS NOT NULL
@@ -560,7 +565,8 @@ BEGIN
 		   (SELECT count(*) FROM bo
 			 WHERE bo.x_paid AND bo.x_amount = bo.b_amount
 			   AND NOT ((bo.b_status = 'refunded' AND bo.x_status = 'succeeded')
-						OR (bo.b_status = 'succeeded' AND bo.x_refunded))) AS matched_across,
+						OR (bo.b_status = 'succeeded' AND bo.x_refunded))
+			   AND NOT coalesce(bo.b_fee <> bo.x_cost, false)) AS matched_across,
 		   (SELECT count(*) FROM bo WHERE bo.x_paid AND NOT bo.x_of_the_day)
 			 + (SELECT count(*) FROM po WHERE po.elsewhere) AS straddled,
 		   (SELECT count(*) FROM auto) AS auto_resolved,

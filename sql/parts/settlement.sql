@@ -54,6 +54,21 @@ $$;
 COMMENT ON FUNCTION payidem._settle_day(date, text) IS
 	'Internal: the settlement day of an item of a bill day on a merchant''s cycle (D<n>: n calendar days later; T<n>: the n-th business day after).';
 
+-- Where settle() reads from: the start of settle_state.scan_from in the zone
+-- it was recorded in (scan_timezone: the instant stays the same whatever the
+-- session's payidem.bill_timezone), never before settle_from (in the
+-- session's zone); -infinity before the first run.
+CREATE FUNCTION payidem._scan_start()
+RETURNS timestamptz
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+RETURN (SELECT coalesce(greatest(timezone(coalesce(s.scan_timezone, payidem._bill_timezone()), s.scan_from::timestamp),
+								 timezone(payidem._bill_timezone(), s.settle_from::timestamp)),
+						'-infinity'::timestamptz)
+		  FROM payidem.settle_state s
+		UNION ALL SELECT '-infinity'::timestamptz LIMIT 1);
+COMMENT ON FUNCTION payidem._scan_start() IS
+	'Internal: the instant settle() reads items from (settle_state: scan_from in scan_timezone, not before settle_from).';
+
 -- The bill day of a time: its date in payidem.bill_timezone.  Inlined into
 -- the queries that call it, a row at a time (no SET clause: a function with
 -- one is called, not inlined); its names are schema-qualified instead.
@@ -83,9 +98,9 @@ RETURNS TABLE (item_no text, item_type text, payment_no text, merchant_no text, 
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	v_tz text := payidem._bill_timezone();
-	v_scan_from date := (SELECT s.scan_from FROM payidem.settle_state s);
-	v_from timestamptz := CASE WHEN v_scan_from IS NULL THEN '-infinity'::timestamptz
-							   ELSE timezone(v_tz, v_scan_from::timestamp) END;
+	v_from timestamptz := payidem._scan_start();
+	-- (no payment of a day before settle_from: history paid outside payidem)
+	v_floor timestamptz := (SELECT timezone(v_tz, s.settle_from::timestamp) FROM payidem.settle_state s);
 	v_to timestamptz := CASE WHEN p_until IS NULL THEN 'infinity'::timestamptz
 							 ELSE timezone(v_tz, (p_until + 1)::timestamp) END;
 BEGIN
@@ -131,7 +146,7 @@ BEGIN
 		  JOIN payidem."order" o ON o.order_no = p.order_no
 		 WHERE p.status = ANY (payidem._paid_payment_statuses())
 		   AND (p_merchant_no IS NULL OR p.merchant_no = p_merchant_no)
-		   AND p.paid_at < v_to
+		   AND p.paid_at < v_to AND (v_floor IS NULL OR p.paid_at >= v_floor)
 		   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = p.payment_no)
 	),
 	refunds AS (
@@ -217,6 +232,16 @@ BEGIN
 	PERFORM payidem._refuse_repeatable_read('settle', 'the items other runs settled');
 	INSERT INTO payidem.settle_state (id) VALUES (true) ON CONFLICT DO NOTHING;
 	SELECT * INTO st FROM payidem.settle_state s FOR UPDATE;
+	-- a run in another payidem.bill_timezone than the one scan_from is a day
+	-- of: the day of this zone that holds the same instant (reading a little
+	-- more, never less)
+	IF st.scan_from IS NOT NULL AND st.scan_timezone IS DISTINCT FROM v_tz THEN
+		UPDATE payidem.settle_state s
+		   SET scan_from = (timezone(coalesce(st.scan_timezone, v_tz), st.scan_from::timestamp) AT TIME ZONE v_tz)::date,
+			   scan_timezone = v_tz
+		 WHERE s.id
+		RETURNING * INTO st;
+	END IF;
 	-- the first bill day a pending order may still bring a payment of: its
 	-- attempts may succeed at any time, with a paid_at as early as the order
 	-- was made (less the clock skew a channel is allowed), and commit after
@@ -282,7 +307,8 @@ BEGIN
 				 WHERE r.due AND r.allowed
 				 GROUP BY r.merchant_no, r.currency) x
 		  LEFT JOIN payidem.merchant_balance b ON b.merchant_no = x.merchant_no AND b.currency = x.currency
-		 WHERE coalesce(b.available, 0) + x.moves NOT BETWEEN -9223372036854775808 AND 9223372036854775807
+		 WHERE (coalesce(b.available, 0) + x.moves NOT BETWEEN -9223372036854775808 AND 9223372036854775807
+				OR x.moves NOT BETWEEN -9223372036854775808 AND 9223372036854775807)
 		   -- (looked at only when some merchant could: the run's amounts and
 		   -- the largest balance together pass the range)
 		   AND (SELECT coalesce(sum(r.amount), 0) FROM run0 r WHERE r.due AND r.allowed)
@@ -392,8 +418,9 @@ BEGIN
 												   v_d + 1),
 										  v_d + 1, v_today - 1),
 									st.scan_from),
-						   v_pending_from)
+						   greatest(v_pending_from, st.settle_from))
 			   END,
+			   scan_timezone = v_tz,
 			   last_scan_from = st.scan_from,
 			   last_xmax = pg_snapshot_xmax(pg_current_snapshot()),
 			   last_run_at = now(), last_settle_date = v_d
@@ -792,7 +819,7 @@ COMMENT ON VIEW payidem.merchant_balances IS
 	'Every merchant''s pending, available and in-payout balance per currency.';
 
 CREATE VIEW payidem.settlement_summary AS
-	SELECT si.settle_date, si.merchant_no, si.currency::text AS currency, count(*) AS items,
+	SELECT si.settle_day, si.merchant_no, si.currency::text AS currency, count(*) AS items,
 		   coalesce(sum(si.amount) FILTER (WHERE si.item_type = 'payment'), 0)::numeric AS gross,
 		   coalesce(sum(si.amount) FILTER (WHERE si.item_type = 'refund'), 0)::numeric AS refunds,
 		   (coalesce(sum(si.fee) FILTER (WHERE si.item_type = 'payment'), 0)
@@ -800,9 +827,9 @@ CREATE VIEW payidem.settlement_summary AS
 		   (coalesce(sum(si.amount - si.fee) FILTER (WHERE si.item_type = 'payment'), 0)
 			- coalesce(sum(si.amount - si.fee) FILTER (WHERE si.item_type = 'refund'), 0))::numeric AS net
 	  FROM payidem.settlement_item si
-	 GROUP BY si.settle_date, si.merchant_no, si.currency;
+	 GROUP BY si.settle_day, si.merchant_no, si.currency;
 COMMENT ON VIEW payidem.settlement_summary IS
-	'What each settle() date settled per merchant and currency: items, gross (payments), refunds, fees (less the refunds'' shares), net = gross - refunds - fees.';
+	'What was settled per settlement day (each item''s bill day plus its merchant''s cycle), merchant and currency: items, gross (payments), refunds, fees (less the refunds'' shares), net = gross - refunds - fees.';
 
 CREATE VIEW payidem.platform_margin AS
 	SELECT si.bill_day, si.channel_no, si.currency::text AS currency,
@@ -906,7 +933,8 @@ BEGIN ATOMIC
 				  p.paid_at, st.scan_from)
 	  FROM payidem.settle_state st
 	  JOIN payidem.payment p
-		ON p.paid_at < pg_catalog.timezone(payidem._bill_timezone(), st.scan_from::timestamp)
+		ON p.paid_at < payidem._scan_start()
+	   AND (st.settle_from IS NULL OR p.paid_at >= pg_catalog.timezone(payidem._bill_timezone(), st.settle_from::timestamp))
 	 WHERE p.status = ANY (payidem._paid_payment_statuses())
 	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = p.payment_no)
 	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_hold h WHERE h.payment_no = p.payment_no)
@@ -917,7 +945,8 @@ BEGIN ATOMIC
 		   format('refunded at %s, before the day settle() reads from (%s), not settled', r.refunded_at, st.scan_from)
 	  FROM payidem.settle_state st
 	  JOIN payidem.refund r
-		ON r.refunded_at < pg_catalog.timezone(payidem._bill_timezone(), st.scan_from::timestamp)
+		ON r.refunded_at < payidem._scan_start()
+	   AND (st.settle_from IS NULL OR r.refunded_at >= pg_catalog.timezone(payidem._bill_timezone(), st.settle_from::timestamp))
 	 WHERE r.status = 'succeeded'
 	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = r.refund_no)
 	UNION ALL
@@ -1068,3 +1097,33 @@ CREATE TRIGGER keep_money_records
 CREATE TRIGGER keep_money_records_truncate
 	BEFORE TRUNCATE ON payidem.settlement_item
 	FOR EACH STATEMENT EXECUTE FUNCTION payidem._keep_money_records();
+
+-- A payment an anomaly or a difference named, once that is resolved, is held
+-- for settlement: settle() found it through the open anomaly (or difference)
+-- while it was open, and after a late success that is the only way it would
+-- be found (docs/settlement.md, section 4).  For every writer of the two
+-- tables (resolve_anomaly(), resolve_diff(), reconcile(), a DBA).
+CREATE FUNCTION payidem._hold_resolved()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM payidem.payment p
+				WHERE p.payment_no = NEW.payment_no AND p.status = ANY (payidem._paid_payment_statuses()))
+	   AND NOT EXISTS (SELECT 1 FROM payidem.settlement_item si WHERE si.item_no = NEW.payment_no) THEN
+		INSERT INTO payidem.settlement_hold (payment_no) VALUES (NEW.payment_no) ON CONFLICT DO NOTHING;
+	END IF;
+	RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION payidem._hold_resolved() IS
+	'Trigger settlement_hold_on_resolve on payidem.anomaly and payidem.reconciliation: the paid, unsettled payment a resolved anomaly or difference names is held for settle().';
+CREATE TRIGGER settlement_hold_on_resolve
+	AFTER UPDATE OF handle_status ON payidem.anomaly
+	FOR EACH ROW
+	WHEN (OLD.handle_status = 'open' AND NEW.handle_status <> 'open' AND NEW.payment_no IS NOT NULL)
+	EXECUTE FUNCTION payidem._hold_resolved();
+CREATE TRIGGER settlement_hold_on_resolve
+	AFTER UPDATE OF handle_status ON payidem.reconciliation
+	FOR EACH ROW
+	WHEN (OLD.handle_status = 'open' AND NEW.handle_status <> 'open' AND NEW.payment_no IS NOT NULL)
+	EXECUTE FUNCTION payidem._hold_resolved();

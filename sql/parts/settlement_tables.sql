@@ -60,6 +60,7 @@ CREATE TABLE payidem.ledger_entry (
 	CONSTRAINT ledger_entry_pkey PRIMARY KEY (entry_id),
 	CONSTRAINT ledger_entry_amount_nonzero CHECK (amount <> 0),
 	CONSTRAINT ledger_entry_journal_format CHECK (pg_catalog.length(journal_no) BETWEEN 1 AND 64),
+	CONSTRAINT ledger_entry_owner_length CHECK (pg_catalog.length(merchant_no) <= 64 AND pg_catalog.length(channel_no) <= 64),
 	CONSTRAINT ledger_entry_account_owner CHECK (
 		CASE
 			WHEN account IN ('merchant_available', 'merchant_payout')
@@ -156,9 +157,15 @@ CREATE TABLE payidem.settle_state (
 	last_run_at		timestamptz,
 	last_settle_date date,
 	worker_day		date,
+	scan_timezone	text,
+	settle_from		date,
 	CONSTRAINT settle_state_pkey PRIMARY KEY (id),
 	CONSTRAINT settle_state_one_row CHECK (id)
 );
+COMMENT ON COLUMN payidem.settle_state.scan_timezone IS
+	'The payidem.bill_timezone scan_from is a day of (a run with another zone reads from the same instant).';
+COMMENT ON COLUMN payidem.settle_state.settle_from IS
+	'Set by the owner, or NULL: no item of a bill day before it is settled (history paid outside payidem), and settle() never reads before it.';
 COMMENT ON TABLE payidem.settle_state IS
 	'settle()''s progress: the first bill day it still reads (scan_from), and when it ran; one row, its lock serializes settle() runs.';
 
