@@ -694,9 +694,10 @@ DECLARE
 	a payidem.adjustment;
 BEGIN
 	PERFORM payidem._require('merchant_no', v_merchant_no);
-	IF v_amount IS NULL OR v_amount = 0 THEN
+	-- (the smallest bigint has no opposite: its entry could not be written)
+	IF v_amount IS NULL OR v_amount = 0 OR v_amount = -9223372036854775807 - 1 THEN
 		PERFORM payidem._raise_invalid('invalid adjustment amount',
-			format('The amount was %s; it is a non-zero number of minor units: positive credits the merchant, negative debits it.',
+			format('The amount was %s; it is a non-zero number of minor units, from -9223372036854775807 up: positive credits the merchant, negative debits it.',
 				coalesce(v_amount::text, 'NULL')));
 	END IF;
 	IF v_out IS NULL OR NOT payidem._fits(v_out, 'payidem.merchant_ref') THEN
@@ -712,6 +713,16 @@ BEGIN
 	PERFORM payidem._check_no_controls('invalid adjustment reason', 'The reason', reason);
 	PERFORM payidem._check_currency(v_currency);
 	PERFORM payidem._merchant_status(v_merchant_no);	-- any status: a closed merchant is still owed
+	-- a balance that would leave the bigint range: refused, nothing written
+	IF (SELECT b.available::numeric + v_amount FROM payidem.merchant_balance b
+		 WHERE b.merchant_no = v_merchant_no AND b.currency = v_currency)
+	   NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
+		PERFORM payidem._raise_invalid('adjustment out of range',
+			format('Merchant %s has %s %s available; adding %s would pass the range of a bigint.',
+				   v_merchant_no, (SELECT b.available FROM payidem.merchant_balance b
+								   WHERE b.merchant_no = v_merchant_no AND b.currency = v_currency),
+				   v_currency, v_amount));
+	END IF;
 
 	INSERT INTO payidem.adjustment AS x (adjust_no, merchant_no, out_adjust_no, amount, currency, reason)
 	VALUES (payidem.gen_order_no('AJ'), v_merchant_no, v_out, v_amount, v_currency, reason)
