@@ -79,9 +79,21 @@ sub link_lost
 	my ($standby, $pid) = @_;
 	kill 'KILL', $pid;
 	kill 'CONT', $pid;
-	$standby->poll_query_until('postgres', 'SELECT pg_is_in_recovery()')
-	  or die 'the standby did not come back';
-	return;
+	# A killed walreceiver makes the standby's postmaster restart every
+	# process: a query sent on stdin (poll_query_until) may meet a psql that
+	# already gave up on the restarting server, and the write to its closed
+	# stdin kills this test (SIGPIPE, "ack Broken pipe").  The query as an
+	# argument instead, until the standby answers again.
+	my $deadline = Time::HiRes::time() + $PostgreSQL::Test::Utils::timeout_default;
+	while (Time::HiRes::time() < $deadline)
+	{
+		my ($out, $err) = ('', '');
+		IPC::Run::run([ 'psql', '-XAtq', '-d', $standby->connstr('postgres'), '-c', 'SELECT pg_is_in_recovery()' ],
+			'<', \undef, '>', \$out, '2>', \$err);
+		return if $out =~ /^t/;
+		Time::HiRes::sleep(0.1);
+	}
+	die 'the standby did not come back';
 }
 
 # pgbench in the background against $node until it ends or its server dies
