@@ -221,10 +221,12 @@ async function main() {
 		// connections are closed: the clean-up's DROP DATABASE ... WITH (FORCE)
 		// can terminate one still closing, whose error no pool listens to any
 		// more (an unhandled 'error' event ends the process).  Each client gets
-		// a listener of its own for that moment.
+		// a listener of its own for that moment, and so does the pool, which
+		// passes on the error of a client it holds idle.
 		const newPool = () => {
 			const pool = new Pool({ ...appConfig, max: 4 });
 			pool.on('connect', (client) => client.on('error', () => {}));
+			pool.on('error', () => {});
 			pools.push(pool);
 			return pool;
 		};

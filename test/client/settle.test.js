@@ -140,6 +140,10 @@ async function main() {
 
 		// ---------------------------------------------------------- the notification
 		const pool = new Pool({ database: DB, user: APP_ROLE, password: PASSWORD, max: 2 });
+		// (the clean-up's DROP DATABASE ... WITH (FORCE) may terminate a
+		// connection pool.end() is still closing: its error goes nowhere)
+		pool.on('connect', (client) => client.on('error', () => {}));
+		pool.on('error', () => {});
 		pools.push(pool);
 		const worker = createWorker(pool, { batch: 10, concurrency: 2, timeoutMs: 5000 });
 		await worker.start({ untilIdle: true });
