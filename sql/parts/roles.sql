@@ -121,7 +121,7 @@ BEGIN ATOMIC
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
 						 'verify_notification', 'query_due',
 						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
-						 'request_payout', 'apply_payout_result', 'balance');
+						 'request_payout', 'apply_payout_result', 'balance', 'library_version');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -143,7 +143,7 @@ BEGIN ATOMIC
 	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
 	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
 		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
-					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance')
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance', 'library_version')
 					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
 					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
 	 WHERE m.oid = r.role::oid
