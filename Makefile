@@ -57,7 +57,9 @@ REGRESS_FLOW     = payment_flow payment_result_paths books notifications generat
 REGRESS_RECON    = reconciliation reconciliation_generated
 REGRESS_SETTLE   = settlement
 REGRESS_RELIABILITY = bad_input
-REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON) $(REGRESS_SETTLE) $(REGRESS_RELIABILITY)
+# (last: it reads the lists every merchant's rows are in)
+REGRESS_APP      = app_api
+REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $(REGRESS_MERCHANT) $(REGRESS_FLOW) $(REGRESS_RECON) $(REGRESS_SETTLE) $(REGRESS_RELIABILITY) $(REGRESS_APP)
 
 # isolation specs: test/specs/<name>.spec -> test/expected/<name>.out
 ISOLATION_ORDER_NO = order_no_concurrent

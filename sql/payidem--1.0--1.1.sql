@@ -3033,7 +3033,9 @@ BEGIN ATOMIC
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
 						 'verify_notification', 'query_due',
 						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
-						 'request_payout', 'apply_payout_result', 'balance', 'library_version');
+						 'request_payout', 'apply_payout_result', 'balance', 'library_version',
+						 'apply_payment_result_ex', 'list_orders', 'list_anomalies', 'list_differences',
+						 'health');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -3045,7 +3047,8 @@ BEGIN ATOMIC
 	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
 	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
 		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
-					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance', 'library_version')
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance', 'library_version',
+												 'list_orders', 'list_anomalies', 'list_differences')
 					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
 					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
 	 WHERE m.oid = r.role::oid
@@ -4707,3 +4710,675 @@ SELECT pg_catalog.pg_extension_config_dump('payidem.adjustment', '');
 -- pg_dump leaves out, so a restore would lose it).  Run grant_app() and
 -- grant_auditor() again for them after the update (CHANGELOG, README): they
 -- add the payout functions and balance(), the books and verify().
+
+------------------------------------------------------------------------------
+-- 1.1: what an application needs (DESIGN section 7): results that name their
+-- anomaly, get_order()'s anomalies, list_orders(), the work queues and
+-- health().
+------------------------------------------------------------------------------
+
+-- apply_payment_result()'s SQL half answers the anomaly too: a new result
+-- type, so it is made again (it is granted to no one)
+DROP FUNCTION payidem._apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb);
+-- Its result is the outcome and, for an anomaly or a refusal, the anomaly
+-- that records it (apply_payment_result_ex() returns both).
+CREATE FUNCTION payidem._apply_payment_result(payment_no text, source text, status text,
+	transaction_id text, amount bigint, paid_at timestamptz, raw jsonb,
+	OUT outcome text, OUT anomaly_id bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	-- aliases, not copies: a copy is an expression, set up again in every
+	-- transaction
+	v_payment_no ALIAS FOR $1;
+	v_source ALIAS FOR $2;
+	v_status ALIAS FOR $3;
+	v_txn ALIAS FOR $4;
+	v_amount ALIAS FOR $5;
+	v_reported_at ALIAS FOR $6;
+	v_paid_at timestamptz;
+	v_order_no text;
+	v_other text;
+	v_taken boolean;
+	v_order_status text;
+	v_order_paid_by text;
+	v_order_row tid;
+	v_anomaly bigint;
+	v_merchant_rate numeric;
+	v_binding_rate numeric;
+	v_channel_rate numeric;
+	d record;					-- the verdict and the anomaly kind
+	f record;					-- the fees
+	p record;					-- the payment's columns this function reads
+BEGIN
+	PERFORM payidem._check_payment_result_args(v_payment_no, v_source, v_status, v_txn, v_amount, v_reported_at);
+	-- A repeated success is answered from the committed row, without a lock:
+	-- from a paid status, a payment only moves on to other paid statuses,
+	-- which answer a success the same way.
+	IF v_status = 'succeeded' THEN
+		SELECT x.status, x.amount, x.transaction_id, x.created_at INTO p
+		  FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+		IF FOUND AND (SELECT y.verdict = 'duplicate'
+						FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
+															 p.status, p.amount, p.transaction_id, p.created_at,
+															 NULL, NULL) y) THEN
+			outcome := 'duplicate';
+			RETURN;
+		END IF;
+	END IF;
+
+	SELECT x.order_no INTO v_order_no FROM payidem.payment x WHERE x.payment_no = v_payment_no;
+	IF NOT FOUND THEN
+		-- a success for a number of this shard: unknown_transaction, one
+		-- anomaly per number and transaction id (its unique index: a repeat,
+		-- or a delivery at the same moment, adds none)
+		SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
+															 NULL, NULL, NULL, NULL, NULL, NULL);
+		IF d.verdict = 'rejected' THEN
+			INSERT INTO payidem.anomaly AS a (kind, amount, detail)
+			VALUES (d.anomaly_kind, v_amount,
+					jsonb_build_object('reported_payment_no', v_payment_no, 'transaction_id', v_txn,
+									   'reported_amount', v_amount, 'source', v_source,
+									   'paid_at', coalesce(v_reported_at, now()),
+									   'action', 'ask the channel which payment this is; refund it at the channel if none of ours was made for it',
+									   'raw', payidem._flow_raw(raw)))
+			ON CONFLICT ((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
+				WHERE kind = 'unknown_transaction' DO NOTHING
+			RETURNING a.anomaly_id INTO v_anomaly;
+			IF v_anomaly IS NULL THEN
+				-- recorded before (the index's row, committed: the insert waited for it)
+				SELECT a.anomaly_id INTO v_anomaly FROM payidem.anomaly a
+				 WHERE a.kind = 'unknown_transaction' AND a.detail ->> 'reported_payment_no' = v_payment_no
+				   AND a.detail ->> 'transaction_id' = v_txn;
+			END IF;
+			outcome := 'rejected';
+			anomaly_id := v_anomaly;
+			RETURN;
+		END IF;
+		PERFORM payidem._raise_not_found('payment', v_payment_no, 'payidem.payment', 'payment_no');
+	END IF;
+	-- The lock order of every flow function (docs/payment-flow.md): the
+	-- order, then its payment.  Only a success changes the order; a failure
+	-- or close report locks the payment alone.  FOR NO KEY UPDATE, as an
+	-- UPDATE that keeps the key locks: the KEY SHARE locks that inserts of
+	-- payments, refunds and anomalies take on their order and payment
+	-- through the foreign keys do not wait for it (a FOR UPDATE lock would
+	-- make refund(), which holds the payment, wait for the order).
+	IF v_status = 'succeeded' THEN
+		-- the order, locked (its number never changes), and the rates of the fees
+		SELECT x.ctid, x.status, x.paid_payment_no, m.fee_rate, b.fee_rate, c.fee_rate
+		  INTO v_order_row, v_order_status, v_order_paid_by, v_merchant_rate, v_binding_rate, v_channel_rate
+		  FROM payidem."order" x
+		  JOIN payidem.merchant m ON m.merchant_no = x.merchant_no
+		  JOIN payidem.payment y ON y.payment_no = v_payment_no
+		  JOIN payidem.channel c ON c.channel_no = y.channel_no
+		  LEFT JOIN payidem.merchant_channel b ON b.merchant_no = m.merchant_no AND b.channel_no = c.channel_no
+		 WHERE x.order_no = v_order_no
+		   FOR NO KEY UPDATE OF x;
+	END IF;
+	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id,
+		   x.created_at INTO p
+	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
+	SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
+														 p.status, p.amount, p.transaction_id, p.created_at,
+														 v_order_status, NULL);
+	IF d.verdict = 'check_transaction_id' THEN
+		-- two deliveries carrying one transaction id for two payments: the
+		-- second waits until the first commits, then (READ COMMITTED: a new
+		-- snapshot per statement) finds its row below.  The C path of
+		-- apply_payment_result() takes the same lock.
+		IF NOT payidem._lock_transaction_id(p.channel_no, v_txn, false) THEN
+			PERFORM payidem._lock_transaction_id(p.channel_no, v_txn, true);
+			IF current_setting('transaction_isolation') <> 'read committed' THEN
+				RAISE EXCEPTION 'transaction id % is being applied to another payment at the same time', quote_literal(v_txn) USING
+					ERRCODE = 'serialization_failure',
+					DETAIL = format('Payment %s waited for another delivery of %s on channel %s; this transaction''s snapshot cannot see its outcome.',
+									p.payment_no, quote_literal(v_txn), p.channel_no),
+					HINT = 'Retry the transaction, or apply results in READ COMMITTED.';
+			END IF;
+		END IF;
+		SELECT x.payment_no INTO v_other FROM payidem.payment_paid x
+		 WHERE x.channel_no = p.channel_no AND x.transaction_id = v_txn AND x.payment_no <> p.payment_no;
+		v_taken := FOUND;
+		SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
+															 p.status, p.amount, p.transaction_id, p.created_at,
+															 v_order_status, v_taken);
+	END IF;
+
+	IF d.verdict = 'duplicate' THEN
+		outcome := 'duplicate';		-- applied meanwhile, by the delivery we waited for
+		RETURN;
+	ELSIF d.verdict = 'rejected' THEN
+		-- A refusal changes nothing but one anomaly row, and a repeat of the
+		-- same refusal adds none (it is answered with the open one).
+		IF d.anomaly_kind IS NOT NULL THEN
+			SELECT a.anomaly_id INTO v_anomaly FROM payidem.anomaly a
+			 WHERE a.payment_no = p.payment_no AND a.kind = d.anomaly_kind AND a.handle_status = 'open'
+			   AND a.detail @> jsonb_build_object('reported_status', v_status,
+												  'reported_amount', v_amount,
+												  'transaction_id', v_txn)
+			 ORDER BY a.anomaly_id LIMIT 1;
+		END IF;
+		IF d.anomaly_kind IS NOT NULL AND v_anomaly IS NULL THEN
+			INSERT INTO payidem.anomaly AS a (kind, order_no, payment_no, channel_no, amount, detail)
+			VALUES (d.anomaly_kind, p.order_no, p.payment_no, p.channel_no, coalesce(v_amount, p.amount),
+					jsonb_build_object('reported_status', v_status, 'reported_amount', v_amount,
+									   'transaction_id', v_txn, 'source', v_source,
+									   'payment_status', p.status, 'payment_amount', p.amount,
+									   'payment_transaction_id', p.transaction_id,
+									   'other_payment_no', CASE WHEN d.anomaly_kind = 'transaction_conflict' THEN v_other END,
+									   'raw', payidem._flow_raw(raw)))
+			RETURNING a.anomaly_id INTO v_anomaly;
+		END IF;
+		outcome := 'rejected';
+		anomaly_id := v_anomaly;
+		RETURN;
+	ELSIF d.verdict NOT IN ('applied', 'anomaly') THEN
+		RAISE EXCEPTION 'payidem: unexpected verdict % on payment %', d.verdict, p.payment_no;
+	ELSIF v_status <> 'succeeded' THEN
+		-- failed or closed of a pending payment
+		PERFORM payidem.transit_payment(p.payment_no, v_status);
+		outcome := 'applied';
+		RETURN;
+	END IF;
+
+	-- The success recorded, and the order paid if it is pending (applied),
+	-- else an anomaly asks for the money's refund.  The status and the fields
+	-- in one update of the row we hold locked (then the order's): the
+	-- status_guard trigger checks each change against the whitelist and logs
+	-- it, exactly as for transit_payment(); one new row version each.  A
+	-- direct update (src/payment_result.c) unless the table has statement triggers,
+	-- rules or row security that applies: then the same UPDATE in SQL.
+	v_paid_at := coalesce(v_reported_at, now());
+	SELECT * INTO f FROM payidem._payment_fees(p.amount, v_merchant_rate, v_binding_rate, v_channel_rate);
+	IF NOT payidem._record_payment_success(p.ctid, p.payment_no, v_txn, v_paid_at, f.fee_amount, f.cost_amount) THEN
+		UPDATE payidem.payment x
+		   SET status = 'succeeded', updated_at = now(),
+			   transaction_id = v_txn, paid_at = v_paid_at,
+			   fee_amount = f.fee_amount, cost_amount = f.cost_amount
+		 WHERE x.payment_no = p.payment_no;
+	END IF;
+	IF d.verdict = 'applied' THEN
+		IF NOT payidem._record_order_paid(v_order_row, p.order_no, p.payment_no, v_paid_at) THEN
+			UPDATE payidem."order" x
+			   SET status = 'paid', updated_at = now(),
+				   paid_payment_no = p.payment_no, paid_at = v_paid_at
+			 WHERE x.order_no = p.order_no;
+		END IF;
+	ELSE
+		INSERT INTO payidem.anomaly AS a (kind, order_no, payment_no, channel_no, amount, detail)
+		VALUES (d.anomaly_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
+				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
+								   'payment_status_before', p.status,
+								   'order_status', v_order_status, 'paid_payment_no', v_order_paid_by,
+								   'action', 'refund this payment with payidem.refund()',
+								   'raw', payidem._flow_raw(raw)))
+		RETURNING a.anomaly_id INTO anomaly_id;
+	END IF;
+	outcome := d.verdict;
+END
+$$;
+COMMENT ON FUNCTION payidem._apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
+	'Internal to apply_payment_result() and apply_payment_result_ex(): the whole contract in PL/pgSQL, for every call they do not decide themselves; the outcome and the anomaly that records an anomaly or a refusal.';
+
+-- The same call, answering also which anomaly records an anomaly or a
+-- refusal (for resolve_anomaly(); NULL for the other outcomes and for a
+-- refusal that records none).  The same C function decides both.
+CREATE FUNCTION payidem.apply_payment_result_ex(payment_no text, source text, status text,
+	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
+	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL,
+	OUT outcome text, OUT anomaly_id bigint)
+AS 'MODULE_PATHNAME', 'payidem_apply_payment_result_ex'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION payidem.apply_payment_result_ex(text, text, text, text, bigint, timestamptz, jsonb) IS
+	'apply_payment_result() with the anomaly it names: outcome (applied, duplicate, anomaly, rejected) and, for anomaly and rejected, anomaly_id, the anomaly that records it (the one resolve_anomaly() takes; a repeat of a refusal names the open one). Same arguments, errors and effects.';
+
+-- Since 1.1.  A page of a list (list_orders(), list_anomalies(),
+-- list_differences()): 1 to 1000 rows.
+CREATE FUNCTION payidem._check_page_size(max_rows integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 1000 THEN
+		PERFORM payidem._raise_invalid('invalid max_rows',
+			format('max_rows was %s; a page has 1 to 1000 rows.', coalesce(max_rows::text, 'NULL')),
+			'Pass how many rows one page shows, e.g. 100, and page on with the last row''s key.');
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_page_size(integer) IS
+	'Internal to the lists of the read API: max_rows from 1 to 1000 (22023).';
+
+-- Since 1.1.  A value that must be one of a known few (a status to list by):
+-- 22023 naming them.
+CREATE FUNCTION payidem._check_one_of(what text, value text, known text[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF value IS NULL OR NOT value = ANY (known) THEN
+		PERFORM payidem._raise_invalid('invalid ' || what,
+			format('The value was %s; it is one of %s.', coalesce(quote_literal(left(value, 64)), 'NULL'),
+				   array_to_string(known, ', ')),
+			'Pass NULL for all of them.');
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_one_of(text, text, text[]) IS
+	'Internal: value must be one of known (22023 naming them).';
+
+-- (since 1.1) a merchant's orders newest first: list_orders(), keyset
+-- pagination; on columns no update changes, so an order's updates stay HOT
+CREATE INDEX order_merchant_created ON payidem."order" (merchant_no, created_at, order_no);
+
+-- An order's own fields as the read API shows them: the top of get_order()
+-- and each row of list_orders().  Every name schema-qualified and no SET
+-- clause, so that a query calling it can inline it.  (A string body: a
+-- parsed one would tie the tables' row types to these functions and refuse
+-- an ALTER TABLE of them that rewrites the table.)
+CREATE FUNCTION payidem._order_fields(o payidem."order")
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+SELECT pg_catalog.jsonb_build_object(
+	'order_no', o.order_no, 'merchant_no', o.merchant_no, 'out_trade_no', o.out_trade_no,
+	'subject', o.subject, 'body', o.body, 'amount', o.amount, 'currency', o.currency,
+	'status', o.status, 'refunded_amount', o.refunded_amount, 'paid_payment_no', o.paid_payment_no,
+	'paid_at', payidem._utc(o.paid_at), 'expire_at', payidem._utc(o.expire_at),
+	'closed_at', payidem._utc(o.closed_at), 'created_at', payidem._utc(o.created_at),
+	'updated_at', payidem._utc(o.updated_at), 'notify_url', o.notify_url, 'return_url', o.return_url)
+$$;
+COMMENT ON FUNCTION payidem._order_fields(payidem."order") IS
+	'Internal to the read API: an order''s own fields as JSON (times in UTC ISO 8601).';
+
+-- An anomaly and a reconciliation difference as the read API shows them
+-- (get_order(), list_anomalies(), list_differences()).
+CREATE FUNCTION payidem._anomaly_fields(a payidem.anomaly)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+SELECT pg_catalog.jsonb_build_object(
+	'anomaly_id', a.anomaly_id, 'kind', a.kind, 'order_no', a.order_no, 'payment_no', a.payment_no,
+	'channel_no', a.channel_no, 'amount', a.amount, 'action', a.detail OPERATOR(pg_catalog.->>) 'action',
+	'detail', a.detail, 'handle_status', a.handle_status, 'handled_by', a.handled_by,
+	'handled_at', payidem._utc(a.handled_at), 'note', a.note, 'created_at', payidem._utc(a.created_at))
+$$;
+COMMENT ON FUNCTION payidem._anomaly_fields(payidem.anomaly) IS
+	'Internal to the read API: an anomaly as JSON (times in UTC ISO 8601).';
+CREATE FUNCTION payidem._difference_fields(r payidem.reconciliation)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+SELECT pg_catalog.jsonb_build_object(
+	'recon_id', r.recon_id, 'recon_batch_no', r.recon_batch_no, 'channel_no', r.channel_no,
+	'bill_date', r.bill_date, 'diff_type', r.diff_type, 'transaction_id', r.transaction_id,
+	'payment_no', r.payment_no, 'platform_amount', r.platform_amount, 'channel_amount', r.channel_amount,
+	'platform_status', r.platform_status, 'channel_status', r.channel_status,
+	'platform_fee', r.platform_fee, 'channel_fee', r.channel_fee, 'handle_status', r.handle_status,
+	'handled_by', r.handled_by, 'handled_at', payidem._utc(r.handled_at), 'note', r.note,
+	'created_at', payidem._utc(r.created_at))
+$$;
+COMMENT ON FUNCTION payidem._difference_fields(payidem.reconciliation) IS
+	'Internal to the read API: a reconciliation difference as JSON (times in UTC ISO 8601).';
+
+CREATE OR REPLACE FUNCTION payidem._order_json(o payidem."order")
+RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+SELECT payidem._order_fields(o) || jsonb_build_object(
+	'payments', coalesce((
+		SELECT jsonb_agg(jsonb_build_object(
+					'payment_no', p.payment_no, 'channel_no', p.channel_no, 'amount', p.amount,
+					'status', p.status, 'transaction_id', p.transaction_id, 'fee_amount', p.fee_amount,
+					'cost_amount', p.cost_amount, 'refunded_amount', p.refunded_amount,
+					'paid_at', payidem._utc(p.paid_at), 'closed_at', payidem._utc(p.closed_at),
+					'created_at', payidem._utc(p.created_at)) ORDER BY p.created_at, p.payment_no)
+		  FROM payidem.payment p WHERE p.order_no = o.order_no), '[]'),
+	'refunds', coalesce((
+		SELECT jsonb_agg(jsonb_build_object(
+					'refund_no', r.refund_no, 'payment_no', r.payment_no, 'out_refund_no', r.out_refund_no,
+					'amount', r.amount, 'status', r.status, 'channel_refund_id', r.channel_refund_id,
+					'reason', r.reason, 'refunded_at', payidem._utc(r.refunded_at),
+					'created_at', payidem._utc(r.created_at)) ORDER BY r.created_at, r.refund_no)
+		  FROM payidem.refund r WHERE r.order_no = o.order_no), '[]'),
+	'anomalies', coalesce((
+		SELECT jsonb_agg(payidem._anomaly_fields(a) ORDER BY a.created_at, a.anomaly_id)
+		  FROM payidem.anomaly a WHERE a.order_no = o.order_no), '[]'))
+$$;
+COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
+	'Internal to get_order() and find_order(): the order, its attempts, its refunds and its anomalies as one JSON object (times in UTC ISO 8601).';
+
+-- Who reads what (get_order(), find_order(), list_orders(), list_anomalies(),
+-- list_differences(); src/read_api.c says whether row-level security applies
+-- to the caller: scoped): a caller row-level security does not apply to,
+-- or one without SELECT on "order" (an application role), reads every
+-- merchant's rows; a caller that reads a merchant's rows (mapped itself or
+-- as a member of a mapped role: a combination grant_app() and
+-- map_merchant_role() refuse, made by a later GRANT of membership or before
+-- 1.1) and may execute the rest of the API is refused (42501), as the rest
+-- would act for every merchant for it; any other reads what its row-level
+-- security shows it (the policies' rule, _row_visible): an auditor
+-- everything, a reporting role its merchants', a role unmapped nothing.
+CREATE FUNCTION payidem._check_reader(caller regrole, scoped boolean)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	a record;
+BEGIN
+	IF scoped THEN
+		SELECT * INTO a FROM payidem._app_merchant_roles(caller) LIMIT 1;
+		IF FOUND THEN
+			PERFORM payidem._refuse_app_merchant_role(a.role, a.mapped_role, a.merchant_no, a.app_function, NULL);
+		END IF;
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_reader(regrole, boolean) IS
+	'Internal to the read API: refuse (42501) a caller that reads a merchant''s rows and may also execute the API functions that are not scoped to a merchant.';
+
+CREATE OR REPLACE FUNCTION payidem._read_order(order_no text, merchant_no text, out_trade_no text,
+	caller regrole, scoped boolean)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	o payidem."order";
+BEGIN
+	PERFORM payidem._check_reader(caller, scoped);
+	IF _read_order.merchant_no IS NULL AND _read_order.out_trade_no IS NULL THEN
+		PERFORM payidem._check_number('order', _read_order.order_no);
+		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
+		-- (an order the caller may not read does not exist for it)
+		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+			PERFORM payidem._raise_not_found('order', _read_order.order_no, 'payidem."order"', 'order_no');
+		END IF;
+	ELSE
+		PERFORM payidem._require('merchant_no', _read_order.merchant_no);
+		PERFORM payidem._require('out_trade_no', _read_order.out_trade_no);
+		SELECT * INTO o FROM payidem."order" x
+		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
+		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+			PERFORM payidem._raise('PI009', format('merchant %s has no order %s',
+				quote_literal(left(_read_order.merchant_no, 64)), quote_literal(left(_read_order.out_trade_no, 64))),
+				'payidem."order" has no row with that merchant_no and out_trade_no.');
+		END IF;
+	END IF;
+	RETURN payidem._order_json(o);
+END
+$$;
+COMMENT ON FUNCTION payidem._read_order(text, text, text, regrole, boolean) IS
+	'Internal to get_order() and find_order() (src/read_api.c): the order as JSON, if the caller may read it; PI009 otherwise.';
+
+-- Since 1.1.  A merchant named to a read the caller may make: it exists and,
+-- for a scoped caller, is one of those its row-level security shows it
+-- (another is PI009, as if it did not exist).
+CREATE FUNCTION payidem._check_readable_merchant(merchant_no text, caller regrole, scoped boolean)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM payidem.merchant m WHERE m.merchant_no = _check_readable_merchant.merchant_no)
+	   OR (scoped AND NOT payidem._row_visible(merchant_no, caller)) THEN
+		PERFORM payidem._raise_not_found('merchant', merchant_no, 'payidem.merchant', 'merchant_no');
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_readable_merchant(text, regrole, boolean) IS
+	'Internal to the read API: PI009 for a merchant that does not exist or the caller may not read.';
+
+-- Since 1.1.  A merchant's orders, newest first, a page at a time: after is
+-- the last order_no of the page before (keyset pagination: a page costs the
+-- same however deep it is, and an order created meanwhile never shifts
+-- one).  The index order_merchant_created serves it.
+CREATE FUNCTION payidem._list_orders(merchant_no text, after text, max_rows integer, status text,
+	caller regrole, scoped boolean)
+RETURNS SETOF jsonb
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_merchant_no ALIAS FOR $1;
+	v_after ALIAS FOR $2;
+	v_max_rows ALIAS FOR $3;
+	v_status ALIAS FOR $4;
+	v_at timestamptz;
+BEGIN
+	PERFORM payidem._check_reader(caller, scoped);
+	PERFORM payidem._require('merchant_no', v_merchant_no);
+	PERFORM payidem._check_page_size(v_max_rows);
+	PERFORM payidem._check_readable_merchant(v_merchant_no, caller, scoped);
+	IF v_status IS NOT NULL THEN
+		PERFORM payidem._check_one_of('order status', v_status,
+			ARRAY(SELECT s.status FROM payidem.state s WHERE s.entity = 'order' ORDER BY s.status));
+	END IF;
+	IF v_after IS NULL THEN
+		RETURN QUERY
+		SELECT payidem._order_fields(o) FROM payidem."order" o
+		 WHERE o.merchant_no = v_merchant_no AND (v_status IS NULL OR o.status = v_status)
+		 ORDER BY o.created_at DESC, o.order_no DESC
+		 LIMIT v_max_rows;
+		RETURN;
+	END IF;
+	SELECT o.created_at INTO v_at FROM payidem."order" o
+	 WHERE o.order_no = v_after AND o.merchant_no = v_merchant_no;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_invalid('invalid after',
+			format('after was %s, which is not an order of merchant %s.',
+				   quote_literal(left(v_after, 64)), quote_literal(left(v_merchant_no, 64))),
+			'Pass the order_no of the last row of the page before, or NULL for the first page.');
+	END IF;
+	RETURN QUERY
+	SELECT payidem._order_fields(o) FROM payidem."order" o
+	 WHERE o.merchant_no = v_merchant_no AND (o.created_at, o.order_no) < (v_at, v_after)
+	   AND (v_status IS NULL OR o.status = v_status)
+	 ORDER BY o.created_at DESC, o.order_no DESC
+	 LIMIT v_max_rows;
+END
+$$;
+COMMENT ON FUNCTION payidem._list_orders(text, text, integer, text, regrole, boolean) IS
+	'Internal to list_orders() (src/read_api.c): a page of a merchant''s orders the caller may read.';
+
+CREATE FUNCTION payidem.list_orders(merchant_no text, after text DEFAULT NULL, max_rows integer DEFAULT 100,
+	status text DEFAULT NULL)
+RETURNS SETOF jsonb
+AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION payidem.list_orders(text, text, integer, text) IS
+	'A merchant''s orders, newest first, max_rows (1 to 1000) at a time, each as get_order() shows the order itself (without attempts, refunds and anomalies); only those of status if given. The next page: after = the last order_no of this one. PI009 unknown merchant (or one the caller''s row-level security hides), 22023 bad max_rows, status or after.';
+
+-- Since 1.1.  The work queues a support team follows up: anomalies (money
+-- that needs a person; resolve_anomaly()) and reconciliation differences
+-- (resolve_diff()), oldest first, a page at a time (after: the last id of
+-- the page before).  Open ones by default; handle_status NULL lists all.
+-- A scoped caller sees the anomalies of its merchants' orders (the rule of
+-- anomaly's row-level security) and the differences of its merchants'
+-- payments.
+CREATE FUNCTION payidem._list_anomalies(merchant_no text, after bigint, max_rows integer, handle_status text,
+	caller regrole, scoped boolean)
+RETURNS SETOF jsonb
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_merchant_no ALIAS FOR $1;
+	v_after ALIAS FOR $2;
+	v_max_rows ALIAS FOR $3;
+	v_status ALIAS FOR $4;
+	v_at timestamptz;
+BEGIN
+	PERFORM payidem._check_reader(caller, scoped);
+	PERFORM payidem._check_page_size(v_max_rows);
+	IF v_merchant_no IS NOT NULL THEN
+		PERFORM payidem._check_readable_merchant(v_merchant_no, caller, scoped);
+	END IF;
+	IF v_status IS NOT NULL THEN
+		PERFORM payidem._check_one_of('handle status', v_status, ARRAY['open', 'handled', 'ignored']);
+	END IF;
+	IF v_after IS NOT NULL THEN
+		SELECT a.created_at INTO v_at FROM payidem.anomaly a WHERE a.anomaly_id = v_after;
+		IF NOT FOUND THEN
+			PERFORM payidem._raise_invalid('invalid after',
+				format('after was %s, which is not an anomaly.', v_after),
+				'Pass the anomaly_id of the last row of the page before, or NULL for the first page.');
+		END IF;
+	END IF;
+	RETURN QUERY
+	SELECT payidem._anomaly_fields(a)
+	  FROM payidem.anomaly a
+	  LEFT JOIN payidem."order" o ON o.order_no = a.order_no
+	 WHERE (v_status IS NULL OR a.handle_status = v_status)
+	   AND (v_after IS NULL OR (a.created_at, a.anomaly_id) > (v_at, v_after))
+	   AND (v_merchant_no IS NULL OR o.merchant_no = v_merchant_no)
+	   AND (NOT scoped OR (o.merchant_no IS NOT NULL AND payidem._row_visible(o.merchant_no, caller)))
+	 ORDER BY a.created_at, a.anomaly_id
+	 LIMIT v_max_rows;
+END
+$$;
+COMMENT ON FUNCTION payidem._list_anomalies(text, bigint, integer, text, regrole, boolean) IS
+	'Internal to list_anomalies() (src/read_api.c): a page of the anomalies the caller may read.';
+
+CREATE FUNCTION payidem.list_anomalies(merchant_no text DEFAULT NULL, after bigint DEFAULT NULL,
+	max_rows integer DEFAULT 100, handle_status text DEFAULT 'open')
+RETURNS SETOF jsonb
+AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION payidem.list_anomalies(text, bigint, integer, text) IS
+	'Anomalies (money that needs a person), oldest first, max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one merchant''s orders if merchant_no is given. Each with its anomaly_id (for resolve_anomaly()), kind, amount, the action it asks for and its detail. The next page: after = the last anomaly_id of this one.';
+
+CREATE FUNCTION payidem._list_differences(channel_no text, after bigint, max_rows integer, handle_status text,
+	caller regrole, scoped boolean)
+RETURNS SETOF jsonb
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_channel_no ALIAS FOR $1;
+	v_after ALIAS FOR $2;
+	v_max_rows ALIAS FOR $3;
+	v_status ALIAS FOR $4;
+	v_day date;
+BEGIN
+	PERFORM payidem._check_reader(caller, scoped);
+	PERFORM payidem._check_page_size(v_max_rows);
+	IF v_channel_no IS NOT NULL AND NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no = v_channel_no) THEN
+		PERFORM payidem._raise_not_found('channel', v_channel_no, 'payidem.channel', 'channel_no');
+	END IF;
+	IF v_status IS NOT NULL THEN
+		PERFORM payidem._check_one_of('handle status', v_status, ARRAY['open', 'handled', 'ignored', 'auto_resolved']);
+	END IF;
+	IF v_after IS NOT NULL THEN
+		SELECT r.bill_date INTO v_day FROM payidem.reconciliation r WHERE r.recon_id = v_after;
+		IF NOT FOUND THEN
+			PERFORM payidem._raise_invalid('invalid after',
+				format('after was %s, which is not a reconciliation difference.', v_after),
+				'Pass the recon_id of the last row of the page before, or NULL for the first page.');
+		END IF;
+	END IF;
+	RETURN QUERY
+	SELECT payidem._difference_fields(r)
+	  FROM payidem.reconciliation r
+	  LEFT JOIN payidem.payment p ON p.payment_no = r.payment_no
+	 WHERE (v_status IS NULL OR r.handle_status = v_status)
+	   AND (v_after IS NULL OR (r.bill_date, r.recon_id) > (v_day, v_after))
+	   AND (v_channel_no IS NULL OR r.channel_no = v_channel_no)
+	   AND (NOT scoped OR (p.merchant_no IS NOT NULL AND payidem._row_visible(p.merchant_no, caller)))
+	 ORDER BY r.bill_date, r.recon_id
+	 LIMIT v_max_rows;
+END
+$$;
+COMMENT ON FUNCTION payidem._list_differences(text, bigint, integer, text, regrole, boolean) IS
+	'Internal to list_differences() (src/read_api.c): a page of the reconciliation differences the caller may read.';
+
+CREATE FUNCTION payidem.list_differences(channel_no text DEFAULT NULL, after bigint DEFAULT NULL,
+	max_rows integer DEFAULT 100, handle_status text DEFAULT 'open')
+RETURNS SETOF jsonb
+AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION payidem.list_differences(text, bigint, integer, text) IS
+	'Reconciliation differences, oldest bill day first, max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one channel if channel_no is given. Each with its recon_id (for resolve_diff()), type, both sides'' amounts, statuses and fees. The next page: after = the last recon_id of this one.';
+
+-- Since 1.1.  Internal to health(): what only shared memory knows.
+CREATE FUNCTION payidem._shared_state(OUT preloaded boolean, OUT housekeeping_running boolean,
+	OUT housekeeping_last_run timestamptz)
+AS 'MODULE_PATHNAME', 'payidem_shared_state'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._shared_state() IS
+	'Internal to health(): whether the library is preloaded, whether the housekeeping launcher is alive, and when the last housekeeping run in this database ended (NULL: none since the server started).';
+
+-- Since 1.1.  One call an application's health check makes (granted by
+-- grant_app()): status 'ok', or 'degraded' with the problems a person must
+-- fix, each in words; and the figures behind them.  A problem is what stops
+-- payidem from doing its work (not preloaded, no master key, housekeeping
+-- not running, writes refused by the replication setting); the queues'
+-- figures are reported, not judged: their thresholds are the team's.
+CREATE FUNCTION payidem.health()
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	s record;
+	r record;
+	v_problems text[] := '{}';
+	v_key_version integer;
+	v_key_problem text;
+	v_hk_enabled boolean := coalesce(current_setting('payidem.housekeeping', true), 'on')::boolean;
+	v_hk_interval integer := extract(epoch FROM coalesce(current_setting('payidem.housekeeping_interval', true), '10')::interval);
+	v_due bigint;
+	v_oldest_due timestamptz;
+	v_anomalies bigint;
+	v_differences bigint;
+BEGIN
+	SELECT * INTO s FROM payidem._shared_state();
+	IF NOT s.preloaded THEN
+		v_problems := v_problems || 'payidem is not in shared_preload_libraries: order numbers and payment results fail (55000)'::text;
+	END IF;
+	BEGIN
+		v_key_version := payidem.master_key_version();
+	EXCEPTION WHEN object_not_in_prerequisite_state OR insufficient_privilege OR invalid_parameter_value THEN
+		v_key_problem := SQLERRM;
+		v_problems := v_problems || ('the master key cannot be read: ' || SQLERRM);
+	END;
+	IF NOT v_hk_enabled THEN
+		v_problems := v_problems || 'housekeeping is off (payidem.housekeeping): expired orders are not closed, nothing is settled by itself'::text;
+	ELSIF s.preloaded AND NOT s.housekeeping_running THEN
+		v_problems := v_problems || 'the housekeeping launcher is not running'::text;
+	ELSIF s.preloaded AND s.housekeeping_last_run IS NOT NULL
+		  AND s.housekeeping_last_run < now() - make_interval(secs => 3 * v_hk_interval + 60) THEN
+		v_problems := v_problems || format('housekeeping last ran in this database at %s, more than 3 intervals ago',
+										   payidem._utc(s.housekeeping_last_run));
+	END IF;
+	SELECT * INTO r FROM payidem.replication_mode();
+	IF NOT r.writes_allowed THEN
+		v_problems := v_problems || (CASE WHEN r.mode = 'standby' THEN 'this server is a standby: payidem''s writes go to the primary'
+									 ELSE 'payidem.require_synchronous_standby is on and no synchronous standby is configured: payidem''s writes are refused (55000)' END);
+	END IF;
+	SELECT count(*), min(e.next_attempt_at) INTO v_due, v_oldest_due
+	  FROM payidem.notify_event e WHERE e.status = 'pending' AND e.next_attempt_at <= now();
+	SELECT count(*) INTO v_anomalies FROM payidem.anomaly a WHERE a.handle_status = 'open';
+	SELECT count(*) INTO v_differences FROM payidem.reconciliation d WHERE d.handle_status = 'open';
+	RETURN jsonb_build_object(
+		'status', CASE WHEN cardinality(v_problems) = 0 THEN 'ok' ELSE 'degraded' END,
+		'problems', to_jsonb(v_problems),
+		'checked_at', payidem._utc(now()),
+		'library_version', payidem.library_version(),
+		'extension_version', (SELECT e.extversion FROM pg_extension e WHERE e.extname = 'payidem'),
+		'preloaded', s.preloaded,
+		'master_key', jsonb_build_object('readable', v_key_problem IS NULL, 'version', v_key_version),
+		'housekeeping', jsonb_build_object('enabled', v_hk_enabled, 'running', s.housekeeping_running,
+										   'interval_seconds', v_hk_interval,
+										   'last_run_at', payidem._utc(s.housekeeping_last_run)),
+		'replication', jsonb_build_object('mode', r.mode, 'writes_allowed', r.writes_allowed,
+										  'require_synchronous_standby', r.require_synchronous_standby),
+		'notifications', jsonb_build_object('due', v_due, 'oldest_due_at', payidem._utc(v_oldest_due),
+											'behind_by_seconds',
+											round(extract(epoch FROM now() - v_oldest_due))::bigint),
+		'open_anomalies', v_anomalies,
+		'open_differences', v_differences);
+END
+$$;
+COMMENT ON FUNCTION payidem.health()
+	IS 'For an application''s health check: status ok or degraded, the problems in words (not preloaded, master key unreadable, housekeeping off or not running, writes refused by replication), the library and extension versions, housekeeping''s last run in this database, the replication mode, the due notifications and the oldest one, the open anomalies and reconciliation differences.';
+
+REVOKE ALL ON FUNCTION payidem.apply_payment_result_ex(text, text, text, text, bigint, timestamptz, jsonb),
+	payidem._check_page_size(integer),
+	payidem._check_one_of(text, text, text[]),
+	payidem._order_fields(payidem."order"),
+	payidem._anomaly_fields(payidem.anomaly),
+	payidem._difference_fields(payidem.reconciliation),
+	payidem._check_reader(regrole, boolean),
+	payidem._check_readable_merchant(text, regrole, boolean),
+	payidem._list_orders(text, text, integer, text, regrole, boolean),
+	payidem.list_orders(text, text, integer, text),
+	payidem._list_anomalies(text, bigint, integer, text, regrole, boolean),
+	payidem.list_anomalies(text, bigint, integer, text),
+	payidem._list_differences(text, bigint, integer, text, regrole, boolean),
+	payidem.list_differences(text, bigint, integer, text),
+	payidem._shared_state(),
+	payidem.health()
+	FROM PUBLIC;
+REVOKE ALL ON FUNCTION payidem._apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) FROM PUBLIC;

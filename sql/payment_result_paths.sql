@@ -43,6 +43,7 @@ DECLARE
 	v_amount bigint := 1000;
 	v_paid_at timestamptz;
 	v_outcome text;
+	v_anomaly bigint;
 	v_calls bigint;
 	v_result jsonb;
 	fallback regprocedure := 'payidem._apply_payment_result(text,text,text,text,bigint,timestamptz,jsonb)';
@@ -121,18 +122,28 @@ BEGIN
 
 		v_calls := coalesce(pg_stat_get_xact_function_calls(fallback), 0);
 		BEGIN
+			-- (the C path through apply_payment_result_ex(), which shares all
+			-- of apply_payment_result() and also says which anomaly it names)
 			IF path = 'c' THEN
-				v_outcome := payidem.apply_payment_result(v_py, v_source, v_status, v_txn, v_amount, v_paid_at,
-														  '{"k": 1}');
+				SELECT r.outcome, r.anomaly_id INTO v_outcome, v_anomaly
+				  FROM payidem.apply_payment_result_ex(v_py, v_source, v_status, v_txn, v_amount, v_paid_at,
+													   '{"k": 1}') r;
 			ELSE
-				v_outcome := payidem._apply_payment_result(v_py, v_source, v_status, v_txn, v_amount, v_paid_at,
-														   '{"k": 1}');
+				SELECT r.outcome, r.anomaly_id INTO v_outcome, v_anomaly
+				  FROM payidem._apply_payment_result(v_py, v_source, v_status, v_txn, v_amount, v_paid_at,
+													 '{"k": 1}') r;
 			END IF;
 		EXCEPTION WHEN OTHERS THEN
 			v_outcome := 'error ' || SQLSTATE || ': ' || SQLERRM;
 		END;
 		SELECT jsonb_build_object(
 				'outcome', v_outcome,
+				-- the anomaly the result names: the last one of the payment's
+				-- (or the unknown number's) anomalies, which a repeat reuses
+				'names', CASE WHEN v_anomaly IS NULL THEN 'none'
+							  WHEN v_anomaly = (SELECT max(x.anomaly_id) FROM payidem.anomaly x
+												 WHERE x.order_no = a.po OR x.detail ->> 'reported_payment_no' = v_py)
+							  THEN 'its anomaly' ELSE 'another anomaly' END,
 				'fallback', CASE WHEN path = 'c' THEN coalesce(pg_stat_get_xact_function_calls(fallback), 0) > v_calls END,
 				'payment', (SELECT jsonb_build_object('status', status, 'transaction_id', transaction_id,
 													  'fee', fee_amount, 'cost', cost_amount,
@@ -177,7 +188,7 @@ CREATE TEMP TABLE runs AS
 SELECT n, c, pg_temp.run(c, 'c', :'m') AS c_path, pg_temp.run(c, 'sql', :'m') AS sql_path FROM cases;
 
 -- the outcome of each case and which path apply_payment_result() took
-SELECT c AS "case", c_path ->> 'outcome' AS outcome,
+SELECT c AS "case", c_path ->> 'outcome' AS outcome, c_path ->> 'names' AS names_anomaly,
        CASE WHEN c_path ->> 'outcome' LIKE 'error%' THEN '' WHEN (c_path ->> 'fallback')::boolean THEN 'PL/pgSQL' ELSE 'C' END AS decided_in
   FROM runs ORDER BY n;
 -- the effects
@@ -200,5 +211,5 @@ SELECT a.po AS ro_order, a.py AS ro_payment FROM pg_temp.attempt(:'m', 'PATH_WX'
 SELECT payidem.apply_payment_result(:'ro_payment', 'callback', 'succeeded', 'T-read-only', 1000) AS first;
 BEGIN READ ONLY;
 SELECT payidem.apply_payment_result(:'ro_payment', 'query', 'succeeded', 'T-read-only', 1000) AS c_path,
-       payidem._apply_payment_result(:'ro_payment', 'query', 'succeeded', 'T-read-only', 1000, NULL, NULL) AS sql_path;
+       (payidem._apply_payment_result(:'ro_payment', 'query', 'succeeded', 'T-read-only', 1000, NULL, NULL)).outcome AS sql_path;
 COMMIT;

@@ -404,6 +404,7 @@ payidem_housekeeping_launcher_main(Datum main_arg)
 	/* no database: shared catalogs only */
 	BackgroundWorkerInitializeConnectionByOid(InvalidOid, InvalidOid, 0);
 	pgstat_report_appname(HOUSEKEEPING_LAUNCHER_TYPE);
+	payidem_note_launcher();
 	round_context = AllocSetContextCreate(TopMemoryContext,
 										  "payidem housekeeping round",
 										  ALLOCSET_DEFAULT_SIZES);
@@ -824,6 +825,7 @@ payidem_housekeeping_db_main(Datum main_arg)
 	if (settle_if_due(run_context))
 		elog(LOG, "payidem housekeeping in database \"%s\": settled the day", worker_dbname);
 	payidem_count(PAYIDEM_HOUSEKEEPING_RUNS);
+	payidem_note_housekeeping_run();
 	elog(DEBUG1, "payidem housekeeping: " INT64_FORMAT " settled orders left the expiry queue, %d expired orders closed, "
 		 INT64_FORMAT " idempotency keys purged, %d steps failed",
 		 pruned, closed, purged, worker_failures);

@@ -35,6 +35,7 @@
 #include "common/hashfn.h"
 #include "executor/executor.h"
 #include "fmgr.h"
+#include "funcapi.h"
 #include "miscadmin.h"
 #include "parser/parse_func.h"
 #include "storage/lmgr.h"
@@ -262,6 +263,7 @@ static struct
 	/* the SQL implementation, for every other case */
 	FmgrInfo   *fallback;
 	Oid			fallback_oid;
+	bool		fallback_composite;	/* (outcome, anomaly_id); 1.0's: the outcome */
 	uint32		fallback_hash;	/* of its pg_proc row, in the syscache */
 	bool		fallback_stale; /* that row changed */
 	/* the privileges and row security checked for this user */
@@ -386,6 +388,7 @@ apply_prepare(void)
 
 		apply.fallback_stale = false;
 		apply.fallback_oid = fallback;
+		apply.fallback_composite = get_func_rettype(fallback) != TEXTOID;
 		apply.fallback_hash = GetSysCacheHashValue1(PROCOID, ObjectIdGetDatum(fallback));
 		fmgr_info_cxt(fallback, f, TopMemoryContext);
 		apply.fallback = f;
@@ -852,22 +855,21 @@ done:
 }
 
 /*
- * payidem.apply_payment_result(payment_no text, source text, status text,
- *     transaction_id text, amount bigint, paid_at timestamptz, raw jsonb)
- *     RETURNS text
- *
+ * The call of both entry points: the outcome, and in *anomaly_id the anomaly
+ * that records an anomaly or a refusal (*anomaly_null when there is none).
  * See the section header above; payidem._apply_payment_result() is the
  * contract in full.
  */
-PG_FUNCTION_INFO_V1(payidem_apply_payment_result);
-Datum
-payidem_apply_payment_result(PG_FUNCTION_ARGS)
+static Datum
+apply_result(FunctionCallInfo fcinfo, Datum *anomaly_id, bool *anomaly_null)
 {
 	LOCAL_FCINFO(sql, 7);
 	Datum		result;
 	int			i;
 	PaymentReport r;
 
+	*anomaly_id = (Datum) 0;
+	*anomaly_null = true;
 	payidem_require_replication("apply_payment_result()");
 	memset(&r, 0, sizeof(r));
 	r.payment_no = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
@@ -891,12 +893,12 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 		if (fast == APPLY_DUPLICATE)
 		{
 			payidem_count(PAYIDEM_PAYMENT_DUPLICATE);
-			PG_RETURN_TEXT_P(cstring_to_text("duplicate"));
+			return PointerGetDatum(cstring_to_text("duplicate"));
 		}
 		if (fast == APPLY_APPLIED)
 		{
 			payidem_count(PAYIDEM_PAYMENT_APPLIED);
-			PG_RETURN_TEXT_P(cstring_to_text("applied"));
+			return PointerGetDatum(cstring_to_text("applied"));
 		}
 	}
 
@@ -911,7 +913,17 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 	}
 	result = FunctionCallInvoke(sql);
 	if (sql->isnull)
-		PG_RETURN_NULL();
+		elog(ERROR, "payidem: _apply_payment_result() returned NULL");
+	if (apply.fallback_composite)
+	{
+		HeapTupleHeader row = DatumGetHeapTupleHeader(result);
+		bool		isnull;
+
+		*anomaly_id = GetAttributeByNum(row, 2, anomaly_null);
+		result = GetAttributeByNum(row, 1, &isnull);
+		if (isnull)
+			elog(ERROR, "payidem: _apply_payment_result() returned no outcome");
+	}
 	/* the outcome, counted in stats() as the fast path counts its own */
 	if (payidem_text_is(result, "applied"))
 		payidem_count(PAYIDEM_PAYMENT_APPLIED);
@@ -921,5 +933,38 @@ payidem_apply_payment_result(PG_FUNCTION_ARGS)
 		payidem_count(PAYIDEM_PAYMENT_ANOMALY);
 	else if (payidem_text_is(result, "rejected"))
 		payidem_count(PAYIDEM_PAYMENT_REJECTED);
-	PG_RETURN_DATUM(result);
+	return result;
+}
+
+/*
+ * payidem.apply_payment_result(payment_no text, source text, status text,
+ *     transaction_id text, amount bigint, paid_at timestamptz, raw jsonb)
+ *     RETURNS text
+ */
+PG_FUNCTION_INFO_V1(payidem_apply_payment_result);
+Datum
+payidem_apply_payment_result(PG_FUNCTION_ARGS)
+{
+	Datum		anomaly_id;
+	bool		anomaly_null;
+
+	PG_RETURN_DATUM(apply_result(fcinfo, &anomaly_id, &anomaly_null));
+}
+
+/*
+ * payidem.apply_payment_result_ex(the same arguments,
+ *     OUT outcome text, OUT anomaly_id bigint)
+ */
+PG_FUNCTION_INFO_V1(payidem_apply_payment_result_ex);
+Datum
+payidem_apply_payment_result_ex(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "payidem: apply_payment_result_ex() must return a row");
+	values[0] = apply_result(fcinfo, &values[1], &nulls[1]);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }

@@ -57,22 +57,33 @@
 
 static SPIPlanPtr read_plan = NULL;
 
+/*
+ * Whether row-level security scopes what caller reads: it applies to it and
+ * the caller may read "order" (a role without SELECT on it, an application
+ * role, reads through the read API only, every merchant's rows).  The SQL
+ * side (payidem._check_reader()) takes it from here.
+ */
+static bool
+caller_scoped(Oid caller)
+{
+	Oid			order_rel = payidem_relation(PAYIDEM_ORDER);
+
+	return check_enable_rls(order_rel, caller, true) == RLS_ENABLED &&
+		pg_class_aclcheck(order_rel, caller, ACL_SELECT) == ACLCHECK_OK;
+}
+
 static Datum
 read_order(FunctionCallInfo fcinfo, Datum order_no, bool order_no_null,
 		   Datum merchant_no, bool merchant_no_null, Datum out_trade_no, bool out_trade_no_null)
 {
 	Oid			caller = GetUserId();
-	Oid			order_rel = payidem_relation(PAYIDEM_ORDER);
-	bool		scoped;
+	bool		scoped = caller_scoped(caller);
 	PayidemAsOwner as_owner;
 	Datum		values[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 	Oid			types[5] = {TEXTOID, TEXTOID, TEXTOID, REGROLEOID, BOOLOID};
 	Datum		result;
 	bool		isnull;
-
-	scoped = check_enable_rls(order_rel, caller, true) == RLS_ENABLED &&
-		pg_class_aclcheck(order_rel, caller, ACL_SELECT) == ACLCHECK_OK;
 
 	values[0] = order_no;
 	nulls[0] = order_no_null ? 'n' : ' ';
@@ -172,6 +183,93 @@ payidem_balance(PG_FUNCTION_ARGS)
 		for (j = 0; j < 3; j++)
 			values[j] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, j + 1, &nulls[j]);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	SPI_finish();
+	payidem_become_caller(&as_owner);
+	return (Datum) 0;
+}
+
+/*
+ * The lists of the read API (list_orders(), list_anomalies(),
+ * list_differences(): SETOF jsonb): payidem._<name>(the arguments, the
+ * caller, whether it is scoped) as the owner, one plan per function kept for
+ * the session.  C for the reason get_order() is: to know who calls.
+ */
+#define READ_LISTS 8
+static struct
+{
+	Oid			fn;
+	SPIPlanPtr	plan;
+}			list_plans[READ_LISTS];
+
+PG_FUNCTION_INFO_V1(payidem_read_for_caller);
+Datum
+payidem_read_for_caller(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			fn = fcinfo->flinfo->fn_oid;
+	Oid			caller = GetUserId();
+	int			nargs = PG_NARGS();
+	PayidemAsOwner as_owner;
+	Datum		args[FUNC_MAX_ARGS];
+	char		argnulls[FUNC_MAX_ARGS];
+	SPIPlanPtr *plan = NULL;
+	uint64		i;
+	int			k;
+
+	if (nargs + 2 > FUNC_MAX_ARGS)
+		elog(ERROR, "payidem: too many arguments for a read");
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	for (k = 0; k < nargs; k++)
+	{
+		args[k] = PG_ARGISNULL(k) ? (Datum) 0 : PG_GETARG_DATUM(k);
+		argnulls[k] = PG_ARGISNULL(k) ? 'n' : ' ';
+	}
+	args[nargs] = ObjectIdGetDatum(caller);
+	argnulls[nargs] = ' ';
+	args[nargs + 1] = BoolGetDatum(caller_scoped(caller));
+	argnulls[nargs + 1] = ' ';
+
+	for (k = 0; k < READ_LISTS && plan == NULL; k++)
+		if (list_plans[k].fn == fn || list_plans[k].fn == InvalidOid)
+		{
+			list_plans[k].fn = fn;
+			plan = &list_plans[k].plan;
+		}
+	if (plan == NULL)
+		elog(ERROR, "payidem: too many list functions");
+
+	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), SECURITY_NOFORCE_RLS, &as_owner);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (*plan == NULL)
+	{
+		Oid		   *argtypes;
+		int			declared;
+		Oid			types[FUNC_MAX_ARGS];
+		StringInfoData sql;
+
+		get_func_signature(fn, &argtypes, &declared);
+		initStringInfo(&sql);
+		appendStringInfo(&sql, "SELECT r FROM payidem.%s(",
+						 quote_identifier(psprintf("_%s", get_func_name(fn))));
+		for (k = 0; k < nargs + 2; k++)
+		{
+			types[k] = k < nargs ? argtypes[k] : k == nargs ? REGROLEOID : BOOLOID;
+			appendStringInfo(&sql, "%s$%d", k > 0 ? ", " : "", k + 1);
+		}
+		appendStringInfoString(&sql, ") r");
+		payidem_saved_plan(plan, sql.data, nargs + 2, types);
+	}
+	if (SPI_execute_plan(*plan, args, argnulls, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "payidem: a read of the read API failed");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		value;
+		bool		isnull;
+
+		value = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, &value, &isnull);
 	}
 	SPI_finish();
 	payidem_become_caller(&as_owner);

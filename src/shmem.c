@@ -17,13 +17,16 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
+#include "storage/procarray.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
 #include "shmem.h"
@@ -89,9 +92,11 @@ payidem_shmem_startup(void)
 	{
 		init_order_no(&payidem_shared->order_no);
 		SpinLockInit(&payidem_shared->slots_mutex);
+		pg_atomic_init_u32(&payidem_shared->launcher_pid, 0);
 		for (i = 0; i < PAYIDEM_DB_SLOTS; i++)
 		{
 			pg_atomic_init_u32(&payidem_shared->dbs[i].dboid, InvalidOid);
+			pg_atomic_init_u64(&payidem_shared->dbs[i].housekeeping_last_run, 0);
 			for (j = 0; j < PAYIDEM_NUM_COUNTERS; j++)
 				pg_atomic_init_u64(&payidem_shared->dbs[i].counters[j], 0);
 		}
@@ -177,6 +182,63 @@ void
 payidem_count(PayidemCounter counter)
 {
 	payidem_count_n(counter, 1);
+}
+
+/* A housekeeping run in this database has ended now (for health()). */
+void
+payidem_note_housekeeping_run(void)
+{
+	if (payidem_shared == NULL || !OidIsValid(MyDatabaseId))
+		return;
+	if (my_counters == NULL)
+		my_counters = db_counters(MyDatabaseId, true);
+	pg_atomic_write_u64(&my_counters->housekeeping_last_run, (uint64) GetCurrentTimestamp());
+}
+
+/* This process is the housekeeping launcher (for health()). */
+void
+payidem_note_launcher(void)
+{
+	if (payidem_shared != NULL)
+		pg_atomic_write_u32(&payidem_shared->launcher_pid, (uint32) MyProcPid);
+}
+
+/*
+ * payidem._shared_state() RETURNS TABLE(preloaded boolean,
+ *     housekeeping_running boolean, housekeeping_last_run timestamptz)
+ *		Whether the library was preloaded (shared memory exists), whether the
+ *		housekeeping launcher is alive (the process that said it is one is a
+ *		live server process), and when the last housekeeping run in the
+ *		current database ended since the server started (NULL: none, or a
+ *		database beyond the counted ones).  For health().
+ */
+PG_FUNCTION_INFO_V1(payidem_shared_state);
+Datum
+payidem_shared_state(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, true};
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "payidem: _shared_state() must return a row");
+	values[0] = BoolGetDatum(payidem_shared != NULL);
+	values[1] = BoolGetDatum(false);
+	values[2] = (Datum) 0;
+	if (payidem_shared != NULL)
+	{
+		uint32		pid = pg_atomic_read_u32(&payidem_shared->launcher_pid);
+		PayidemDbCounters *mine = db_counters(MyDatabaseId, false);
+		uint64		last = mine ? pg_atomic_read_u64(&mine->housekeeping_last_run) : 0;
+
+		values[1] = BoolGetDatum(pid != 0 && BackendPidGetProc((int) pid) != NULL);
+		if (last != 0)
+		{
+			values[2] = TimestampTzGetDatum((TimestampTz) last);
+			nulls[2] = false;
+		}
+	}
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }
 
 /*

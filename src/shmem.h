@@ -65,12 +65,14 @@ typedef struct PayidemDbCounters
 {
 	pg_atomic_uint32 dboid;		/* InvalidOid: free (or, last slot, the rest) */
 	pg_atomic_uint64 counters[PAYIDEM_NUM_COUNTERS];
+	pg_atomic_uint64 housekeeping_last_run;	/* TimestampTz; 0: none yet */
 } PayidemDbCounters;
 
 typedef struct PayidemShared
 {
 	OrderNoShared order_no;		/* order-number generator, own spinlock */
 	slock_t		slots_mutex;	/* taken only to claim a slot */
+	pg_atomic_uint32 launcher_pid;	/* the housekeeping launcher's, 0: never started */
 	PayidemDbCounters dbs[PAYIDEM_DB_SLOTS];
 } PayidemShared;
 
@@ -81,5 +83,7 @@ extern void payidem_shmem_init(void (*order_no_init) (OrderNoShared *state));
 extern void payidem_require_shmem(const char *funcname);
 extern void payidem_count(PayidemCounter counter);
 extern void payidem_count_n(PayidemCounter counter, uint64 n);
+extern void payidem_note_housekeeping_run(void);
+extern void payidem_note_launcher(void);
 
 #endif							/* PAYIDEM_SHMEM_H */

@@ -250,3 +250,36 @@ END
 $$;
 COMMENT ON FUNCTION payidem._check_resolution(text, text, text) IS
 	'Internal to resolve_diff() and resolve_anomaly(): handle_status handled or ignored, a note of at most 1024 characters (22023).';
+
+-- Since 1.1.  A page of a list (list_orders(), list_anomalies(),
+-- list_differences()): 1 to 1000 rows.
+CREATE FUNCTION payidem._check_page_size(max_rows integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 1000 THEN
+		PERFORM payidem._raise_invalid('invalid max_rows',
+			format('max_rows was %s; a page has 1 to 1000 rows.', coalesce(max_rows::text, 'NULL')),
+			'Pass how many rows one page shows, e.g. 100, and page on with the last row''s key.');
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_page_size(integer) IS
+	'Internal to the lists of the read API: max_rows from 1 to 1000 (22023).';
+
+-- Since 1.1.  A value that must be one of a known few (a status to list by):
+-- 22023 naming them.
+CREATE FUNCTION payidem._check_one_of(what text, value text, known text[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+	IF value IS NULL OR NOT value = ANY (known) THEN
+		PERFORM payidem._raise_invalid('invalid ' || what,
+			format('The value was %s; it is one of %s.', coalesce(quote_literal(left(value, 64)), 'NULL'),
+				   array_to_string(known, ', ')),
+			'Pass NULL for all of them.');
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem._check_one_of(text, text, text[]) IS
+	'Internal: value must be one of known (22023 naming them).';

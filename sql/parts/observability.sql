@@ -93,3 +93,84 @@ AS 'MODULE_PATHNAME', 'payidem_replication_mode'
 LANGUAGE C STABLE PARALLEL SAFE ROWS 1;
 COMMENT ON FUNCTION payidem.replication_mode() IS
 	'The replication payidem sees in this session: mode standby (in recovery), synchronous (synchronous_standby_names set and synchronous_commit on or remote_apply) or asynchronous; the two settings; payidem.require_synchronous_standby; whether payidem''s writes are allowed; the WAL timeline (NULL on a standby).';
+
+-- Since 1.1.  Internal to health(): what only shared memory knows.
+CREATE FUNCTION payidem._shared_state(OUT preloaded boolean, OUT housekeeping_running boolean,
+	OUT housekeeping_last_run timestamptz)
+AS 'MODULE_PATHNAME', 'payidem_shared_state'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._shared_state() IS
+	'Internal to health(): whether the library is preloaded, whether the housekeeping launcher is alive, and when the last housekeeping run in this database ended (NULL: none since the server started).';
+
+-- Since 1.1.  One call an application's health check makes (granted by
+-- grant_app()): status 'ok', or 'degraded' with the problems a person must
+-- fix, each in words; and the figures behind them.  A problem is what stops
+-- payidem from doing its work (not preloaded, no master key, housekeeping
+-- not running, writes refused by the replication setting); the queues'
+-- figures are reported, not judged: their thresholds are the team's.
+CREATE FUNCTION payidem.health()
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	s record;
+	r record;
+	v_problems text[] := '{}';
+	v_key_version integer;
+	v_key_problem text;
+	v_hk_enabled boolean := coalesce(current_setting('payidem.housekeeping', true), 'on')::boolean;
+	v_hk_interval integer := extract(epoch FROM coalesce(current_setting('payidem.housekeeping_interval', true), '10')::interval);
+	v_due bigint;
+	v_oldest_due timestamptz;
+	v_anomalies bigint;
+	v_differences bigint;
+BEGIN
+	SELECT * INTO s FROM payidem._shared_state();
+	IF NOT s.preloaded THEN
+		v_problems := v_problems || 'payidem is not in shared_preload_libraries: order numbers and payment results fail (55000)'::text;
+	END IF;
+	BEGIN
+		v_key_version := payidem.master_key_version();
+	EXCEPTION WHEN object_not_in_prerequisite_state OR insufficient_privilege OR invalid_parameter_value THEN
+		v_key_problem := SQLERRM;
+		v_problems := v_problems || ('the master key cannot be read: ' || SQLERRM);
+	END;
+	IF NOT v_hk_enabled THEN
+		v_problems := v_problems || 'housekeeping is off (payidem.housekeeping): expired orders are not closed, nothing is settled by itself'::text;
+	ELSIF s.preloaded AND NOT s.housekeeping_running THEN
+		v_problems := v_problems || 'the housekeeping launcher is not running'::text;
+	ELSIF s.preloaded AND s.housekeeping_last_run IS NOT NULL
+		  AND s.housekeeping_last_run < now() - make_interval(secs => 3 * v_hk_interval + 60) THEN
+		v_problems := v_problems || format('housekeeping last ran in this database at %s, more than 3 intervals ago',
+										   payidem._utc(s.housekeeping_last_run));
+	END IF;
+	SELECT * INTO r FROM payidem.replication_mode();
+	IF NOT r.writes_allowed THEN
+		v_problems := v_problems || (CASE WHEN r.mode = 'standby' THEN 'this server is a standby: payidem''s writes go to the primary'
+									 ELSE 'payidem.require_synchronous_standby is on and no synchronous standby is configured: payidem''s writes are refused (55000)' END);
+	END IF;
+	SELECT count(*), min(e.next_attempt_at) INTO v_due, v_oldest_due
+	  FROM payidem.notify_event e WHERE e.status = 'pending' AND e.next_attempt_at <= now();
+	SELECT count(*) INTO v_anomalies FROM payidem.anomaly a WHERE a.handle_status = 'open';
+	SELECT count(*) INTO v_differences FROM payidem.reconciliation d WHERE d.handle_status = 'open';
+	RETURN jsonb_build_object(
+		'status', CASE WHEN cardinality(v_problems) = 0 THEN 'ok' ELSE 'degraded' END,
+		'problems', to_jsonb(v_problems),
+		'checked_at', payidem._utc(now()),
+		'library_version', payidem.library_version(),
+		'extension_version', (SELECT e.extversion FROM pg_extension e WHERE e.extname = 'payidem'),
+		'preloaded', s.preloaded,
+		'master_key', jsonb_build_object('readable', v_key_problem IS NULL, 'version', v_key_version),
+		'housekeeping', jsonb_build_object('enabled', v_hk_enabled, 'running', s.housekeeping_running,
+										   'interval_seconds', v_hk_interval,
+										   'last_run_at', payidem._utc(s.housekeeping_last_run)),
+		'replication', jsonb_build_object('mode', r.mode, 'writes_allowed', r.writes_allowed,
+										  'require_synchronous_standby', r.require_synchronous_standby),
+		'notifications', jsonb_build_object('due', v_due, 'oldest_due_at', payidem._utc(v_oldest_due),
+											'behind_by_seconds',
+											round(extract(epoch FROM now() - v_oldest_due))::bigint),
+		'open_anomalies', v_anomalies,
+		'open_differences', v_differences);
+END
+$$;
+COMMENT ON FUNCTION payidem.health()
+	IS 'For an application''s health check: status ok or degraded, the problems in words (not preloaded, master key unreadable, housekeeping off or not running, writes refused by replication), the library and extension versions, housekeeping''s last run in this database, the replication mode, the due notifications and the oldest one, the open anomalies and reconciliation differences.';

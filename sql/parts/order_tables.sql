@@ -98,6 +98,9 @@ CREATE TABLE payidem."order" (
 	CONSTRAINT order_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount),
 	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
 ) WITH (fillfactor = 85);
+-- (since 1.1) a merchant's orders newest first: list_orders(), keyset
+-- pagination; on columns no update changes, so an order's updates stay HOT
+CREATE INDEX order_merchant_created ON payidem."order" (merchant_no, created_at, order_no);
 -- No index of "order" names status, paid_at or paid_payment_no, in its key or
 -- its predicate: the update that pays an order is HOT (no index entry
 -- written), and the 15 % left free on each page (fillfactor) is where its new

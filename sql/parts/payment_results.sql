@@ -73,9 +73,11 @@ COMMENT ON FUNCTION payidem._lock_transaction_id(text, text, boolean) IS
 -- itself (src/payment_result.c) answers a repeated success and writes the first success
 -- of a pending payment of a pending order, and passes every other call here
 -- unchanged.  Both read the facts and take _decide_payment_result()'s verdict.
+-- Its result is the outcome and, for an anomaly or a refusal, the anomaly
+-- that records it (apply_payment_result_ex() returns both).
 CREATE FUNCTION payidem._apply_payment_result(payment_no text, source text, status text,
-	transaction_id text, amount bigint, paid_at timestamptz, raw jsonb)
-RETURNS text
+	transaction_id text, amount bigint, paid_at timestamptz, raw jsonb,
+	OUT outcome text, OUT anomaly_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	-- aliases, not copies: a copy is an expression, set up again in every
@@ -93,6 +95,7 @@ DECLARE
 	v_order_status text;
 	v_order_paid_by text;
 	v_order_row tid;
+	v_anomaly bigint;
 	v_merchant_rate numeric;
 	v_binding_rate numeric;
 	v_channel_rate numeric;
@@ -111,7 +114,8 @@ BEGIN
 						FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
 															 p.status, p.amount, p.transaction_id, p.created_at,
 															 NULL, NULL) y) THEN
-			RETURN 'duplicate';
+			outcome := 'duplicate';
+			RETURN;
 		END IF;
 	END IF;
 
@@ -123,7 +127,7 @@ BEGIN
 		SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
 															 NULL, NULL, NULL, NULL, NULL, NULL);
 		IF d.verdict = 'rejected' THEN
-			INSERT INTO payidem.anomaly (kind, amount, detail)
+			INSERT INTO payidem.anomaly AS a (kind, amount, detail)
 			VALUES (d.anomaly_kind, v_amount,
 					jsonb_build_object('reported_payment_no', v_payment_no, 'transaction_id', v_txn,
 									   'reported_amount', v_amount, 'source', v_source,
@@ -131,8 +135,17 @@ BEGIN
 									   'action', 'ask the channel which payment this is; refund it at the channel if none of ours was made for it',
 									   'raw', payidem._flow_raw(raw)))
 			ON CONFLICT ((detail ->> 'reported_payment_no'), (detail ->> 'transaction_id'))
-				WHERE kind = 'unknown_transaction' DO NOTHING;
-			RETURN 'rejected';
+				WHERE kind = 'unknown_transaction' DO NOTHING
+			RETURNING a.anomaly_id INTO v_anomaly;
+			IF v_anomaly IS NULL THEN
+				-- recorded before (the index's row, committed: the insert waited for it)
+				SELECT a.anomaly_id INTO v_anomaly FROM payidem.anomaly a
+				 WHERE a.kind = 'unknown_transaction' AND a.detail ->> 'reported_payment_no' = v_payment_no
+				   AND a.detail ->> 'transaction_id' = v_txn;
+			END IF;
+			outcome := 'rejected';
+			anomaly_id := v_anomaly;
+			RETURN;
 		END IF;
 		PERFORM payidem._raise_not_found('payment', v_payment_no, 'payidem.payment', 'payment_no');
 	END IF;
@@ -185,32 +198,40 @@ BEGIN
 	END IF;
 
 	IF d.verdict = 'duplicate' THEN
-		RETURN 'duplicate';		-- applied meanwhile, by the delivery we waited for
+		outcome := 'duplicate';		-- applied meanwhile, by the delivery we waited for
+		RETURN;
 	ELSIF d.verdict = 'rejected' THEN
 		-- A refusal changes nothing but one anomaly row, and a repeat of the
-		-- same refusal adds none.
-		IF d.anomaly_kind IS NOT NULL AND NOT EXISTS (
-				SELECT 1 FROM payidem.anomaly a
-				 WHERE a.payment_no = p.payment_no AND a.kind = d.anomaly_kind AND a.handle_status = 'open'
-				   AND a.detail @> jsonb_build_object('reported_status', v_status,
-													  'reported_amount', v_amount,
-													  'transaction_id', v_txn)) THEN
-			INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+		-- same refusal adds none (it is answered with the open one).
+		IF d.anomaly_kind IS NOT NULL THEN
+			SELECT a.anomaly_id INTO v_anomaly FROM payidem.anomaly a
+			 WHERE a.payment_no = p.payment_no AND a.kind = d.anomaly_kind AND a.handle_status = 'open'
+			   AND a.detail @> jsonb_build_object('reported_status', v_status,
+												  'reported_amount', v_amount,
+												  'transaction_id', v_txn)
+			 ORDER BY a.anomaly_id LIMIT 1;
+		END IF;
+		IF d.anomaly_kind IS NOT NULL AND v_anomaly IS NULL THEN
+			INSERT INTO payidem.anomaly AS a (kind, order_no, payment_no, channel_no, amount, detail)
 			VALUES (d.anomaly_kind, p.order_no, p.payment_no, p.channel_no, coalesce(v_amount, p.amount),
 					jsonb_build_object('reported_status', v_status, 'reported_amount', v_amount,
 									   'transaction_id', v_txn, 'source', v_source,
 									   'payment_status', p.status, 'payment_amount', p.amount,
 									   'payment_transaction_id', p.transaction_id,
 									   'other_payment_no', CASE WHEN d.anomaly_kind = 'transaction_conflict' THEN v_other END,
-									   'raw', payidem._flow_raw(raw)));
+									   'raw', payidem._flow_raw(raw)))
+			RETURNING a.anomaly_id INTO v_anomaly;
 		END IF;
-		RETURN 'rejected';
+		outcome := 'rejected';
+		anomaly_id := v_anomaly;
+		RETURN;
 	ELSIF d.verdict NOT IN ('applied', 'anomaly') THEN
 		RAISE EXCEPTION 'payidem: unexpected verdict % on payment %', d.verdict, p.payment_no;
 	ELSIF v_status <> 'succeeded' THEN
 		-- failed or closed of a pending payment
 		PERFORM payidem.transit_payment(p.payment_no, v_status);
-		RETURN 'applied';
+		outcome := 'applied';
+		RETURN;
 	END IF;
 
 	-- The success recorded, and the order paid if it is pending (applied),
@@ -237,19 +258,20 @@ BEGIN
 			 WHERE x.order_no = p.order_no;
 		END IF;
 	ELSE
-		INSERT INTO payidem.anomaly (kind, order_no, payment_no, channel_no, amount, detail)
+		INSERT INTO payidem.anomaly AS a (kind, order_no, payment_no, channel_no, amount, detail)
 		VALUES (d.anomaly_kind, p.order_no, p.payment_no, p.channel_no, p.amount,
 				jsonb_build_object('transaction_id', v_txn, 'source', v_source, 'paid_at', v_paid_at,
 								   'payment_status_before', p.status,
 								   'order_status', v_order_status, 'paid_payment_no', v_order_paid_by,
 								   'action', 'refund this payment with payidem.refund()',
-								   'raw', payidem._flow_raw(raw)));
+								   'raw', payidem._flow_raw(raw)))
+		RETURNING a.anomaly_id INTO anomaly_id;
 	END IF;
-	RETURN d.verdict;
+	outcome := d.verdict;
 END
 $$;
 COMMENT ON FUNCTION payidem._apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
-	'Internal to apply_payment_result(): the whole contract in PL/pgSQL, for every call apply_payment_result() does not decide itself.';
+	'Internal to apply_payment_result() and apply_payment_result_ex(): the whole contract in PL/pgSQL, for every call they do not decide themselves; the outcome and the anomaly that records an anomaly or a refusal.';
 
 CREATE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
 	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
@@ -259,4 +281,16 @@ AS 'MODULE_PATHNAME', 'payidem_apply_payment_result'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION payidem.apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) IS
 	'Apply a channel''s word on a payment (source callback|query|close; status succeeded|failed|closed; a success needs its transaction_id and amount, a paid_at within the attempt''s lifetime) exactly once per payment and status. Returns applied, duplicate, anomaly (a late success of a closed or failed payment whose order is closed or paid otherwise: paid_after_close, duplicate_payment; the payment is recorded succeeded and refund() takes it) or rejected (amount_mismatch, transaction_conflict, conflicting_result, and unknown_transaction for a success of a number of this shard that names no payment: nothing changes but an anomaly row). PI009 for another report of an unknown payment.';
+
+-- The same call, answering also which anomaly records an anomaly or a
+-- refusal (for resolve_anomaly(); NULL for the other outcomes and for a
+-- refusal that records none).  The same C function decides both.
+CREATE FUNCTION payidem.apply_payment_result_ex(payment_no text, source text, status text,
+	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
+	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL,
+	OUT outcome text, OUT anomaly_id bigint)
+AS 'MODULE_PATHNAME', 'payidem_apply_payment_result_ex'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION payidem.apply_payment_result_ex(text, text, text, text, bigint, timestamptz, jsonb) IS
+	'apply_payment_result() with the anomaly it names: outcome (applied, duplicate, anomaly, rejected) and, for anomaly and rejected, anomaly_id, the anomaly that records it (the one resolve_anomaly() takes; a repeat of a refusal names the open one). Same arguments, errors and effects.';
 

@@ -121,14 +121,17 @@ BEGIN ATOMIC
 						 'close_order', 'refund', 'apply_refund_result', 'notify_due', 'notify_result',
 						 'verify_notification', 'query_due',
 						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
-						 'request_payout', 'apply_payout_result', 'balance', 'library_version');
+						 'request_payout', 'apply_payout_result', 'balance', 'library_version',
+						 'apply_payment_result_ex', 'list_orders', 'list_anomalies', 'list_differences',
+						 'health');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
 
 -- A role that both reads a merchant's rows (map_merchant_role(), itself or
 -- through a role whose privileges it has) and may execute an API function
--- other than get_order() and find_order(): the rest of the API is not scoped
+-- other than the reads scoped to its merchants (get_order(), find_order(),
+-- balance(), the lists; library_version()): the rest of the API is not scoped
 -- to a merchant (notify_due(), sign(), close_order(), ... act for every
 -- merchant), so such a role would be scoped in get_order() and not in the
 -- rest.  (A reporting role given EXECUTE on get_order() and find_order()
@@ -143,7 +146,8 @@ BEGIN ATOMIC
 	SELECT c.oid::regrole, r.role, r.merchant_no, f.f
 	  FROM pg_catalog.pg_roles c, payidem.merchant_role r, pg_catalog.pg_roles m,
 		   LATERAL (SELECT x AS f FROM payidem.app_functions() x, pg_catalog.pg_proc p
-					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance', 'library_version')
+					 WHERE p.oid = x::oid AND p.proname NOT IN ('get_order', 'find_order', 'balance', 'library_version',
+												 'list_orders', 'list_anomalies', 'list_differences')
 					   AND pg_catalog.has_function_privilege(c.oid, x::oid, 'EXECUTE')
 					 ORDER BY x::text LIKE 'payidem.\_%', x::text COLLATE "C" LIMIT 1) f
 	 WHERE m.oid = r.role::oid
