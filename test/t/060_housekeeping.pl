@@ -168,6 +168,22 @@ ok(wait_for('postgres', q{
 	'... and waits for the next round on its latch');
 ok(wait_runs('postgres', 1, 10), 'the worker has run in the database');
 
+# health(): the launcher alive and the database's last run known; the
+# launcher gone (SIGTERM), a problem in words, until the postmaster starts
+# it again
+my $hk_health = q{SELECT (h -> 'housekeeping' ->> 'running') || ' ' || (h -> 'housekeeping' ->> 'last_run_at' IS NOT NULL)
+					|| ' ' || (h -> 'problems' @> '["the housekeeping launcher is not running"]')
+					FROM payidem.health() h};
+is($node->safe_psql('postgres', $hk_health), 'true true false', 'health(): housekeeping running, its last run known');
+my $first_launcher = launcher_pid();
+is(kill('TERM', $first_launcher), 1, 'the launcher is ended (SIGTERM)');
+ok(wait_for('postgres', "SELECT ($hk_health) = 'false true true'", 5),
+	'... health() says it is not running, and why');
+ok(wait_for('postgres', "SELECT ($hk_health) = 'true true false'", 30), '... until it is back');
+isnt(launcher_pid(), $first_launcher, '... as a new process');
+# (the launcher's end was logged as FATAL: the checks of errors start here)
+$log_start = -s $node->logfile;
+
 # ---------------------------------------------------------------- 1. expired orders
 note(sprintf('1. expired orders at %.1f s', time() - $t_start));
 # (counted before order A exists: the run that closes it ends after this)
