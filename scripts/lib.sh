@@ -52,6 +52,7 @@ PACKAGES=(
 	"postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-client-$PG_MAJOR"
 	libtap-parser-sourcehandler-pgtap-perl
 	libipc-run-perl libssl-dev faketime
+	openssl
 	clang libclang-rt-dev sqlsmith
 	"${CLIENT_PACKAGES[@]}"
 )

@@ -7,6 +7,8 @@
 #                           conf => "max_connections = 40\n",
 #                           start => 0);                  # not started yet
 #   my $node = payidem_node('hk', housekeeping => 1);     # the worker runs
+#   my $node = payidem_node('dba', key_file => $path);    # a key file made by the
+#                                                         # caller, none of its own
 #
 # The housekeeping worker (payidem.housekeeping) is off unless the caller
 # asks for it with housekeeping => 1.  With it on, a node closes expired
@@ -35,11 +37,15 @@ sub payidem_node
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init(%{ $opt{init} // {} });
 
-	my $keyfile = $node->data_dir . '/../master.key';
-	open(my $fh, '>', $keyfile) or die "cannot write $keyfile: $!";
-	print $fh (($opt{key_byte} // '5a') x 32), "\n";
-	close($fh);
-	chmod(0600, $keyfile) or die "cannot chmod $keyfile: $!";
+	my $keyfile = $opt{key_file};
+	unless (defined $keyfile)
+	{
+		$keyfile = $node->data_dir . '/../master.key';
+		open(my $fh, '>', $keyfile) or die "cannot write $keyfile: $!";
+		print $fh (($opt{key_byte} // '5a') x 32), "\n";
+		close($fh);
+		chmod(0600, $keyfile) or die "cannot chmod $keyfile: $!";
+	}
 
 	$node->append_conf('postgresql.conf',
 		"shared_preload_libraries = 'payidem'\n"
