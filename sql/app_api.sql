@@ -177,7 +177,6 @@ SELECT x ->> 'kind' AS kind, x ->> 'handle_status' AS status, x ->> 'note' AS no
        x ->> 'handled_by' = session_user AS by_me
   FROM payidem.list_anomalies(:'ma', handle_status => 'ignored') x;
 SELECT count(*) AS all_of_a FROM payidem.list_anomalies(:'ma', handle_status => NULL);
-SELECT payidem.list_anomalies(NULL, -1);
 SELECT payidem.list_anomalies(NULL, NULL, 10, 'closed');
 SELECT payidem.list_anomalies('MNOSUCHMERCHANT0');
 
@@ -198,7 +197,6 @@ SELECT payidem.resolve_diff((SELECT (x ->> 'recon_id')::bigint FROM payidem.list
 SELECT x ->> 'diff_type' AS still_open FROM payidem.list_differences('APP_WX') x;
 SELECT count(*) AS handled FROM payidem.list_differences('APP_WX', handle_status => 'handled');
 SELECT payidem.list_differences('NO_CHANNEL');
-SELECT payidem.list_differences(NULL, 0);
 SELECT payidem.list_differences(NULL, NULL, 10, 'auto');
 
 ---------------------------------------------------------------- 5. who sees what

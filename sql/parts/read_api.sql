@@ -242,9 +242,11 @@ COMMENT ON FUNCTION payidem.list_orders(text, text, integer, text) IS
 
 -- Since 1.1.  The work queues a support team follows up: anomalies (money
 -- that needs a person; resolve_anomaly()) and reconciliation differences
--- (resolve_diff()), oldest first, a page at a time (after: the last id of
--- the page before).  Open ones by default; handle_status NULL lists all.
--- A scoped caller sees the anomalies of its merchants' orders (the rule of
+-- (resolve_diff()), oldest first by id, a page at a time: after is the last
+-- id of the page before, a position only (any number; a row resolved
+-- meanwhile moves no page), so that pages of several shards merge by id
+-- (the router).  Open ones by default; handle_status NULL lists all.  A
+-- scoped caller sees the anomalies of its merchants' orders (the rule of
 -- anomaly's row-level security) and the differences of its merchants'
 -- payments.
 CREATE FUNCTION payidem._list_anomalies(merchant_no text, after bigint, max_rows integer, handle_status text,
@@ -256,7 +258,6 @@ DECLARE
 	v_after ALIAS FOR $2;
 	v_max_rows ALIAS FOR $3;
 	v_status ALIAS FOR $4;
-	v_at timestamptz;
 BEGIN
 	PERFORM payidem._check_reader(caller, scoped);
 	PERFORM payidem._check_page_size(v_max_rows);
@@ -266,23 +267,15 @@ BEGIN
 	IF v_status IS NOT NULL THEN
 		PERFORM payidem._check_one_of('handle status', v_status, ARRAY['open', 'handled', 'ignored']);
 	END IF;
-	IF v_after IS NOT NULL THEN
-		SELECT a.created_at INTO v_at FROM payidem.anomaly a WHERE a.anomaly_id = v_after;
-		IF NOT FOUND THEN
-			PERFORM payidem._raise_invalid('invalid after',
-				format('after was %s, which is not an anomaly.', v_after),
-				'Pass the anomaly_id of the last row of the page before, or NULL for the first page.');
-		END IF;
-	END IF;
 	RETURN QUERY
 	SELECT payidem._anomaly_fields(a)
 	  FROM payidem.anomaly a
 	  LEFT JOIN payidem."order" o ON o.order_no = a.order_no
-	 WHERE (v_status IS NULL OR a.handle_status = v_status)
-	   AND (v_after IS NULL OR (a.created_at, a.anomaly_id) > (v_at, v_after))
+	 WHERE a.anomaly_id > coalesce(v_after, -1)
+	   AND (v_status IS NULL OR a.handle_status = v_status)
 	   AND (v_merchant_no IS NULL OR o.merchant_no = v_merchant_no)
 	   AND (NOT scoped OR (o.merchant_no IS NOT NULL AND payidem._row_visible(o.merchant_no, caller)))
-	 ORDER BY a.created_at, a.anomaly_id
+	 ORDER BY a.anomaly_id
 	 LIMIT v_max_rows;
 END
 $$;
@@ -295,7 +288,7 @@ RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.list_anomalies(text, bigint, integer, text) IS
-	'Anomalies (money that needs a person), oldest first, max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one merchant''s orders if merchant_no is given. Each with its anomaly_id (for resolve_anomaly()), kind, amount, the action it asks for and its detail. The next page: after = the last anomaly_id of this one.';
+	'Anomalies (money that needs a person), oldest first (by anomaly_id), max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one merchant''s orders if merchant_no is given. Each with its anomaly_id (for resolve_anomaly()), kind, amount, the action it asks for and its detail. The next page: after = the last anomaly_id of this one.';
 
 CREATE FUNCTION payidem._list_differences(channel_no text, after bigint, max_rows integer, handle_status text,
 	caller regrole, scoped boolean)
@@ -306,7 +299,6 @@ DECLARE
 	v_after ALIAS FOR $2;
 	v_max_rows ALIAS FOR $3;
 	v_status ALIAS FOR $4;
-	v_day date;
 BEGIN
 	PERFORM payidem._check_reader(caller, scoped);
 	PERFORM payidem._check_page_size(v_max_rows);
@@ -316,23 +308,15 @@ BEGIN
 	IF v_status IS NOT NULL THEN
 		PERFORM payidem._check_one_of('handle status', v_status, ARRAY['open', 'handled', 'ignored', 'auto_resolved']);
 	END IF;
-	IF v_after IS NOT NULL THEN
-		SELECT r.bill_date INTO v_day FROM payidem.reconciliation r WHERE r.recon_id = v_after;
-		IF NOT FOUND THEN
-			PERFORM payidem._raise_invalid('invalid after',
-				format('after was %s, which is not a reconciliation difference.', v_after),
-				'Pass the recon_id of the last row of the page before, or NULL for the first page.');
-		END IF;
-	END IF;
 	RETURN QUERY
 	SELECT payidem._difference_fields(r)
 	  FROM payidem.reconciliation r
 	  LEFT JOIN payidem.payment p ON p.payment_no = r.payment_no
-	 WHERE (v_status IS NULL OR r.handle_status = v_status)
-	   AND (v_after IS NULL OR (r.bill_date, r.recon_id) > (v_day, v_after))
+	 WHERE r.recon_id > coalesce(v_after, -1)
+	   AND (v_status IS NULL OR r.handle_status = v_status)
 	   AND (v_channel_no IS NULL OR r.channel_no = v_channel_no)
 	   AND (NOT scoped OR (p.merchant_no IS NOT NULL AND payidem._row_visible(p.merchant_no, caller)))
-	 ORDER BY r.bill_date, r.recon_id
+	 ORDER BY r.recon_id
 	 LIMIT v_max_rows;
 END
 $$;
@@ -345,4 +329,4 @@ RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.list_differences(text, bigint, integer, text) IS
-	'Reconciliation differences, oldest bill day first, max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one channel if channel_no is given. Each with its recon_id (for resolve_diff()), type, both sides'' amounts, statuses and fees. The next page: after = the last recon_id of this one.';
+	'Reconciliation differences, oldest first (by recon_id), max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one channel if channel_no is given. Each with its recon_id (for resolve_diff()), type, both sides'' amounts, statuses and fees. The next page: after = the last recon_id of this one.';
