@@ -5329,6 +5329,7 @@ BEGIN
 		'status', CASE WHEN cardinality(v_problems) = 0 THEN 'ok' ELSE 'degraded' END,
 		'problems', to_jsonb(v_problems),
 		'checked_at', payidem._utc(now()),
+		'shard_id', current_setting('payidem.shard_id')::integer,
 		'library_version', payidem.library_version(),
 		'extension_version', (SELECT e.extversion FROM pg_extension e WHERE e.extname = 'payidem'),
 		'preloaded', s.preloaded,
@@ -5346,7 +5347,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION payidem.health()
-	IS 'For an application''s health check: status ok or degraded, the problems in words (not preloaded, master key unreadable, housekeeping off or not running, writes refused by replication), the library and extension versions, housekeeping''s last run in this database, the replication mode, the due notifications and the oldest one, the open anomalies and reconciliation differences.';
+	IS 'For an application''s health check: status ok or degraded, the problems in words (not preloaded, master key unreadable, housekeeping off or not running, writes refused by replication), the shard id, the library and extension versions, housekeeping''s last run in this database, the replication mode, the due notifications and the oldest one, the open anomalies and reconciliation differences.';
 
 REVOKE ALL ON FUNCTION payidem.apply_payment_result_ex(text, text, text, text, bigint, timestamptz, jsonb),
 	payidem._check_page_size(integer),

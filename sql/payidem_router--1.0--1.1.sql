@@ -340,6 +340,119 @@ SELECT m.bill_day, m.channel_no, m.currency, pg_catalog.sum(m.fee_revenue) AS fe
 COMMENT ON VIEW payidem.platform_margin IS
 	'Router: what the platform earned on settled items per bill day, channel and currency, every shard''s summed.';
 
+-- what an application reads and follows up (DESIGN section 7)
+-- apply_payment_result_ex(): on the payment's partition, its transaction id
+-- placed as apply_payment_result() places it
+CREATE FUNCTION payidem._proxy_apply_payment_result_ex(payment_no text, source text, status text,
+	transaction_id text, amount bigint, paid_at timestamptz, raw jsonb,
+	OUT outcome text, OUT anomaly_id bigint)
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.payment_partition(payment_no);
+	TARGET payidem.apply_payment_result_ex;
+$$;
+CREATE FUNCTION payidem.apply_payment_result_ex(payment_no text, source text, status text,
+	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
+	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL,
+	OUT outcome text, OUT anomaly_id bigint)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = warning AS $$
+DECLARE
+	v_state text; v_message text; v_detail text; v_hint text;
+BEGIN
+	SELECT r.outcome, r.anomaly_id INTO outcome, anomaly_id
+	  FROM payidem._proxy_apply_payment_result_ex($1, $2, $3, $4, $5, $6, $7) r;
+	outcome := payidem._place_transaction(outcome, $1, $3, $4);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+	GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
+		v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+	PERFORM payidem._shard_error(v_state, v_message, nullif(v_detail, ''), nullif(v_hint, ''));
+END
+$$;
+COMMENT ON FUNCTION payidem.apply_payment_result_ex(text, text, text, text, bigint, timestamptz, jsonb) IS
+	'Router: apply_payment_result_ex() on the partition the payment number names: the outcome and the anomaly it names (resolve_anomaly() through the router takes its id).';
+
+-- a merchant's orders: on its partition
+CREATE FUNCTION payidem.list_orders(merchant_no text, after text DEFAULT NULL, max_rows integer DEFAULT 100,
+	status text DEFAULT NULL)
+RETURNS SETOF jsonb
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON payidem.merchant_partition(merchant_no);
+$$;
+COMMENT ON FUNCTION payidem.list_orders(text, text, integer, text) IS
+	'Router: list_orders() on the merchant''s partition, where its orders are.';
+SELECT payidem._wrap_shard_call('payidem.list_orders(text, text, integer, text)', 'STABLE');
+
+-- the work queues: every partition's page, merged by id (the ids of the
+-- shards never collide) and cut to max_rows
+CREATE FUNCTION payidem._list_anomalies_all(merchant_no text, after bigint, max_rows integer, handle_status text)
+RETURNS SETOF jsonb
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT x FROM payidem.list_anomalies(merchant_no, after, max_rows, handle_status) x;
+$$;
+CREATE FUNCTION payidem.list_anomalies(merchant_no text DEFAULT NULL, after bigint DEFAULT NULL,
+	max_rows integer DEFAULT 100, handle_status text DEFAULT 'open')
+RETURNS SETOF jsonb
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT x FROM payidem._list_anomalies_all(merchant_no, after, max_rows, handle_status) x
+	 ORDER BY (x OPERATOR(pg_catalog.->>) 'anomaly_id')::bigint
+	 LIMIT GREATEST(max_rows, 1);	-- (a LIMIT 0 would not ask the shards, which refuse it)
+END;
+COMMENT ON FUNCTION payidem.list_anomalies(text, bigint, integer, text) IS
+	'Router: list_anomalies() on every partition, one page of them all, oldest first by anomaly_id.';
+SELECT payidem._wrap_shard_call('payidem.list_anomalies(text, bigint, integer, text)', 'STABLE');
+CREATE FUNCTION payidem._list_differences_all(channel_no text, after bigint, max_rows integer, handle_status text)
+RETURNS SETOF jsonb
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT x FROM payidem.list_differences(channel_no, after, max_rows, handle_status) x;
+$$;
+CREATE FUNCTION payidem.list_differences(channel_no text DEFAULT NULL, after bigint DEFAULT NULL,
+	max_rows integer DEFAULT 100, handle_status text DEFAULT 'open')
+RETURNS SETOF jsonb
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	SELECT x FROM payidem._list_differences_all(channel_no, after, max_rows, handle_status) x
+	 ORDER BY (x OPERATOR(pg_catalog.->>) 'recon_id')::bigint
+	 LIMIT GREATEST(max_rows, 1);	-- (a LIMIT 0 would not ask the shards, which refuse it)
+END;
+COMMENT ON FUNCTION payidem.list_differences(text, bigint, integer, text) IS
+	'Router: list_differences() on every partition, one page of them all, oldest first by recon_id.';
+SELECT payidem._wrap_shard_call('payidem.list_differences(text, bigint, integer, text)', 'STABLE');
+
+-- health(): every shard's, and ok only if each is
+CREATE FUNCTION payidem._health_all()
+RETURNS SETOF jsonb
+LANGUAGE plproxy AS $$
+	CLUSTER 'payidem';
+	RUN ON ALL;
+	SELECT payidem.health();
+$$;
+CREATE FUNCTION payidem.health()
+RETURNS jsonb
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+	WITH s AS MATERIALIZED (SELECT h FROM payidem._health_all() h)
+	SELECT jsonb_build_object(
+		'status', CASE WHEN bool_and(s.h OPERATOR(pg_catalog.->>) 'status' = 'ok') THEN 'ok' ELSE 'degraded' END,
+		'problems', coalesce((SELECT jsonb_agg(format('shard %s: %s', t.h OPERATOR(pg_catalog.->>) 'shard_id', p.p)
+											   ORDER BY (t.h OPERATOR(pg_catalog.->>) 'shard_id')::integer, p.n)
+								FROM s t, jsonb_array_elements_text(t.h OPERATOR(pg_catalog.->) 'problems')
+										  WITH ORDINALITY p(p, n)), '[]'::jsonb),
+		'checked_at', min(s.h OPERATOR(pg_catalog.->>) 'checked_at'),
+		'open_anomalies', sum((s.h OPERATOR(pg_catalog.->>) 'open_anomalies')::bigint),
+		'open_differences', sum((s.h OPERATOR(pg_catalog.->>) 'open_differences')::bigint),
+		'shards', jsonb_agg(s.h ORDER BY (s.h OPERATOR(pg_catalog.->>) 'shard_id')::integer))
+	  FROM s;
+END;
+COMMENT ON FUNCTION payidem.health() IS
+	'Router: health() of every shard: status ok only if every shard is ok, their problems each prefixed with its shard, the open anomalies and differences summed, and each shard''s health() in shards.';
+SELECT payidem._wrap_shard_call('payidem.health()', 'VOLATILE');
+
 -- the application's API gains the payout functions and balance()
 CREATE OR REPLACE FUNCTION payidem.app_functions()
 RETURNS SETOF regprocedure
@@ -359,7 +472,9 @@ BEGIN ATOMIC
 						 'anomaly_partition', '_id_partition', 'get_order', 'find_order', 'resolve_anomaly',
 						 'merchant_partition', '_place_transaction',
 						 '_split_rows', '_notify_due_split', '_query_due_split', '_reconcile_all', '_bill_lines_all',
-						 'request_payout', 'apply_payout_result', 'balance', 'payout_partition']))
+						 'request_payout', 'apply_payout_result', 'balance', 'payout_partition',
+						 'apply_payment_result_ex', 'list_orders', 'list_anomalies', 'list_differences', 'health',
+						 '_list_anomalies_all', '_list_differences_all', '_health_all']))
 	SELECT p.oid::regprocedure
 	  FROM pg_catalog.pg_proc p
 	 WHERE p.pronamespace = 'payidem'::regnamespace

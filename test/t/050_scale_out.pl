@@ -844,7 +844,13 @@ my @errors = (
 	[ "SELECT payidem.apply_payout_result('PT123', 'succeeded')", 0 ],
 	[ "SELECT payidem.adjust_balance('$m0', 0, 'ADJ-1', 'nothing')", 0 ],
 	[ "SELECT * FROM payidem.balance('$m0', 'cny')", 0 ],
-	[ "SELECT payidem.set_merchant_notify_url('nobody', NULL)", 0 ]);
+	[ "SELECT payidem.set_merchant_notify_url('nobody', NULL)", 0 ],
+	# what an application reads and follows up (DESIGN section 7)
+	[ "SELECT * FROM payidem.apply_payment_result_ex('$up', 'callback', 'paid')", $n - 1 ],
+	[ "SELECT payidem.list_orders('$m0', NULL, 0)", 0 ],
+	[ "SELECT payidem.list_orders('nobody')", 0 ],
+	[ "SELECT payidem.list_anomalies(NULL, NULL, 0)", 0 ],
+	[ "SELECT payidem.list_differences('NO_SUCH')", 0 ]);
 like($router->safe_psql('postgres', "SELECT payidem.gen_order_no_for('$home4{3}', 'PY')"), qr/^PY\d{14}03\d{8}$/,
 	'api: gen_order_no_for(merchant) issues a number on the shard of the merchant\'s orders');
 my @results = (
@@ -863,7 +869,10 @@ my @results = (
 	[ "SELECT string_agg(name, ',') FROM payidem.stats_by_shard() WHERE shard = 0",
 	  0, "SELECT string_agg(name, ',') FROM payidem.stats()" ],
 	[ "SELECT row(b.*)::text FROM payidem.balance('$m0') b", 0 ],
-	[ "SELECT count(*) FROM payidem.verify()", 0 ]);
+	[ "SELECT count(*) FROM payidem.verify()", 0 ],
+	[ "SELECT row(r.*)::text FROM payidem.apply_payment_result_ex('$stories->[1]{p}', 'query', 'succeeded', 'TXN-two-1', 1000) r", 1 ],
+	[ "SELECT string_agg(x ->> 'order_no', ',') FROM payidem.list_orders('$home->{1}{no}', max_rows => 1000) x", 1 ],
+	[ "SELECT payidem.health() -> 'shards' -> 2 ->> 'shard_id'", 2, "SELECT payidem.health() ->> 'shard_id'" ]);
 for my $case (@errors)
 {
 	my ($call, $where, $there) = @$case;
@@ -877,6 +886,28 @@ for my $case (@results)
 	is($router->safe_psql('postgres', $call), $shards[$where]->safe_psql('postgres', $there // $call),
 		"api: the same result through the router as on one database: $call");
 }
+# the work queues through the router: every shard's rows, merged by id and
+# cut to the page; health() is ok only if every shard is
+for my $q ([ 'list_anomalies', 'anomaly_id' ], [ 'list_differences', 'recon_id' ])
+{
+	my ($fn, $id) = @$q;
+	my $ids = "SELECT coalesce(string_agg(x ->> '$id', ',' ORDER BY (x ->> '$id')::bigint), '')"
+		. " FROM payidem.$fn(handle_status => NULL, max_rows => 1000) x";
+	my @all = sort { $a <=> $b } map { split /,/, $_->safe_psql('postgres', $ids) } @shards;
+	cmp_ok(scalar(@all), '>', 1, "api: the shards have rows for $fn");
+	is($router->safe_psql('postgres', $ids), join(',', @all), "api: $fn through the router lists every shard's rows");
+	is($router->safe_psql('postgres', "SELECT string_agg(x ->> '$id', ',') FROM payidem.$fn(handle_status => NULL, max_rows => 2) x"),
+		join(',', @all[0, 1]), "api: ... a page of 2 is the first two ids of them all");
+	is($router->safe_psql('postgres',
+			"SELECT string_agg(x ->> '$id', ',') FROM payidem.$fn(after => $all[0], handle_status => NULL, max_rows => 1000) x"),
+		join(',', @all[1 .. $#all]), "api: ... and the page after the first id the rest");
+}
+is($router->safe_psql('postgres', q{
+	SELECT jsonb_array_length(h -> 'shards') || ' ' || (h ->> 'status')
+		   || ' ' || (h ->> 'open_anomalies') FROM payidem.health() h}),
+	"$n " . (join('', map { $_->safe_psql('postgres', "SELECT payidem.health() ->> 'status'") } @shards) eq ('ok' x $n)
+			 ? 'ok' : 'degraded') . ' ' . $sum_of->(q{SELECT payidem.health() ->> 'open_anomalies'}),
+	'api: health() through the router: every shard, ok only if each is, the open anomalies summed');
 # the lists cover every API function of the router that reaches a shard
 # (sync_shards and add_shards exist on the router only)
 my %called = map { $_ => 1 } map { /payidem\.(\w+)\(/g } map { $_->[0] } @errors, @results;
