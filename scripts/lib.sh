@@ -46,6 +46,10 @@ PG_MAJOR=${PG_MAJOR:-15}
 
 # The client tests' runtime (test/client: the examples/ programs with real drivers).
 CLIENT_PACKAGES=(nodejs npm)
+# The PHP tests' runtime (test/php: examples/php/ through PDO, served by php -S),
+# installed by ensure_php_packages when a PHP test runs: a suite that cannot
+# have them (Debian between two PHP versions) fails those tests, not the run.
+PHP_PACKAGES=(php-cli php-pgsql)
 # Everything make test / make demo need on a fresh Debian machine, for PG_MAJOR.
 PACKAGES=(
 	make gcc libc6-dev
@@ -374,4 +378,22 @@ ensure_client_modules() {
 	fi
 	rm -f "$log"
 	echo "$sum" >"$stamp"
+}
+
+# ---------------------------------------------------------------- the PHP tests' runtime
+# A php with PDO's PostgreSQL driver, or Debian's php-cli and php-pgsql installed
+# for it (root); non-zero with the reason on stderr otherwise (the caller fails
+# the PHP tests: a missing package is an error).
+php_ready() { command -v php >/dev/null && php -r 'exit(extension_loaded("pdo_pgsql") ? 0 : 1);' >/dev/null 2>&1; }
+ensure_php_packages() {
+	php_ready && return 0
+	if ! is_root; then
+		echo "php with pdo_pgsql is missing (as root: apt-get install ${PHP_PACKAGES[*]})" >&2
+		return 1
+	fi
+	say "installing ${PHP_PACKAGES[*]}"
+	{ DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PHP_PACKAGES[@]}" >/dev/null; } ||
+		{ echo "apt-get install ${PHP_PACKAGES[*]} failed" >&2; return 1; }
+	php_ready || { echo "php with pdo_pgsql is still missing after installing ${PHP_PACKAGES[*]}" >&2; return 1; }
 }
