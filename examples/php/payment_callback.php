@@ -1,6 +1,6 @@
 <?php
 // examples/php/payment_callback.php — a payment channel's callback, applied to
-// payidem with one call of payidem.apply_payment_result() (docs/payment-flow.md
+// payidem with one call of payidem.apply_payment_result_ex() (docs/payment-flow.md
 // "Outcomes"), with PDO (Debian: php-cli php-pgsql).
 //
 //   PGHOST=/var/run/postgresql PGDATABASE=shop PGUSER=payments_app \
@@ -19,8 +19,10 @@
 //
 // The answer: every outcome of apply_payment_result (applied, duplicate, anomaly,
 // rejected) is recorded, so all are 200 SUCCESS and the channel stops resending;
-// an anomaly or rejected result is a person's follow-up (payidem.anomaly), not
-// the channel's.  An error is answered by its SQLSTATE (payidem_http_status):
+// an anomaly or rejected result is a person's follow-up, not the channel's: the
+// _ex form also names the anomaly that records it (anomaly_id), which the
+// support team finds in payidem.list_anomalies() and closes with
+// payidem.resolve_anomaly().  An error is answered by its SQLSTATE (payidem_http_status):
 // a report that cannot be applied as it is (22xxx, PI009) 4xx, and the channel's
 // resends will not change that; a busy or unreachable database 503, so the
 // channel resends later.  Errors are logged with their DETAIL and HINT, which
@@ -84,8 +86,9 @@ function payidem_http_status(string $sqlstate): int
 }
 
 // Apply one report: ['status' => HTTP status, 'body' => the answer to the
-// channel, 'outcome' => apply_payment_result's, or null on an error, 'error' =>
-// null, or ['sqlstate', 'message', 'detail', 'hint']].
+// channel, 'outcome' => apply_payment_result's, or null on an error,
+// 'anomaly_id' => the anomaly an anomaly or rejected outcome names (else null),
+// 'error' => null, or ['sqlstate', 'message', 'detail', 'hint']].
 function payidem_apply_callback(PDO $db, array $report, ?string $rawJson = null): array
 {
 	$amount = $report['amount'] ?? null;
@@ -97,11 +100,11 @@ function payidem_apply_callback(PDO $db, array $report, ?string $rawJson = null)
 	if (!is_string($report['payment_no'] ?? null) || !is_string($report['status'] ?? null) ||
 		!(is_string($txn) || $txn === null) || !(is_int($amount) || $amount === null) ||
 		!(is_string($paidAt) || $paidAt === null)) {
-		return ['status' => 400, 'body' => 'FAIL', 'outcome' => null,
+		return ['status' => 400, 'body' => 'FAIL', 'outcome' => null, 'anomaly_id' => null,
 			'error' => ['sqlstate' => null, 'message' => 'malformed report', 'detail' => null, 'hint' => null]];
 	}
 	try {
-		$apply = $db->prepare("SELECT payidem.apply_payment_result(?, 'callback', ?, ?, ?, ?, ?)");
+		$apply = $db->prepare("SELECT outcome, anomaly_id FROM payidem.apply_payment_result_ex(?, 'callback', ?, ?, ?, ?, ?)");
 		$apply->bindValue(1, $report['payment_no']);
 		$apply->bindValue(2, $report['status']);
 		$apply->bindValue(3, $txn);
@@ -109,20 +112,22 @@ function payidem_apply_callback(PDO $db, array $report, ?string $rawJson = null)
 		$apply->bindValue(5, $paidAt);		// NULL: the time of the call
 		$apply->bindValue(6, $rawJson);		// kept with an anomaly, without its signature keys
 		$apply->execute();
-		$outcome = (string) $apply->fetchColumn();
+		$row = $apply->fetch(PDO::FETCH_ASSOC);
+		$outcome = (string) $row['outcome'];
+		$anomalyId = $row['anomaly_id'] === null ? null : (int) $row['anomaly_id'];
 	} catch (PDOException $e) {
 		$sqlstate = (string) ($e->errorInfo[0] ?? $e->getCode());
-		return ['status' => payidem_http_status($sqlstate), 'body' => 'FAIL', 'outcome' => null,
+		return ['status' => payidem_http_status($sqlstate), 'body' => 'FAIL', 'outcome' => null, 'anomaly_id' => null,
 			'error' => ['sqlstate' => $sqlstate] + payidem_pg_error_fields((string) ($e->errorInfo[2] ?? $e->getMessage()))];
 	}
-	return ['status' => 200, 'body' => 'SUCCESS', 'outcome' => $outcome, 'error' => null];
+	return ['status' => 200, 'body' => 'SUCCESS', 'outcome' => $outcome, 'anomaly_id' => $anomalyId, 'error' => null];
 }
 
 // Answer this request (the web server's) and return what payidem_apply_callback
 // did.  $connect returns the PDO connection.
 function payidem_callback_request(callable $connect): array
 {
-	$fail = fn (int $status, string $message) => ['status' => $status, 'body' => 'FAIL', 'outcome' => null,
+	$fail = fn (int $status, string $message) => ['status' => $status, 'body' => 'FAIL', 'outcome' => null, 'anomaly_id' => null,
 		'error' => ['sqlstate' => null, 'message' => $message, 'detail' => null, 'hint' => null]];
 	$raw = (string) file_get_contents('php://input', false, null, 0, 65537);
 	$report = null;
@@ -150,7 +155,8 @@ function payidem_callback_request(callable $connect): array
 			($err['detail'] !== null ? "; DETAIL: {$err['detail']}" : '') .
 			($err['hint'] !== null ? "; HINT: {$err['hint']}" : ''));
 	} elseif ($result['outcome'] === 'anomaly' || $result['outcome'] === 'rejected') {
-		error_log("payment_callback: $payment: {$result['outcome']} (see payidem.anomaly)");
+		error_log("payment_callback: $payment: {$result['outcome']}" . ($result['anomaly_id'] !== null
+			? " (anomaly {$result['anomaly_id']}: payidem.list_anomalies(), payidem.resolve_anomaly())" : ''));
 	}
 	http_response_code($result['status']);
 	if ($result['status'] === 503) {

@@ -346,6 +346,13 @@ try {
 	ok($a === [200, 'SUCCESS'] && ($rec[0]['outcome'] ?? null) === 'rejected',
 		'callback: another amount is rejected, answered 200 (an anomaly for a person)', [$a, $rec]);
 	is(value($app, 'SELECT payidem.get_order(?)->>\'status\'', [$mismatch['order_no']]), 'pending', '... the order stays pending');
+	// the anomaly the result names is the order's, in the application's work queue
+	$named = $rec[0]['anomaly_id'] ?? null;
+	ok(is_int($named), '... and names its anomaly (apply_payment_result_ex)', $rec);
+	is(value($app, "SELECT x->>'kind' FROM payidem.list_anomalies() x WHERE (x->>'anomaly_id')::bigint = ?", [$named]),
+		'amount_mismatch', '... which the application role reads in list_anomalies()');
+	is(value($app, "SELECT payidem.get_order(?)->'anomalies'->0->>'anomaly_id'", [$mismatch['order_no']]), (string) $named,
+		'... and in get_order()');
 
 	// errors: status by SQLSTATE, and message, DETAIL, HINT as the server has them
 	$noTxn = $newOrder('NO-TXN', 1500);
