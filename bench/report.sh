@@ -17,7 +17,7 @@
 source "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
-SECTIONS=(ceiling order_no idem state flow recon settle router instructions growth)
+SECTIONS=(ceiling order_no idem state flow recon settle lists router instructions growth)
 ELAPSED=${1:-}
 REPORT=docs/benchmarks.md
 IMG=docs/img

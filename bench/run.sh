@@ -10,7 +10,7 @@
 source "$(dirname "$0")/../scripts/lib.sh"
 cd "$ROOT"
 
-ALL=(ceiling order_no idem state flow recon settle router instructions growth)
+ALL=(ceiling order_no idem state flow recon settle lists router instructions growth)
 # the instruction counts do not depend on the run's length, and valgrind is
 # slow: a QUICK run leaves them to make bench-check
 [ "${QUICK:-}" = 1 ] && ALL=("${ALL[@]/instructions/}")
@@ -22,7 +22,7 @@ set_pg_paths
 SKIP_BUILD=0 bench_build	# (the runners after it skip theirs)
 mkdir -p bench/out
 # the report shows this run only: a runner left out is listed as not run
-for r in ceiling order_no idem state flow recon settle router instructions growth; do
+for r in ceiling order_no idem state flow recon settle lists router instructions growth; do
 	rm -f "bench/out/$r".{md,tsv,targets}
 done
 rm -f bench/out/ceiling.env
