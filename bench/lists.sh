@@ -95,7 +95,7 @@ met() { awk -v x="$1" -v t="$2" 'BEGIN { print (x != "n/a" && x <= t) ? "yes" : 
 {
 	echo "A page of 100 orders of a merchant with $(thousands "$N") orders (another merchant's $(thousands "$((N / 10))") in the same index); pgbench -M prepared, 1 client, medians of $RUNS runs of ${SECONDS_PER_RUN} s each, alternating; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 	echo
-	echo "| page | list_orders() | plain index scan, rows | plain, to_jsonb | list_orders() cost / rows | / to_jsonb |"
+	echo "| page (pages per second) | list_orders() | plain index scan, rows | plain, to_jsonb | list_orders() cost / rows | / to_jsonb |"
 	echo "|---|---:|---:|---:|---:|---:|"
 	for page in first deep status; do
 		api=$(median <"$RUN/$page.api.tps")
@@ -108,7 +108,7 @@ met() { awk -v x="$1" -v t="$2" 'BEGIN { print (x != "n/a" && x <= t) ? "yes" : 
 		deep) label="after the $(thousands "$((N / 2))")-th (keyset)" ;;
 		status) label="status pending (1 in 5)" ;;
 		esac
-		echo "| $label | $api/s | $rows/s | $json/s | ${x_rows}× | ${x_json}× |"
+		echo "| $label | $(thousands "$(printf '%.0f' "$api")") | $(thousands "$(printf '%.0f' "$rows")") | $(thousands "$(printf '%.0f' "$json")") | ${x_rows}× | ${x_json}× |"
 		printf '%s\t1\t%s\n' "list_orders(), $label" "$api" >>"$OUT.tsv"
 		printf '%s\t1\t%s\n' "plain rows, $label" "$rows" >>"$OUT.tsv"
 		printf '%s\t%s\t%s\n' "list_orders(), $label: a page ≤ 2× the plain index scan's cost, the scan writing the same JSON (to_jsonb)" "${x_json}×" "$(met "$x_json" 2)" >>"$OUT.targets"

@@ -10,38 +10,17 @@
 //
 // Run by scripts/test (TESTS=app_api); by hand: test/client/run.sh app_api.
 
-const path = require('path');
-const { spawnSync } = require('child_process');
+const { useModules, tap } = require('./tap.js');
 
-const ROOT = path.resolve(__dirname, '..', '..');
-const MODULES = path.join(__dirname, 'node_modules');
-if (!(process.env.NODE_PATH || '').split(path.delimiter).includes(MODULES)) {
-	const env = { ...process.env, NODE_PATH: [MODULES, process.env.NODE_PATH].filter(Boolean).join(path.delimiter) };
-	const r = spawnSync(process.execPath, [__filename, ...process.argv.slice(2)], { stdio: 'inherit', env });
-	process.exit(r.status === null ? 1 : r.status);
-}
+useModules(__filename);
 
 const crypto = require('crypto');
 const { Client } = require('pg');
-
 const DB = 'payidem_client_app_api';
 const APP_ROLE = 'payidem_app_api_app';
 const PASSWORD = crypto.randomBytes(12).toString('hex');
 
-let tests = 0;
-let failures = 0;
-function ok(cond, name, diag) {
-	tests++;
-	console.log(`${cond ? 'ok' : 'not ok'} ${tests} - ${name}`);
-	if (!cond) {
-		failures++;
-		if (diag !== undefined) console.error(`#   ${typeof diag === 'string' ? diag : JSON.stringify(diag)}`);
-	}
-	return cond;
-}
-const is = (got, want, name) => ok(got === want, name, `got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`);
-// the error a call raises, as an application sees it (null if none)
-const errorOf = (promise) => promise.then(() => null, (e) => e);
+const { ok, is, errorOf, done, crashed } = tap();
 
 async function main() {
 	const admin = new Client({ database: 'postgres' });
@@ -144,13 +123,7 @@ async function main() {
 		await cleanup.query(`DROP ROLE IF EXISTS ${APP_ROLE}`);
 		await cleanup.end();
 	}
-	console.log(`1..${tests}`);
-	process.exit(failures ? 1 : 0);
+	done();
 }
 
-main().catch((err) => {
-	console.log(`not ok ${tests + 1} - the test ran to its end`);
-	console.error(`# ${err.stack}`);
-	console.log(`1..${tests + 1}`);
-	process.exit(1);
-});
+main().catch(crashed);
