@@ -1,6 +1,7 @@
 -- bench/lists.sh's data set: merchant M900000000000001 with :n orders, one
 -- every 20 ms from 2026-01-01 (UTC), and merchant M900000000000002 with a
--- tenth as many in the same index; four in five closed, the rest pending.
+-- tenth as many in the same index; four in five closed, the rest pending;
+-- numbers in the order they are made (order_no_make: one second, 50 numbers).
 -- Written directly (the triggers off, as a restore loads rows).
 \set ON_ERROR_STOP 1
 SET session_replication_role = replica;

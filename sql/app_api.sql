@@ -5,7 +5,7 @@
 --      repeated refusal names the same open anomaly; a success for an unknown
 --      number its unknown_transaction anomaly, once);
 --   2. get_order() lists the order's anomalies;
---   3. list_orders(): keyset pages, newest first, ties broken by order_no, a
+--   3. list_orders(): keyset pages, newest first (by order number), a
 --      status filter, bad input;
 --   4. the work queues list_anomalies() and list_differences(): pages,
 --      filters, resolved ones out of the open queue;
@@ -54,8 +54,7 @@ INSERT INTO lbl VALUES (:'ma', 'MA'), (:'mb', 'MB');
 SELECT payidem.create_channel('APP_WX', 'wechat', 0.0025);
 SELECT payidem.bind_channel(:'ma', 'APP_WX'), payidem.bind_channel(:'mb', 'APP_WX');
 
--- seven orders of A in one transaction (one created_at: order_no decides
--- among them), then three more, and two of B
+-- seven orders of A in one transaction, then three more, and two of B
 BEGIN;
 INSERT INTO lbl SELECT payidem.create_order(:'ma', 'A-' || i, 100 * i, 'item ' || i), 'A' || i
   FROM generate_series(1, 7) i;
@@ -134,9 +133,9 @@ BEGIN
 END
 $$;
 SELECT page, string_agg(pg_temp.l(order_no) || ' ' || status, ', ' ORDER BY pos) AS orders FROM pages GROUP BY page ORDER BY page;
--- exactly the merchant's orders, newest first, order_no deciding a tie
-SELECT array_agg(order_no ORDER BY page, pos) = (SELECT array_agg(order_no::text ORDER BY created_at DESC, order_no DESC)
-												   FROM payidem."order" WHERE merchant_no = :'ma') AS all_in_order
+-- exactly the merchant's orders, newest first: in the order they were made
+SELECT array_agg(order_no ORDER BY page, pos) = (SELECT array_agg(no ORDER BY substr(label, 2)::int DESC)
+												   FROM lbl WHERE label ~ '^A[0-9]+$') AS all_in_order
   FROM pages;
 -- only paid ones; a status that does not exist; one row per page
 SELECT pg_temp.l(x ->> 'order_no') AS paid FROM payidem.list_orders(:'ma', status => 'paid') x;
@@ -145,11 +144,13 @@ SELECT pg_temp.l(x ->> 'order_no') AS newest FROM payidem.list_orders(:'mb', max
 -- a row is the order as get_order() shows it, without its lists
 SELECT x = payidem.get_order(:'a1') - 'payments' - 'refunds' - 'anomalies' AS same_as_get_order
   FROM payidem.list_orders(:'ma', NULL, 1000) x WHERE x ->> 'order_no' = :'a1';
--- the index serves it: a backward scan of order_merchant_created
+-- the foreign keys' unique index serves it: a backward scan of order_merchant_key
 EXPLAIN (COSTS OFF)
 SELECT o.order_no FROM payidem."order" o
- WHERE o.merchant_no = 'M' AND (o.created_at, o.order_no) < (now(), 'PO')
- ORDER BY o.created_at DESC, o.order_no DESC LIMIT 100;
+ WHERE o.merchant_no = 'M' AND o.order_no < 'PO'
+ ORDER BY o.order_no DESC LIMIT 100;
+-- after is a position: another merchant's number pages as well (nothing of it shown)
+SELECT count(*) AS older_than_b1 FROM payidem.list_orders(:'ma', :'b1');
 -- bad input
 SELECT payidem.list_orders(NULL);
 SELECT payidem.list_orders('MNOSUCHMERCHANT0');
@@ -159,7 +160,6 @@ SELECT payidem.list_orders(:'ma', NULL, NULL);
 \set VERBOSITY terse
 SELECT payidem.list_orders(:'ma', NULL, 10, 'shipped');	-- (DETAIL: the statuses of the whitelist)
 \set VERBOSITY default
-SELECT * FROM pg_temp.try(format('SELECT payidem.list_orders(%L, %L)', :'ma', :'b1'));
 SELECT * FROM pg_temp.try(format('SELECT payidem.list_orders(%L, %L)', :'ma', 'nonsense'));
 
 ---------------------------------------------------------------- 4. the work queues
@@ -224,6 +224,25 @@ SELECT pg_temp.l(x ->> 'order_no') AS "order", x ->> 'kind' AS kind FROM payidem
 SELECT x ->> 'diff_type' AS diff_type, pg_temp.l(x ->> 'payment_no') AS payment FROM payidem.list_differences(handle_status => NULL) x;
 SELECT * FROM pg_temp.try(format('SELECT payidem.list_anomalies(%L)', :'mb'));
 RESET ROLE;
+-- its SELECTs revoked, it is still scoped: a REVOKE never widens what it reads
+REVOKE SELECT ON payidem."order", payidem.anomaly FROM app_api_rep;
+SET ROLE app_api_rep;
+SELECT * FROM pg_temp.try(format('SELECT payidem.list_orders(%L)', :'mb'));
+SELECT count(*) AS rep_orders_of_a_without_select FROM payidem.list_orders(:'ma');
+SELECT count(*) AS rep_anomalies_without_select FROM payidem.list_anomalies(handle_status => NULL);
+RESET ROLE;
+-- an auditor given the lists sees every row, those without a merchant too
+CREATE ROLE app_api_audit;
+SELECT payidem.grant_auditor('app_api_audit');
+GRANT EXECUTE ON FUNCTION payidem.list_anomalies(text, bigint, integer, text),
+	payidem.list_differences(text, bigint, integer, text) TO app_api_audit;
+SET ROLE app_api_audit;
+SELECT (SELECT count(*) FROM payidem.list_anomalies(handle_status => NULL, max_rows => 1000) x
+		 WHERE (x ->> 'anomaly_id')::bigint > :a0) AS audit_listed,
+	   (SELECT count(*) FROM payidem.anomaly WHERE anomaly_id > :a0) AS audit_in_table;
+SELECT x ->> 'diff_type' AS audit_difference, pg_temp.l(x ->> 'payment_no') AS payment
+  FROM payidem.list_differences('APP_WX', handle_status => NULL) x;
+RESET ROLE;
 -- a role made both (a GRANT of membership after the fact) is refused by the lists too
 GRANT app_api_app TO app_api_rep;
 SET ROLE app_api_rep;
@@ -247,5 +266,28 @@ SELECT string_agg(k, ', ' ORDER BY k) AS health_keys FROM jsonb_object_keys(payi
 
 ---------------------------------------------------------------- clean up
 SELECT payidem.unmap_merchant_role('app_api_rep', :'ma');
-DROP OWNED BY app_api_app, app_api_rep;
-DROP ROLE app_api_app, app_api_rep;
+SELECT payidem.revoke_auditor('app_api_audit');
+DROP OWNED BY app_api_app, app_api_rep, app_api_audit;
+DROP ROLE app_api_app, app_api_rep, app_api_audit;
+
+---------------------------------------------------------------- the extension made again
+-- (last: it drops what the other tests left) the lists keep their plans by
+-- name: made again three times in one session, each list still works
+DROP EXTENSION payidem CASCADE;
+CREATE EXTENSION payidem;
+SELECT merchant_no AS mx FROM payidem.create_merchant('Again 1', 'retail', 0.006) \gset
+SELECT payidem.create_order(:'mx', 'AGAIN-1', 100, 'again') IS NOT NULL AS round_1;
+SELECT (SELECT count(*) FROM payidem.list_orders(:'mx')) AS orders, (SELECT count(*) FROM payidem.list_anomalies()) AS anomalies,
+	   (SELECT count(*) FROM payidem.list_differences()) AS differences;
+DROP EXTENSION payidem CASCADE;
+CREATE EXTENSION payidem;
+SELECT merchant_no AS mx FROM payidem.create_merchant('Again 2', 'retail', 0.006) \gset
+SELECT payidem.create_order(:'mx', 'AGAIN-1', 100, 'again') IS NOT NULL AS round_2;
+SELECT (SELECT count(*) FROM payidem.list_orders(:'mx')) AS orders, (SELECT count(*) FROM payidem.list_anomalies()) AS anomalies,
+	   (SELECT count(*) FROM payidem.list_differences()) AS differences;
+DROP EXTENSION payidem CASCADE;
+CREATE EXTENSION payidem;
+SELECT merchant_no AS mx FROM payidem.create_merchant('Again 3', 'retail', 0.006) \gset
+SELECT payidem.create_order(:'mx', 'AGAIN-1', 100, 'again') IS NOT NULL AS round_3;
+SELECT (SELECT count(*) FROM payidem.list_orders(:'mx')) AS orders, (SELECT count(*) FROM payidem.list_anomalies()) AS anomalies,
+	   (SELECT count(*) FROM payidem.list_differences()) AS differences;

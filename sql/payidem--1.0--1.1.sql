@@ -4565,6 +4565,8 @@ DECLARE
 	v_order_paid_by text;
 	v_order_row tid;
 	v_anomaly bigint;
+	v_snapshot_kept constant boolean := current_setting('transaction_isolation') <> 'read committed';
+	v_stale boolean;
 	v_merchant_rate numeric;
 	v_binding_rate numeric;
 	v_channel_rate numeric;
@@ -4625,7 +4627,19 @@ BEGIN
 	-- payments, refunds and anomalies take on their order and payment
 	-- through the foreign keys do not wait for it (a FOR UPDATE lock would
 	-- make refund(), which holds the payment, wait for the order).
+	--
+	-- Outside READ COMMITTED the snapshot is the transaction's: a delivery
+	-- that waited for one of these locks cannot see what the one it waited
+	-- for recorded without changing the row (a refusal's anomaly), and would
+	-- decide on stale facts.  So it does not wait blind: a lock another
+	-- transaction holds is waited for, then the call fails with 40001 (as
+	-- the transaction id's lock below), and a retry decides afresh.
+	v_stale := false;
 	IF v_status = 'succeeded' THEN
+		IF v_snapshot_kept THEN
+			PERFORM FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE SKIP LOCKED;
+			v_stale := NOT FOUND;
+		END IF;
 		-- the order, locked (its number never changes), and the rates of the fees
 		SELECT x.ctid, x.status, x.paid_payment_no, m.fee_rate, b.fee_rate, c.fee_rate
 		  INTO v_order_row, v_order_status, v_order_paid_by, v_merchant_rate, v_binding_rate, v_channel_rate
@@ -4637,9 +4651,19 @@ BEGIN
 		 WHERE x.order_no = v_order_no
 		   FOR NO KEY UPDATE OF x;
 	END IF;
+	IF v_snapshot_kept AND NOT v_stale THEN
+		PERFORM FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE SKIP LOCKED;
+		v_stale := NOT FOUND;
+	END IF;
 	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id,
 		   x.created_at INTO p
 	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
+	IF v_stale THEN
+		PERFORM payidem._raise('40001', format('payment %s is being applied by another delivery at the same time', p.payment_no),
+			format('This transaction (%s) waited for another delivery''s lock on payment %s; its snapshot cannot see that delivery''s outcome.',
+				   current_setting('transaction_isolation'), p.payment_no),
+			'Retry the transaction, or apply results in READ COMMITTED.');
+	END IF;
 	SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
 														 p.status, p.amount, p.transaction_id, p.created_at,
 														 v_order_status, NULL);
@@ -4650,7 +4674,7 @@ BEGIN
 		-- apply_payment_result() takes the same lock.
 		IF NOT payidem._lock_transaction_id(p.channel_no, v_txn, false) THEN
 			PERFORM payidem._lock_transaction_id(p.channel_no, v_txn, true);
-			IF current_setting('transaction_isolation') <> 'read committed' THEN
+			IF v_snapshot_kept THEN
 				RAISE EXCEPTION 'transaction id % is being applied to another payment at the same time', quote_literal(v_txn) USING
 					ERRCODE = 'serialization_failure',
 					DETAIL = format('Payment %s waited for another delivery of %s on channel %s; this transaction''s snapshot cannot see its outcome.',
@@ -4787,9 +4811,21 @@ $$;
 COMMENT ON FUNCTION payidem._check_one_of(text, text, text[]) IS
 	'Internal: value must be one of known (22023 naming them).';
 
--- (since 1.1) a merchant's orders newest first: list_orders(), keyset
--- pagination; on columns no update changes, so an order's updates stay HOT
-CREATE INDEX order_merchant_created ON payidem."order" (merchant_no, created_at, order_no);
+-- order_merchant_key: the target of payment's and refund's foreign keys
+-- (order_no, merchant_no), with merchant_no first (since 1.1) so that it also
+-- serves list_orders(): a merchant's orders by number, newest first (an order
+-- number grows with the order's issue, on one database), with no index of its
+-- own to write.
+-- (made again with its columns the other way round: the two foreign keys
+-- that name it are dropped and made again, which checks them)
+ALTER TABLE payidem.payment DROP CONSTRAINT payment_order_fkey;
+ALTER TABLE payidem.refund DROP CONSTRAINT refund_order_fkey;
+ALTER TABLE payidem."order" DROP CONSTRAINT order_merchant_key;
+ALTER TABLE payidem."order" ADD CONSTRAINT order_merchant_key UNIQUE (merchant_no, order_no);
+ALTER TABLE payidem.payment ADD CONSTRAINT payment_order_fkey FOREIGN KEY (order_no, merchant_no)
+	REFERENCES payidem."order" (order_no, merchant_no);
+ALTER TABLE payidem.refund ADD CONSTRAINT refund_order_fkey FOREIGN KEY (order_no, merchant_no)
+	REFERENCES payidem."order" (order_no, merchant_no);
 
 -- An order's own fields as the read API shows them: the top of get_order()
 -- and each row of list_orders().  Every name schema-qualified and no SET
@@ -4865,32 +4901,43 @@ COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
 	'Internal to get_order() and find_order(): the order, its attempts, its refunds and its anomalies as one JSON object (times in UTC ISO 8601).';
 
 -- Who reads what (get_order(), find_order(), list_orders(), list_anomalies(),
--- list_differences(); src/read_api.c says whether row-level security applies
--- to the caller: scoped): a caller row-level security does not apply to,
--- or one without SELECT on "order" (an application role), reads every
--- merchant's rows; a caller that reads a merchant's rows (mapped itself or
--- as a member of a mapped role: a combination grant_app() and
--- map_merchant_role() refuse, made by a later GRANT of membership or before
--- 1.1) and may execute the rest of the API is refused (42501), as the rest
--- would act for every merchant for it; any other reads what its row-level
--- security shows it (the policies' rule, _row_visible): an auditor
--- everything, a reporting role its merchants', a role unmapped nothing.
+-- list_differences()).  src/read_api.c says whether row-level security
+-- scopes the caller (scoped: it applies to the caller, which may read the
+-- tables); a caller that reads a merchant's rows (mapped itself or as a
+-- member of a mapped role) is scoped too, whatever its SELECTs (a REVOKE
+-- never widens what it reads).  A scoped caller that may also execute the
+-- rest of the API (a combination grant_app() and map_merchant_role() refuse,
+-- made by a later GRANT of membership or before 1.1) is refused (42501), as
+-- the rest would act for every merchant for it; any other scoped caller
+-- reads what its row-level security shows it (the policies' rule,
+-- _row_visible): an auditor everything, a reporting role its merchants', a
+-- role unmapped nothing.  A caller not scoped (the tables' owner, a
+-- superuser, an application role: functions only) reads every merchant's.
+-- Returns whether the caller is scoped.
 CREATE FUNCTION payidem._check_reader(caller regrole, scoped boolean)
-RETURNS void
+RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	a record;
+	v_scoped boolean := scoped;
 BEGIN
-	IF scoped THEN
+	IF NOT v_scoped THEN
+		v_scoped := EXISTS (SELECT 1 FROM payidem.merchant_role r
+							 WHERE pg_has_role(caller, r.role, 'USAGE'))
+					AND NOT EXISTS (SELECT 1 FROM pg_roles u
+									 WHERE u.oid = caller::oid AND (u.rolsuper OR u.rolbypassrls));
+	END IF;
+	IF v_scoped THEN
 		SELECT * INTO a FROM payidem._app_merchant_roles(caller) LIMIT 1;
 		IF FOUND THEN
 			PERFORM payidem._refuse_app_merchant_role(a.role, a.mapped_role, a.merchant_no, a.app_function, NULL);
 		END IF;
 	END IF;
+	RETURN v_scoped;
 END
 $$;
 COMMENT ON FUNCTION payidem._check_reader(regrole, boolean) IS
-	'Internal to the read API: refuse (42501) a caller that reads a merchant''s rows and may also execute the API functions that are not scoped to a merchant.';
+	'Internal to the read API: whether the caller''s reads are scoped to the merchants its row-level security shows it (also a mapped role without SELECTs); refuses (42501) a scoped caller that may also execute the API functions that are not scoped to a merchant.';
 
 CREATE OR REPLACE FUNCTION payidem._read_order(order_no text, merchant_no text, out_trade_no text,
 	caller regrole, scoped boolean)
@@ -4898,13 +4945,14 @@ RETURNS jsonb
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	o payidem."order";
+	v_scoped boolean;
 BEGIN
-	PERFORM payidem._check_reader(caller, scoped);
+	v_scoped := payidem._check_reader(caller, scoped);
 	IF _read_order.merchant_no IS NULL AND _read_order.out_trade_no IS NULL THEN
 		PERFORM payidem._check_number('order', _read_order.order_no);
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
 		-- (an order the caller may not read does not exist for it)
-		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+		IF NOT FOUND OR (v_scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
 			PERFORM payidem._raise_not_found('order', _read_order.order_no, 'payidem."order"', 'order_no');
 		END IF;
 	ELSE
@@ -4912,7 +4960,7 @@ BEGIN
 		PERFORM payidem._require('out_trade_no', _read_order.out_trade_no);
 		SELECT * INTO o FROM payidem."order" x
 		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
-		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+		IF NOT FOUND OR (v_scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
 			PERFORM payidem._raise('PI009', format('merchant %s has no order %s',
 				quote_literal(left(_read_order.merchant_no, 64)), quote_literal(left(_read_order.out_trade_no, 64))),
 				'payidem."order" has no row with that merchant_no and out_trade_no.');
@@ -4940,10 +4988,13 @@ $$;
 COMMENT ON FUNCTION payidem._check_readable_merchant(text, regrole, boolean) IS
 	'Internal to the read API: PI009 for a merchant that does not exist or the caller may not read.';
 
--- Since 1.1.  A merchant's orders, newest first, a page at a time: after is
--- the last order_no of the page before (keyset pagination: a page costs the
--- same however deep it is, and an order created meanwhile never shifts
--- one).  The index order_merchant_created serves it.
+-- Since 1.1.  A merchant's orders, newest first, a page at a time, by order
+-- number: on one database a number grows with each order issued, the issue
+-- second first (gen_order_no: never backwards, also across a clock step);
+-- after is the last order_no of the page before, a position only (keyset
+-- pagination: a page costs the same however deep it is, and an order created
+-- meanwhile never shifts one).  order_merchant_key (merchant_no, order_no)
+-- serves it.
 CREATE FUNCTION payidem._list_orders(merchant_no text, after text, max_rows integer, status text,
 	caller regrole, scoped boolean)
 RETURNS SETOF jsonb
@@ -4953,12 +5004,12 @@ DECLARE
 	v_after ALIAS FOR $2;
 	v_max_rows ALIAS FOR $3;
 	v_status ALIAS FOR $4;
-	v_at timestamptz;
+	v_scoped boolean;
 BEGIN
-	PERFORM payidem._check_reader(caller, scoped);
+	v_scoped := payidem._check_reader(caller, scoped);
 	PERFORM payidem._require('merchant_no', v_merchant_no);
 	PERFORM payidem._check_page_size(v_max_rows);
-	PERFORM payidem._check_readable_merchant(v_merchant_no, caller, scoped);
+	PERFORM payidem._check_readable_merchant(v_merchant_no, caller, v_scoped);
 	IF v_status IS NOT NULL THEN
 		PERFORM payidem._check_one_of('order status', v_status,
 			ARRAY(SELECT s.status FROM payidem.state s WHERE s.entity = 'order' ORDER BY s.status));
@@ -4967,23 +5018,16 @@ BEGIN
 		RETURN QUERY
 		SELECT payidem._order_fields(o) FROM payidem."order" o
 		 WHERE o.merchant_no = v_merchant_no AND (v_status IS NULL OR o.status = v_status)
-		 ORDER BY o.created_at DESC, o.order_no DESC
+		 ORDER BY o.order_no DESC
 		 LIMIT v_max_rows;
 		RETURN;
 	END IF;
-	SELECT o.created_at INTO v_at FROM payidem."order" o
-	 WHERE o.order_no = v_after AND o.merchant_no = v_merchant_no;
-	IF NOT FOUND THEN
-		PERFORM payidem._raise_invalid('invalid after',
-			format('after was %s, which is not an order of merchant %s.',
-				   quote_literal(left(v_after, 64)), quote_literal(left(v_merchant_no, 64))),
-			'Pass the order_no of the last row of the page before, or NULL for the first page.');
-	END IF;
+	PERFORM payidem._check_number('order', v_after);
 	RETURN QUERY
 	SELECT payidem._order_fields(o) FROM payidem."order" o
-	 WHERE o.merchant_no = v_merchant_no AND (o.created_at, o.order_no) < (v_at, v_after)
+	 WHERE o.merchant_no = v_merchant_no AND o.order_no < v_after
 	   AND (v_status IS NULL OR o.status = v_status)
-	 ORDER BY o.created_at DESC, o.order_no DESC
+	 ORDER BY o.order_no DESC
 	 LIMIT v_max_rows;
 END
 $$;
@@ -4996,7 +5040,7 @@ RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.list_orders(text, text, integer, text) IS
-	'A merchant''s orders, newest first, max_rows (1 to 1000) at a time, each as get_order() shows the order itself (without attempts, refunds and anomalies); only those of status if given. The next page: after = the last order_no of this one. PI009 unknown merchant (or one the caller''s row-level security hides), 22023 bad max_rows, status or after.';
+	'A merchant''s orders, newest first (by order number), max_rows (1 to 1000) at a time, each as get_order() shows the order itself (without attempts, refunds and anomalies); only those of status if given. The next page: after = the last order_no of this one. PI009 unknown merchant (or one the caller''s row-level security hides), 22023 bad max_rows, status or order number.';
 
 -- Since 1.1.  The work queues a support team follows up: anomalies (money
 -- that needs a person; resolve_anomaly()) and reconciliation differences
@@ -5016,11 +5060,12 @@ DECLARE
 	v_after ALIAS FOR $2;
 	v_max_rows ALIAS FOR $3;
 	v_status ALIAS FOR $4;
+	v_scoped boolean;
 BEGIN
-	PERFORM payidem._check_reader(caller, scoped);
+	v_scoped := payidem._check_reader(caller, scoped);
 	PERFORM payidem._check_page_size(v_max_rows);
 	IF v_merchant_no IS NOT NULL THEN
-		PERFORM payidem._check_readable_merchant(v_merchant_no, caller, scoped);
+		PERFORM payidem._check_readable_merchant(v_merchant_no, caller, v_scoped);
 	END IF;
 	IF v_status IS NOT NULL THEN
 		PERFORM payidem._check_one_of('handle status', v_status, ARRAY['open', 'handled', 'ignored']);
@@ -5032,7 +5077,7 @@ BEGIN
 	 WHERE a.anomaly_id > coalesce(v_after, -1)
 	   AND (v_status IS NULL OR a.handle_status = v_status)
 	   AND (v_merchant_no IS NULL OR o.merchant_no = v_merchant_no)
-	   AND (NOT scoped OR (o.merchant_no IS NOT NULL AND payidem._row_visible(o.merchant_no, caller)))
+	   AND (NOT v_scoped OR payidem._row_visible(o.merchant_no, caller))
 	 ORDER BY a.anomaly_id
 	 LIMIT v_max_rows;
 END
@@ -5046,7 +5091,7 @@ RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.list_anomalies(text, bigint, integer, text) IS
-	'Anomalies (money that needs a person), oldest first (by anomaly_id), max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one merchant''s orders if merchant_no is given. Each with its anomaly_id (for resolve_anomaly()), kind, amount, the action it asks for and its detail. The next page: after = the last anomaly_id of this one.';
+	'Anomalies (money that needs a person), oldest first (by anomaly_id), max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one merchant''s orders if merchant_no is given. Each with its anomaly_id (for resolve_anomaly()), kind, amount, its detail and the action it asks for where it names one. The next page: after = the last anomaly_id of this one.';
 
 CREATE FUNCTION payidem._list_differences(channel_no text, after bigint, max_rows integer, handle_status text,
 	caller regrole, scoped boolean)
@@ -5057,8 +5102,9 @@ DECLARE
 	v_after ALIAS FOR $2;
 	v_max_rows ALIAS FOR $3;
 	v_status ALIAS FOR $4;
+	v_scoped boolean;
 BEGIN
-	PERFORM payidem._check_reader(caller, scoped);
+	v_scoped := payidem._check_reader(caller, scoped);
 	PERFORM payidem._check_page_size(v_max_rows);
 	IF v_channel_no IS NOT NULL AND NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no = v_channel_no) THEN
 		PERFORM payidem._raise_not_found('channel', v_channel_no, 'payidem.channel', 'channel_no');
@@ -5073,7 +5119,7 @@ BEGIN
 	 WHERE r.recon_id > coalesce(v_after, -1)
 	   AND (v_status IS NULL OR r.handle_status = v_status)
 	   AND (v_channel_no IS NULL OR r.channel_no = v_channel_no)
-	   AND (NOT scoped OR (p.merchant_no IS NOT NULL AND payidem._row_visible(p.merchant_no, caller)))
+	   AND (NOT v_scoped OR payidem._row_visible(p.merchant_no, caller))
 	 ORDER BY r.recon_id
 	 LIMIT v_max_rows;
 END
@@ -5091,17 +5137,18 @@ COMMENT ON FUNCTION payidem.list_differences(text, bigint, integer, text) IS
 
 -- Since 1.1.  Internal to health(): what only shared memory knows.
 CREATE FUNCTION payidem._shared_state(OUT preloaded boolean, OUT housekeeping_running boolean,
-	OUT housekeeping_last_run timestamptz)
+	OUT housekeeping_since timestamptz, OUT housekeeping_tracked boolean, OUT housekeeping_last_run timestamptz)
 AS 'MODULE_PATHNAME', 'payidem_shared_state'
 LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION payidem._shared_state() IS
-	'Internal to health(): whether the library is preloaded, whether the housekeeping launcher is alive, and when the last housekeeping run in this database ended (NULL: none since the server started).';
+	'Internal to health(): whether the library is preloaded; whether the housekeeping launcher is alive, and since when; whether this database has counters of its own (beyond the first 63, databases share one and their last run is not known); when the last housekeeping run in this database whose steps all succeeded ended (NULL: none since the server started).';
 
 -- Since 1.1.  One call an application's health check makes (granted by
 -- grant_app()): status 'ok', or 'degraded' with the problems a person must
 -- fix, each in words; and the figures behind them.  A problem is what stops
 -- payidem from doing its work (not preloaded, no master key, housekeeping
--- not running, writes refused by the replication setting); the queues'
+-- off, not running or without a successful run in this database for three
+-- intervals, writes refused by the replication setting); the queues'
 -- figures are reported, not judged: their thresholds are the team's.
 CREATE FUNCTION payidem.health()
 RETURNS jsonb
@@ -5133,10 +5180,15 @@ BEGIN
 		v_problems := v_problems || 'housekeeping is off (payidem.housekeeping): expired orders are not closed, nothing is settled by itself'::text;
 	ELSIF s.preloaded AND NOT s.housekeeping_running THEN
 		v_problems := v_problems || 'the housekeeping launcher is not running'::text;
-	ELSIF s.preloaded AND s.housekeeping_last_run IS NOT NULL
-		  AND s.housekeeping_last_run < now() - make_interval(secs => 3 * v_hk_interval + 60) THEN
-		v_problems := v_problems || format('housekeeping last ran in this database at %s, more than 3 intervals ago',
-										   payidem._utc(s.housekeeping_last_run));
+	ELSIF s.preloaded AND s.housekeeping_tracked
+		  AND coalesce(s.housekeeping_last_run, s.housekeeping_since) < now() - make_interval(secs => 3 * v_hk_interval + 60) THEN
+		-- (no run, or none whose steps all succeeded, for three intervals: no
+		-- worker slot free, or a step that fails; the server log says which)
+		v_problems := v_problems || CASE WHEN s.housekeeping_last_run IS NULL
+			THEN format('no housekeeping run has succeeded in this database since the launcher started at %s (see the server log)',
+						payidem._utc(s.housekeeping_since))
+			ELSE format('the last housekeeping run that succeeded in this database ended at %s, more than 3 intervals ago (see the server log)',
+						payidem._utc(s.housekeeping_last_run)) END;
 	END IF;
 	SELECT * INTO r FROM payidem.replication_mode();
 	IF NOT r.writes_allowed THEN
@@ -5158,6 +5210,8 @@ BEGIN
 		'master_key', jsonb_build_object('readable', v_key_problem IS NULL, 'version', v_key_version),
 		'housekeeping', jsonb_build_object('enabled', v_hk_enabled, 'running', s.housekeeping_running,
 										   'interval_seconds', v_hk_interval,
+										   'running_since', payidem._utc(s.housekeeping_since),
+										   'last_run_known', s.housekeeping_tracked,
 										   'last_run_at', payidem._utc(s.housekeeping_last_run)),
 		'replication', jsonb_build_object('mode', r.mode, 'writes_allowed', r.writes_allowed,
 										  'require_synchronous_standby', r.require_synchronous_standby),

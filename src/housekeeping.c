@@ -825,7 +825,8 @@ payidem_housekeeping_db_main(Datum main_arg)
 	if (settle_if_due(run_context))
 		elog(LOG, "payidem housekeeping in database \"%s\": settled the day", worker_dbname);
 	payidem_count(PAYIDEM_HOUSEKEEPING_RUNS);
-	payidem_note_housekeeping_run();
+	if (worker_failures == 0)
+		payidem_note_housekeeping_run();
 	elog(DEBUG1, "payidem housekeeping: " INT64_FORMAT " settled orders left the expiry queue, %d expired orders closed, "
 		 INT64_FORMAT " idempotency keys purged, %d steps failed",
 		 pruned, closed, purged, worker_failures);

@@ -61,7 +61,8 @@ static SPIPlanPtr read_plan = NULL;
  * Whether row-level security scopes what caller reads: it applies to it and
  * the caller may read "order" (a role without SELECT on it, an application
  * role, reads through the read API only, every merchant's rows).  The SQL
- * side (payidem._check_reader()) takes it from here.
+ * side (payidem._check_reader()) takes it from here, and scopes a role
+ * mapped to a merchant whatever its SELECTs.
  */
 static bool
 caller_scoped(Oid caller)
@@ -192,12 +193,15 @@ payidem_balance(PG_FUNCTION_ARGS)
 /*
  * The lists of the read API (list_orders(), list_anomalies(),
  * list_differences(): SETOF jsonb): payidem._<name>(the arguments, the
- * caller, whether it is scoped) as the owner, one plan per function kept for
- * the session.  C for the reason get_order() is: to know who calls.
+ * caller, whether it is scoped) as the owner.  C for the reason get_order()
+ * is: to know who calls.  One plan per list is kept for the session, by the
+ * list's name: a list made again (DROP and CREATE EXTENSION, an update) has
+ * a new oid, and its slot is prepared again.
  */
 #define READ_LISTS 8
 static struct
 {
+	char		name[NAMEDATALEN];
 	Oid			fn;
 	SPIPlanPtr	plan;
 }			list_plans[READ_LISTS];
@@ -214,6 +218,7 @@ payidem_read_for_caller(PG_FUNCTION_ARGS)
 	Datum		args[FUNC_MAX_ARGS];
 	char		argnulls[FUNC_MAX_ARGS];
 	SPIPlanPtr *plan = NULL;
+	char	   *name;
 	uint64		i;
 	int			k;
 
@@ -230,14 +235,25 @@ payidem_read_for_caller(PG_FUNCTION_ARGS)
 	args[nargs + 1] = BoolGetDatum(caller_scoped(caller));
 	argnulls[nargs + 1] = ' ';
 
+	name = get_func_name(fn);
+	if (name == NULL)
+		elog(ERROR, "payidem: function %u of a read does not exist", fn);
 	for (k = 0; k < READ_LISTS && plan == NULL; k++)
-		if (list_plans[k].fn == fn || list_plans[k].fn == InvalidOid)
+		if (list_plans[k].name[0] == '\0' || strcmp(list_plans[k].name, name) == 0)
 		{
-			list_plans[k].fn = fn;
+			if (list_plans[k].fn != fn)
+			{
+				/* new, or made again: prepared below */
+				if (list_plans[k].plan != NULL)
+					SPI_freeplan(list_plans[k].plan);
+				list_plans[k].plan = NULL;
+				list_plans[k].fn = fn;
+				strlcpy(list_plans[k].name, name, NAMEDATALEN);
+			}
 			plan = &list_plans[k].plan;
 		}
 	if (plan == NULL)
-		elog(ERROR, "payidem: too many list functions");
+		elog(ERROR, "payidem: more than %d lists of the read API", READ_LISTS);
 
 	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), SECURITY_NOFORCE_RLS, &as_owner);
 	if (SPI_connect() != SPI_OK_CONNECT)
@@ -251,8 +267,7 @@ payidem_read_for_caller(PG_FUNCTION_ARGS)
 
 		get_func_signature(fn, &argtypes, &declared);
 		initStringInfo(&sql);
-		appendStringInfo(&sql, "SELECT r FROM payidem.%s(",
-						 quote_identifier(psprintf("_%s", get_func_name(fn))));
+		appendStringInfo(&sql, "SELECT r FROM payidem.%s(", quote_identifier(psprintf("_%s", name)));
 		for (k = 0; k < nargs + 2; k++)
 		{
 			types[k] = k < nargs ? argtypes[k] : k == nargs ? REGROLEOID : BOOLOID;

@@ -93,6 +93,7 @@ payidem_shmem_startup(void)
 		init_order_no(&payidem_shared->order_no);
 		SpinLockInit(&payidem_shared->slots_mutex);
 		pg_atomic_init_u32(&payidem_shared->launcher_pid, 0);
+		pg_atomic_init_u64(&payidem_shared->launcher_started, 0);
 		for (i = 0; i < PAYIDEM_DB_SLOTS; i++)
 		{
 			pg_atomic_init_u32(&payidem_shared->dbs[i].dboid, InvalidOid);
@@ -195,47 +196,68 @@ payidem_note_housekeeping_run(void)
 	pg_atomic_write_u64(&my_counters->housekeeping_last_run, (uint64) GetCurrentTimestamp());
 }
 
-/* This process is the housekeeping launcher (for health()). */
+/* The launcher is gone: no pid is left for another process to reuse. */
+static void
+forget_launcher(int code, Datum arg)
+{
+	pg_atomic_write_u32(&payidem_shared->launcher_pid, 0);
+}
+
+/* This process is the housekeeping launcher, from now on (for health()). */
 void
 payidem_note_launcher(void)
 {
-	if (payidem_shared != NULL)
-		pg_atomic_write_u32(&payidem_shared->launcher_pid, (uint32) MyProcPid);
+	if (payidem_shared == NULL)
+		return;
+	pg_atomic_write_u64(&payidem_shared->launcher_started, (uint64) GetCurrentTimestamp());
+	pg_atomic_write_u32(&payidem_shared->launcher_pid, (uint32) MyProcPid);
+	before_shmem_exit(forget_launcher, (Datum) 0);
 }
 
 /*
  * payidem._shared_state() RETURNS TABLE(preloaded boolean,
- *     housekeeping_running boolean, housekeeping_last_run timestamptz)
- *		Whether the library was preloaded (shared memory exists), whether the
- *		housekeeping launcher is alive (the process that said it is one is a
- *		live server process), and when the last housekeeping run in the
- *		current database ended since the server started (NULL: none, or a
- *		database beyond the counted ones).  For health().
+ *     housekeeping_running boolean, housekeeping_since timestamptz,
+ *     housekeeping_tracked boolean, housekeeping_last_run timestamptz)
+ *		For health(): whether the library was preloaded (shared memory
+ *		exists); whether the housekeeping launcher is alive (the process that
+ *		said it is one is a live server process) and since when; whether this
+ *		database has counters of its own (the first PAYIDEM_DB_SLOTS - 1 to
+ *		count; the others share one, and their last run is not known); and
+ *		when the last housekeeping run in this database whose steps all
+ *		succeeded ended since the server started (NULL: none).
  */
 PG_FUNCTION_INFO_V1(payidem_shared_state);
 Datum
 payidem_shared_state(PG_FUNCTION_ARGS)
 {
 	TupleDesc	desc;
-	Datum		values[3];
-	bool		nulls[3] = {false, false, true};
+	Datum		values[5];
+	bool		nulls[5] = {false, false, true, false, true};
 
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "payidem: _shared_state() must return a row");
 	values[0] = BoolGetDatum(payidem_shared != NULL);
 	values[1] = BoolGetDatum(false);
-	values[2] = (Datum) 0;
+	values[3] = BoolGetDatum(false);
 	if (payidem_shared != NULL)
 	{
 		uint32		pid = pg_atomic_read_u32(&payidem_shared->launcher_pid);
-		PayidemDbCounters *mine = db_counters(MyDatabaseId, false);
-		uint64		last = mine ? pg_atomic_read_u64(&mine->housekeeping_last_run) : 0;
+		uint64		started = pg_atomic_read_u64(&payidem_shared->launcher_started);
+		PayidemDbCounters *mine = db_counters(MyDatabaseId, true);
+		bool		tracked = mine != &payidem_shared->dbs[PAYIDEM_DB_SLOTS - 1];
+		uint64		last = tracked ? pg_atomic_read_u64(&mine->housekeeping_last_run) : 0;
 
 		values[1] = BoolGetDatum(pid != 0 && BackendPidGetProc((int) pid) != NULL);
+		if (started != 0)
+		{
+			values[2] = TimestampTzGetDatum((TimestampTz) started);
+			nulls[2] = false;
+		}
+		values[3] = BoolGetDatum(tracked);
 		if (last != 0)
 		{
-			values[2] = TimestampTzGetDatum((TimestampTz) last);
-			nulls[2] = false;
+			values[4] = TimestampTzGetDatum((TimestampTz) last);
+			nulls[4] = false;
 		}
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));

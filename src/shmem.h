@@ -72,7 +72,8 @@ typedef struct PayidemShared
 {
 	OrderNoShared order_no;		/* order-number generator, own spinlock */
 	slock_t		slots_mutex;	/* taken only to claim a slot */
-	pg_atomic_uint32 launcher_pid;	/* the housekeeping launcher's, 0: never started */
+	pg_atomic_uint32 launcher_pid;	/* the housekeeping launcher's, 0: none */
+	pg_atomic_uint64 launcher_started;	/* TimestampTz: when it started */
 	PayidemDbCounters dbs[PAYIDEM_DB_SLOTS];
 } PayidemShared;
 

@@ -96,17 +96,18 @@ COMMENT ON FUNCTION payidem.replication_mode() IS
 
 -- Since 1.1.  Internal to health(): what only shared memory knows.
 CREATE FUNCTION payidem._shared_state(OUT preloaded boolean, OUT housekeeping_running boolean,
-	OUT housekeeping_last_run timestamptz)
+	OUT housekeeping_since timestamptz, OUT housekeeping_tracked boolean, OUT housekeeping_last_run timestamptz)
 AS 'MODULE_PATHNAME', 'payidem_shared_state'
 LANGUAGE C VOLATILE PARALLEL SAFE;
 COMMENT ON FUNCTION payidem._shared_state() IS
-	'Internal to health(): whether the library is preloaded, whether the housekeeping launcher is alive, and when the last housekeeping run in this database ended (NULL: none since the server started).';
+	'Internal to health(): whether the library is preloaded; whether the housekeeping launcher is alive, and since when; whether this database has counters of its own (beyond the first 63, databases share one and their last run is not known); when the last housekeeping run in this database whose steps all succeeded ended (NULL: none since the server started).';
 
 -- Since 1.1.  One call an application's health check makes (granted by
 -- grant_app()): status 'ok', or 'degraded' with the problems a person must
 -- fix, each in words; and the figures behind them.  A problem is what stops
 -- payidem from doing its work (not preloaded, no master key, housekeeping
--- not running, writes refused by the replication setting); the queues'
+-- off, not running or without a successful run in this database for three
+-- intervals, writes refused by the replication setting); the queues'
 -- figures are reported, not judged: their thresholds are the team's.
 CREATE FUNCTION payidem.health()
 RETURNS jsonb
@@ -138,10 +139,15 @@ BEGIN
 		v_problems := v_problems || 'housekeeping is off (payidem.housekeeping): expired orders are not closed, nothing is settled by itself'::text;
 	ELSIF s.preloaded AND NOT s.housekeeping_running THEN
 		v_problems := v_problems || 'the housekeeping launcher is not running'::text;
-	ELSIF s.preloaded AND s.housekeeping_last_run IS NOT NULL
-		  AND s.housekeeping_last_run < now() - make_interval(secs => 3 * v_hk_interval + 60) THEN
-		v_problems := v_problems || format('housekeeping last ran in this database at %s, more than 3 intervals ago',
-										   payidem._utc(s.housekeeping_last_run));
+	ELSIF s.preloaded AND s.housekeeping_tracked
+		  AND coalesce(s.housekeeping_last_run, s.housekeeping_since) < now() - make_interval(secs => 3 * v_hk_interval + 60) THEN
+		-- (no run, or none whose steps all succeeded, for three intervals: no
+		-- worker slot free, or a step that fails; the server log says which)
+		v_problems := v_problems || CASE WHEN s.housekeeping_last_run IS NULL
+			THEN format('no housekeeping run has succeeded in this database since the launcher started at %s (see the server log)',
+						payidem._utc(s.housekeeping_since))
+			ELSE format('the last housekeeping run that succeeded in this database ended at %s, more than 3 intervals ago (see the server log)',
+						payidem._utc(s.housekeeping_last_run)) END;
 	END IF;
 	SELECT * INTO r FROM payidem.replication_mode();
 	IF NOT r.writes_allowed THEN
@@ -163,6 +169,8 @@ BEGIN
 		'master_key', jsonb_build_object('readable', v_key_problem IS NULL, 'version', v_key_version),
 		'housekeeping', jsonb_build_object('enabled', v_hk_enabled, 'running', s.housekeeping_running,
 										   'interval_seconds', v_hk_interval,
+										   'running_since', payidem._utc(s.housekeeping_since),
+										   'last_run_known', s.housekeeping_tracked,
 										   'last_run_at', payidem._utc(s.housekeeping_last_run)),
 		'replication', jsonb_build_object('mode', r.mode, 'writes_allowed', r.writes_allowed,
 										  'require_synchronous_standby', r.require_synchronous_standby),

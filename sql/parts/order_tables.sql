@@ -92,15 +92,17 @@ CREATE TABLE payidem."order" (
 	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT order_pkey PRIMARY KEY (order_no),
 	CONSTRAINT order_out_trade_no_key UNIQUE (merchant_no, out_trade_no),
-	CONSTRAINT order_merchant_key UNIQUE (order_no, merchant_no),
+	CONSTRAINT order_merchant_key UNIQUE (merchant_no, order_no),
 	CONSTRAINT order_merchant_fkey FOREIGN KEY (merchant_no)
 		REFERENCES payidem.merchant (merchant_no),
 	CONSTRAINT order_refunded_range CHECK (refunded_amount >= 0 AND refunded_amount <= amount),
 	CONSTRAINT order_expire_after_create CHECK (expire_at > created_at)
 ) WITH (fillfactor = 85);
--- (since 1.1) a merchant's orders newest first: list_orders(), keyset
--- pagination; on columns no update changes, so an order's updates stay HOT
-CREATE INDEX order_merchant_created ON payidem."order" (merchant_no, created_at, order_no);
+-- order_merchant_key: the target of payment's and refund's foreign keys
+-- (order_no, merchant_no), with merchant_no first (since 1.1) so that it also
+-- serves list_orders(): a merchant's orders by number, newest first (an order
+-- number grows with the order's issue, on one database), with no index of its
+-- own to write.
 -- No index of "order" names status, paid_at or paid_payment_no, in its key or
 -- its predicate: the update that pays an order is HOT (no index entry
 -- written), and the 15 % left free on each page (fillfactor) is where its new

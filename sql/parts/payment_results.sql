@@ -96,6 +96,8 @@ DECLARE
 	v_order_paid_by text;
 	v_order_row tid;
 	v_anomaly bigint;
+	v_snapshot_kept constant boolean := current_setting('transaction_isolation') <> 'read committed';
+	v_stale boolean;
 	v_merchant_rate numeric;
 	v_binding_rate numeric;
 	v_channel_rate numeric;
@@ -156,7 +158,19 @@ BEGIN
 	-- payments, refunds and anomalies take on their order and payment
 	-- through the foreign keys do not wait for it (a FOR UPDATE lock would
 	-- make refund(), which holds the payment, wait for the order).
+	--
+	-- Outside READ COMMITTED the snapshot is the transaction's: a delivery
+	-- that waited for one of these locks cannot see what the one it waited
+	-- for recorded without changing the row (a refusal's anomaly), and would
+	-- decide on stale facts.  So it does not wait blind: a lock another
+	-- transaction holds is waited for, then the call fails with 40001 (as
+	-- the transaction id's lock below), and a retry decides afresh.
+	v_stale := false;
 	IF v_status = 'succeeded' THEN
+		IF v_snapshot_kept THEN
+			PERFORM FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE SKIP LOCKED;
+			v_stale := NOT FOUND;
+		END IF;
 		-- the order, locked (its number never changes), and the rates of the fees
 		SELECT x.ctid, x.status, x.paid_payment_no, m.fee_rate, b.fee_rate, c.fee_rate
 		  INTO v_order_row, v_order_status, v_order_paid_by, v_merchant_rate, v_binding_rate, v_channel_rate
@@ -168,9 +182,19 @@ BEGIN
 		 WHERE x.order_no = v_order_no
 		   FOR NO KEY UPDATE OF x;
 	END IF;
+	IF v_snapshot_kept AND NOT v_stale THEN
+		PERFORM FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE SKIP LOCKED;
+		v_stale := NOT FOUND;
+	END IF;
 	SELECT x.ctid, x.payment_no, x.order_no, x.channel_no, x.amount, x.status, x.transaction_id,
 		   x.created_at INTO p
 	  FROM payidem.payment x WHERE x.payment_no = v_payment_no FOR NO KEY UPDATE;
+	IF v_stale THEN
+		PERFORM payidem._raise('40001', format('payment %s is being applied by another delivery at the same time', p.payment_no),
+			format('This transaction (%s) waited for another delivery''s lock on payment %s; its snapshot cannot see that delivery''s outcome.',
+				   current_setting('transaction_isolation'), p.payment_no),
+			'Retry the transaction, or apply results in READ COMMITTED.');
+	END IF;
 	SELECT * INTO d FROM payidem._decide_payment_result(v_payment_no, v_status, v_amount, v_txn, v_reported_at,
 														 p.status, p.amount, p.transaction_id, p.created_at,
 														 v_order_status, NULL);
@@ -181,7 +205,7 @@ BEGIN
 		-- apply_payment_result() takes the same lock.
 		IF NOT payidem._lock_transaction_id(p.channel_no, v_txn, false) THEN
 			PERFORM payidem._lock_transaction_id(p.channel_no, v_txn, true);
-			IF current_setting('transaction_isolation') <> 'read committed' THEN
+			IF v_snapshot_kept THEN
 				RAISE EXCEPTION 'transaction id % is being applied to another payment at the same time', quote_literal(v_txn) USING
 					ERRCODE = 'serialization_failure',
 					DETAIL = format('Payment %s waited for another delivery of %s on channel %s; this transaction''s snapshot cannot see its outcome.',

@@ -90,32 +90,43 @@ COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
 	'Internal to get_order() and find_order(): the order, its attempts, its refunds and its anomalies as one JSON object (times in UTC ISO 8601).';
 
 -- Who reads what (get_order(), find_order(), list_orders(), list_anomalies(),
--- list_differences(); src/read_api.c says whether row-level security applies
--- to the caller: scoped): a caller row-level security does not apply to,
--- or one without SELECT on "order" (an application role), reads every
--- merchant's rows; a caller that reads a merchant's rows (mapped itself or
--- as a member of a mapped role: a combination grant_app() and
--- map_merchant_role() refuse, made by a later GRANT of membership or before
--- 1.1) and may execute the rest of the API is refused (42501), as the rest
--- would act for every merchant for it; any other reads what its row-level
--- security shows it (the policies' rule, _row_visible): an auditor
--- everything, a reporting role its merchants', a role unmapped nothing.
+-- list_differences()).  src/read_api.c says whether row-level security
+-- scopes the caller (scoped: it applies to the caller, which may read the
+-- tables); a caller that reads a merchant's rows (mapped itself or as a
+-- member of a mapped role) is scoped too, whatever its SELECTs (a REVOKE
+-- never widens what it reads).  A scoped caller that may also execute the
+-- rest of the API (a combination grant_app() and map_merchant_role() refuse,
+-- made by a later GRANT of membership or before 1.1) is refused (42501), as
+-- the rest would act for every merchant for it; any other scoped caller
+-- reads what its row-level security shows it (the policies' rule,
+-- _row_visible): an auditor everything, a reporting role its merchants', a
+-- role unmapped nothing.  A caller not scoped (the tables' owner, a
+-- superuser, an application role: functions only) reads every merchant's.
+-- Returns whether the caller is scoped.
 CREATE FUNCTION payidem._check_reader(caller regrole, scoped boolean)
-RETURNS void
+RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	a record;
+	v_scoped boolean := scoped;
 BEGIN
-	IF scoped THEN
+	IF NOT v_scoped THEN
+		v_scoped := EXISTS (SELECT 1 FROM payidem.merchant_role r
+							 WHERE pg_has_role(caller, r.role, 'USAGE'))
+					AND NOT EXISTS (SELECT 1 FROM pg_roles u
+									 WHERE u.oid = caller::oid AND (u.rolsuper OR u.rolbypassrls));
+	END IF;
+	IF v_scoped THEN
 		SELECT * INTO a FROM payidem._app_merchant_roles(caller) LIMIT 1;
 		IF FOUND THEN
 			PERFORM payidem._refuse_app_merchant_role(a.role, a.mapped_role, a.merchant_no, a.app_function, NULL);
 		END IF;
 	END IF;
+	RETURN v_scoped;
 END
 $$;
 COMMENT ON FUNCTION payidem._check_reader(regrole, boolean) IS
-	'Internal to the read API: refuse (42501) a caller that reads a merchant''s rows and may also execute the API functions that are not scoped to a merchant.';
+	'Internal to the read API: whether the caller''s reads are scoped to the merchants its row-level security shows it (also a mapped role without SELECTs); refuses (42501) a scoped caller that may also execute the API functions that are not scoped to a merchant.';
 
 -- An order, by number or by merchant and out_trade_no, if the caller may
 -- read it (_check_reader).
@@ -125,13 +136,14 @@ RETURNS jsonb
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
 	o payidem."order";
+	v_scoped boolean;
 BEGIN
-	PERFORM payidem._check_reader(caller, scoped);
+	v_scoped := payidem._check_reader(caller, scoped);
 	IF _read_order.merchant_no IS NULL AND _read_order.out_trade_no IS NULL THEN
 		PERFORM payidem._check_number('order', _read_order.order_no);
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
 		-- (an order the caller may not read does not exist for it)
-		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+		IF NOT FOUND OR (v_scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
 			PERFORM payidem._raise_not_found('order', _read_order.order_no, 'payidem."order"', 'order_no');
 		END IF;
 	ELSE
@@ -139,7 +151,7 @@ BEGIN
 		PERFORM payidem._require('out_trade_no', _read_order.out_trade_no);
 		SELECT * INTO o FROM payidem."order" x
 		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
-		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+		IF NOT FOUND OR (v_scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
 			PERFORM payidem._raise('PI009', format('merchant %s has no order %s',
 				quote_literal(left(_read_order.merchant_no, 64)), quote_literal(left(_read_order.out_trade_no, 64))),
 				'payidem."order" has no row with that merchant_no and out_trade_no.');
@@ -182,10 +194,13 @@ $$;
 COMMENT ON FUNCTION payidem._check_readable_merchant(text, regrole, boolean) IS
 	'Internal to the read API: PI009 for a merchant that does not exist or the caller may not read.';
 
--- Since 1.1.  A merchant's orders, newest first, a page at a time: after is
--- the last order_no of the page before (keyset pagination: a page costs the
--- same however deep it is, and an order created meanwhile never shifts
--- one).  The index order_merchant_created serves it.
+-- Since 1.1.  A merchant's orders, newest first, a page at a time, by order
+-- number: on one database a number grows with each order issued, the issue
+-- second first (gen_order_no: never backwards, also across a clock step);
+-- after is the last order_no of the page before, a position only (keyset
+-- pagination: a page costs the same however deep it is, and an order created
+-- meanwhile never shifts one).  order_merchant_key (merchant_no, order_no)
+-- serves it.
 CREATE FUNCTION payidem._list_orders(merchant_no text, after text, max_rows integer, status text,
 	caller regrole, scoped boolean)
 RETURNS SETOF jsonb
@@ -195,12 +210,12 @@ DECLARE
 	v_after ALIAS FOR $2;
 	v_max_rows ALIAS FOR $3;
 	v_status ALIAS FOR $4;
-	v_at timestamptz;
+	v_scoped boolean;
 BEGIN
-	PERFORM payidem._check_reader(caller, scoped);
+	v_scoped := payidem._check_reader(caller, scoped);
 	PERFORM payidem._require('merchant_no', v_merchant_no);
 	PERFORM payidem._check_page_size(v_max_rows);
-	PERFORM payidem._check_readable_merchant(v_merchant_no, caller, scoped);
+	PERFORM payidem._check_readable_merchant(v_merchant_no, caller, v_scoped);
 	IF v_status IS NOT NULL THEN
 		PERFORM payidem._check_one_of('order status', v_status,
 			ARRAY(SELECT s.status FROM payidem.state s WHERE s.entity = 'order' ORDER BY s.status));
@@ -209,23 +224,16 @@ BEGIN
 		RETURN QUERY
 		SELECT payidem._order_fields(o) FROM payidem."order" o
 		 WHERE o.merchant_no = v_merchant_no AND (v_status IS NULL OR o.status = v_status)
-		 ORDER BY o.created_at DESC, o.order_no DESC
+		 ORDER BY o.order_no DESC
 		 LIMIT v_max_rows;
 		RETURN;
 	END IF;
-	SELECT o.created_at INTO v_at FROM payidem."order" o
-	 WHERE o.order_no = v_after AND o.merchant_no = v_merchant_no;
-	IF NOT FOUND THEN
-		PERFORM payidem._raise_invalid('invalid after',
-			format('after was %s, which is not an order of merchant %s.',
-				   quote_literal(left(v_after, 64)), quote_literal(left(v_merchant_no, 64))),
-			'Pass the order_no of the last row of the page before, or NULL for the first page.');
-	END IF;
+	PERFORM payidem._check_number('order', v_after);
 	RETURN QUERY
 	SELECT payidem._order_fields(o) FROM payidem."order" o
-	 WHERE o.merchant_no = v_merchant_no AND (o.created_at, o.order_no) < (v_at, v_after)
+	 WHERE o.merchant_no = v_merchant_no AND o.order_no < v_after
 	   AND (v_status IS NULL OR o.status = v_status)
-	 ORDER BY o.created_at DESC, o.order_no DESC
+	 ORDER BY o.order_no DESC
 	 LIMIT v_max_rows;
 END
 $$;
@@ -238,7 +246,7 @@ RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.list_orders(text, text, integer, text) IS
-	'A merchant''s orders, newest first, max_rows (1 to 1000) at a time, each as get_order() shows the order itself (without attempts, refunds and anomalies); only those of status if given. The next page: after = the last order_no of this one. PI009 unknown merchant (or one the caller''s row-level security hides), 22023 bad max_rows, status or after.';
+	'A merchant''s orders, newest first (by order number), max_rows (1 to 1000) at a time, each as get_order() shows the order itself (without attempts, refunds and anomalies); only those of status if given. The next page: after = the last order_no of this one. PI009 unknown merchant (or one the caller''s row-level security hides), 22023 bad max_rows, status or order number.';
 
 -- Since 1.1.  The work queues a support team follows up: anomalies (money
 -- that needs a person; resolve_anomaly()) and reconciliation differences
@@ -258,11 +266,12 @@ DECLARE
 	v_after ALIAS FOR $2;
 	v_max_rows ALIAS FOR $3;
 	v_status ALIAS FOR $4;
+	v_scoped boolean;
 BEGIN
-	PERFORM payidem._check_reader(caller, scoped);
+	v_scoped := payidem._check_reader(caller, scoped);
 	PERFORM payidem._check_page_size(v_max_rows);
 	IF v_merchant_no IS NOT NULL THEN
-		PERFORM payidem._check_readable_merchant(v_merchant_no, caller, scoped);
+		PERFORM payidem._check_readable_merchant(v_merchant_no, caller, v_scoped);
 	END IF;
 	IF v_status IS NOT NULL THEN
 		PERFORM payidem._check_one_of('handle status', v_status, ARRAY['open', 'handled', 'ignored']);
@@ -274,7 +283,7 @@ BEGIN
 	 WHERE a.anomaly_id > coalesce(v_after, -1)
 	   AND (v_status IS NULL OR a.handle_status = v_status)
 	   AND (v_merchant_no IS NULL OR o.merchant_no = v_merchant_no)
-	   AND (NOT scoped OR (o.merchant_no IS NOT NULL AND payidem._row_visible(o.merchant_no, caller)))
+	   AND (NOT v_scoped OR payidem._row_visible(o.merchant_no, caller))
 	 ORDER BY a.anomaly_id
 	 LIMIT v_max_rows;
 END
@@ -288,7 +297,7 @@ RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.list_anomalies(text, bigint, integer, text) IS
-	'Anomalies (money that needs a person), oldest first (by anomaly_id), max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one merchant''s orders if merchant_no is given. Each with its anomaly_id (for resolve_anomaly()), kind, amount, the action it asks for and its detail. The next page: after = the last anomaly_id of this one.';
+	'Anomalies (money that needs a person), oldest first (by anomaly_id), max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one merchant''s orders if merchant_no is given. Each with its anomaly_id (for resolve_anomaly()), kind, amount, its detail and the action it asks for where it names one. The next page: after = the last anomaly_id of this one.';
 
 CREATE FUNCTION payidem._list_differences(channel_no text, after bigint, max_rows integer, handle_status text,
 	caller regrole, scoped boolean)
@@ -299,8 +308,9 @@ DECLARE
 	v_after ALIAS FOR $2;
 	v_max_rows ALIAS FOR $3;
 	v_status ALIAS FOR $4;
+	v_scoped boolean;
 BEGIN
-	PERFORM payidem._check_reader(caller, scoped);
+	v_scoped := payidem._check_reader(caller, scoped);
 	PERFORM payidem._check_page_size(v_max_rows);
 	IF v_channel_no IS NOT NULL AND NOT EXISTS (SELECT 1 FROM payidem.channel c WHERE c.channel_no = v_channel_no) THEN
 		PERFORM payidem._raise_not_found('channel', v_channel_no, 'payidem.channel', 'channel_no');
@@ -315,7 +325,7 @@ BEGIN
 	 WHERE r.recon_id > coalesce(v_after, -1)
 	   AND (v_status IS NULL OR r.handle_status = v_status)
 	   AND (v_channel_no IS NULL OR r.channel_no = v_channel_no)
-	   AND (NOT scoped OR (p.merchant_no IS NOT NULL AND payidem._row_visible(p.merchant_no, caller)))
+	   AND (NOT v_scoped OR payidem._row_visible(p.merchant_no, caller))
 	 ORDER BY r.recon_id
 	 LIMIT v_max_rows;
 END
