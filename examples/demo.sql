@@ -146,7 +146,8 @@ UPDATE payidem."order" SET status = 'pending' WHERE order_no = :'order_no';
 SELECT payidem.create_order(:'merchant_no', 'SHOP-1002', 1200, 'Croissant') AS late_order \gset
 SELECT payidem.begin_payment(:'late_order', 'WXPAY_001') AS late_payment \gset
 SELECT payidem.close_order(:'late_order') AS order_closed;
-SELECT payidem.apply_payment_result(:'late_payment', 'callback', 'succeeded', 'WX-LATE-1', 1200) AS late_success;
+\echo 'apply_payment_result_ex() is the same call; it also names the anomaly, for a person to resolve:'
+SELECT * FROM payidem.apply_payment_result_ex(:'late_payment', 'callback', 'succeeded', 'WX-LATE-1', 1200);
 SELECT kind, amount, handle_status FROM payidem.anomaly WHERE order_no = :'late_order';
 
 \echo
@@ -227,5 +228,17 @@ SELECT journal_no, account, coalesce(merchant_no, channel_no, '(platform)') AS o
   FROM payidem.ledger_entry ORDER BY entry_id;
 \echo 'verify() re-derives the books from the tables: no rows, nothing wrong.'
 SELECT * FROM payidem.verify();
+
+\echo
+\echo '== 13. What an application reads without table privileges ==================='
+\echo 'A merchant''s orders, newest first, a page at a time (the next page: after the last order_no):'
+SELECT x ->> 'out_trade_no' AS out_trade_no, x ->> 'status' AS status, (x ->> 'amount')::bigint AS amount
+  FROM payidem.list_orders(:'merchant_no', max_rows => 2) x;
+\echo 'The work queue of anomalies a support team follows up, with the id resolve_anomaly() takes:'
+SELECT (x ->> 'anomaly_id')::bigint AS anomaly_id, x ->> 'kind' AS kind, (x ->> 'amount')::bigint AS amount, x ->> 'action' AS action
+  FROM payidem.list_anomalies() x;
+\echo 'And one call for a health check (here: housekeeping is off on the demo''s cluster):'
+SELECT h ->> 'status' AS status, h -> 'problems' AS problems, h ->> 'library_version' AS library
+  FROM payidem.health() h;
 
 SELECT name, value FROM payidem.stats() WHERE value > 0 ORDER BY name;

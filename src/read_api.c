@@ -1,19 +1,21 @@
 /*-------------------------------------------------------------------------
  *
  * read_api.c
- *		get_order() and find_order(): the read API of an application that has
- *		no table privileges (DESIGN §7).
+ *		get_order(), find_order() and the lists (list_orders(),
+ *		list_anomalies(), list_differences()): the read API of an application
+ *		that has no table privileges (DESIGN §7).
  *
- * Both are C only to know who calls: the role current at the call
+ * They are C only to know who calls: the role current at the call
  * (GetUserId(), which a SECURITY DEFINER wrapper sets to its owner, as it
  * does for a query of the table), and whether row-level security applies
- * to it.  What they answer is payidem._read_order(), in SQL, run as the
- * owner of payidem."order":
+ * to it.  What they answer is SQL (payidem._read_order(), payidem._<list>()),
+ * run as the owner of payidem."order"; payidem._check_reader() decides who
+ * reads what:
  *
  *   - a caller row-level security does not apply to (the tables' owner, a
  *     superuser, BYPASSRLS), or one without SELECT on "order" (an
- *     application role: grant_app grants functions only), reads every
- *     order;
+ *     application role: grant_app grants functions only) that is mapped to
+ *     no merchant, reads every merchant's rows;
  *   - a caller that reads a merchant's rows (mapped itself, or a member of
  *     a mapped role) is refused with 42501: the rest of the API acts for
  *     every merchant, so it would be scoped here and nowhere else

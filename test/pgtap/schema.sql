@@ -205,7 +205,7 @@ $$, 'no column in payidem is float, money, bare numeric or timestamp without tim
 -- INSERT can violate them alone; they are only checked here, structurally.)
 SELECT col_is_unique('payidem', 'merchant', ARRAY['api_key'],                     'merchant: api_key is unique');
 SELECT col_is_unique('payidem', 'order',    ARRAY['merchant_no', 'out_trade_no'], 'order: (merchant_no, out_trade_no) is unique');
-SELECT col_is_unique('payidem', 'order',    ARRAY['order_no', 'merchant_no'],     'order: (order_no, merchant_no) is unique (target of payment/refund foreign keys)');
+SELECT col_is_unique('payidem', 'order',    ARRAY['merchant_no', 'order_no'],     'order: (merchant_no, order_no) is unique (target of payment/refund foreign keys; list_orders() reads it)');
 SELECT col_is_unique('payidem', 'payment_paid', ARRAY['channel_no', 'transaction_id'],'payment_paid: (channel_no, transaction_id) is unique (a channel''s transaction id is one payment)');
 SELECT col_is_unique('payidem', 'payment',  ARRAY['order_no', 'payment_no'],      'payment: (order_no, payment_no) is unique (target of the refund and anomaly foreign keys; finds an order''s attempts)');
 SELECT col_is_unique('payidem', 'refund',   ARRAY['merchant_no', 'out_refund_no'],'refund: (merchant_no, out_refund_no) is unique');
