@@ -1031,54 +1031,9 @@ $$;
 COMMENT ON FUNCTION payidem.map_merchant_role(regrole, text) IS
 	'Let a reporting role read the orders, payments, refunds and anomalies of one merchant (row-level security). Refused (22023) for a role that may execute an API function other than get_order/find_order (grant_app), itself, through a role it is a member of or through a member.';
 
--- Who reads what: a caller row-level security does not apply to, or one
--- without SELECT on "order" (an application role), reads every order; a
--- caller that reads a merchant's rows (mapped itself or as a member of a
--- mapped role: a combination grant_app() and map_merchant_role() refuse, made
--- by a later GRANT of membership or before 1.1) is refused (42501), as the
--- rest of the API would act for every merchant for it; any other reads what
--- its row-level security shows it (the policies' rule, _row_visible): an
--- auditor everything, a role unmapped nothing.
-CREATE OR REPLACE FUNCTION payidem._read_order(order_no text, merchant_no text, out_trade_no text,
-	caller regrole, scoped boolean)
-RETURNS jsonb
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	o payidem."order";
-	a record;
-BEGIN
-	IF scoped THEN
-		SELECT * INTO a FROM payidem._app_merchant_roles(caller) LIMIT 1;
-		IF FOUND THEN
-			PERFORM payidem._refuse_app_merchant_role(a.role, a.mapped_role, a.merchant_no, a.app_function, NULL);
-		END IF;
-	END IF;
-	IF _read_order.merchant_no IS NULL AND _read_order.out_trade_no IS NULL THEN
-		PERFORM payidem._check_number('order', _read_order.order_no);
-		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
-		-- (an order the caller may not read does not exist for it)
-		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
-			PERFORM payidem._raise_not_found('order', _read_order.order_no, 'payidem."order"', 'order_no');
-		END IF;
-	ELSE
-		PERFORM payidem._require('merchant_no', _read_order.merchant_no);
-		PERFORM payidem._require('out_trade_no', _read_order.out_trade_no);
-		SELECT * INTO o FROM payidem."order" x
-		 WHERE x.merchant_no = _read_order.merchant_no AND x.out_trade_no = _read_order.out_trade_no;
-		IF NOT FOUND OR (scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
-			PERFORM payidem._raise('PI009', format('merchant %s has no order %s',
-				quote_literal(left(_read_order.merchant_no, 64)), quote_literal(left(_read_order.out_trade_no, 64))),
-				'payidem."order" has no row with that merchant_no and out_trade_no.');
-		END IF;
-	END IF;
-	RETURN payidem._order_json(o);
-END
-$$;
-COMMENT ON FUNCTION payidem._read_order(text, text, text, regrole, boolean) IS
-	'Internal to get_order() and find_order() (src/read_api.c): the order as JSON, if the caller may read it; PI009 otherwise.';
 
 COMMENT ON FUNCTION payidem.get_order(text) IS
-	'The order with its payment attempts and refunds, as JSON (times in UTC ISO 8601). PI009 unknown (or one the caller''s row-level security hides), 22023 malformed number, 42501 for a caller that also reads a merchant''s rows (map_merchant_role).';
+	'The order with its payment attempts, refunds and anomalies, as JSON (times in UTC ISO 8601). PI009 unknown (or one the caller''s row-level security hides), 22023 malformed number, 42501 for a caller that also reads a merchant''s rows and may execute the rest of the API (map_merchant_role).';
 
 COMMENT ON FUNCTION payidem.find_order(text, text) IS
 	'The order a merchant created with out_trade_no, as get_order() shows it. PI009 if there is none (or the caller''s row-level security hides it), 42501 for a caller that also reads a merchant''s rows (map_merchant_role).';

@@ -168,7 +168,7 @@ RETURNS jsonb
 AS 'MODULE_PATHNAME', 'payidem_get_order'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.get_order(text) IS
-	'The order with its payment attempts and refunds, as JSON (times in UTC ISO 8601). PI009 unknown (or one the caller''s row-level security hides), 22023 malformed number, 42501 for a caller that also reads a merchant''s rows (map_merchant_role).';
+	'The order with its payment attempts, refunds and anomalies, as JSON (times in UTC ISO 8601). PI009 unknown (or one the caller''s row-level security hides), 22023 malformed number, 42501 for a caller that also reads a merchant''s rows and may execute the rest of the API (map_merchant_role).';
 
 CREATE FUNCTION payidem.find_order(merchant_no text, out_trade_no text)
 RETURNS jsonb
