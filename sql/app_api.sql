@@ -231,6 +231,15 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.list_orders(%L)', :'mb'));
 SELECT count(*) AS rep_orders_of_a_without_select FROM payidem.list_orders(:'ma');
 SELECT count(*) AS rep_anomalies_without_select FROM payidem.list_anomalies(handle_status => NULL);
 RESET ROLE;
+-- so is a member of it (mapped through the membership, no grant of its own):
+-- scoped, it reads what the tables' row-level security shows it, which maps
+-- roles themselves, not their members: no merchant (fail closed)
+CREATE ROLE app_api_member IN ROLE app_api_rep;
+SET ROLE app_api_member;
+SELECT * FROM pg_temp.try(format('SELECT payidem.list_orders(%L)', :'mb'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.list_orders(%L)', :'ma'));
+RESET ROLE;
+DROP ROLE app_api_member;
 -- an auditor given the lists sees every row, those without a merchant too
 CREATE ROLE app_api_audit;
 SELECT payidem.grant_auditor('app_api_audit');

@@ -111,10 +111,18 @@ DECLARE
 	v_scoped boolean := scoped;
 BEGIN
 	IF NOT v_scoped THEN
-		v_scoped := EXISTS (SELECT 1 FROM payidem.merchant_role r
-							 WHERE pg_has_role(caller, r.role, 'USAGE'))
-					AND NOT EXISTS (SELECT 1 FROM pg_roles u
-									 WHERE u.oid = caller::oid AND (u.rolsuper OR u.rolbypassrls));
+		-- the caller and the roles it is a member of, up the memberships (by
+		-- index: the few roles above the caller, not every mapping; a member
+		-- that does not inherit counts too, which only scopes more)
+		v_scoped := EXISTS (
+				WITH RECURSIVE up(r) AS (
+					SELECT caller::oid
+					UNION
+					SELECT am.roleid FROM pg_auth_members am JOIN up ON am.member = up.r)
+				SELECT 1 FROM up, LATERAL (SELECT 1 FROM payidem.merchant_role m
+											WHERE m.role = up.r::regrole LIMIT 1) x)
+			AND NOT EXISTS (SELECT 1 FROM pg_roles u
+							 WHERE u.oid = caller::oid AND (u.rolsuper OR u.rolbypassrls));
 	END IF;
 	IF v_scoped THEN
 		SELECT * INTO a FROM payidem._app_merchant_roles(caller) LIMIT 1;

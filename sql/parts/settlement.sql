@@ -789,9 +789,11 @@ END;
 COMMENT ON FUNCTION payidem._balances(text) IS
 	'Internal: pending, available and in-payout balances of a merchant (or all) per currency.';
 
--- The caller's view: a role that reads a merchant's rows (map_merchant_role)
--- sees its own merchants only (another is PI009, as if it did not exist);
--- the application (grant_app) and auditors see every merchant.  caller is
+-- The caller's view, decided as for the read API (_check_reader): a role
+-- that reads a merchant's rows (map_merchant_role) sees its own merchants
+-- only (another is PI009, as if it did not exist), and one that may also
+-- execute the rest of the API is refused (42501); the application
+-- (grant_app) and auditors see every merchant.  caller is
 -- the role current at the call of balance() (src/read_api.c, which runs
 -- this as the owner: no one else may execute it).
 CREATE FUNCTION payidem._balance(p_merchant_no text, p_currency text, caller regrole)
@@ -800,12 +802,9 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp A
 BEGIN
 	PERFORM payidem._require('merchant_no', p_merchant_no);
 	PERFORM payidem._check_currency(p_currency);
-	IF NOT EXISTS (SELECT 1 FROM payidem.merchant m WHERE m.merchant_no = p_merchant_no)
-	   OR (EXISTS (SELECT 1 FROM payidem.merchant_role r WHERE pg_has_role(caller, r.role, 'USAGE'))
-		   AND NOT EXISTS (SELECT 1 FROM pg_roles u WHERE u.oid = caller::oid AND (u.rolsuper OR u.rolbypassrls))
-		   AND NOT payidem._row_visible(p_merchant_no, caller)) THEN
-		PERFORM payidem._raise_not_found('merchant', p_merchant_no, 'payidem.merchant', 'merchant_no');
-	END IF;
+	-- (scoped: a role mapped to merchants, the read API's rule; an auditor
+	-- sees every balance)
+	PERFORM payidem._check_readable_merchant(p_merchant_no, caller, payidem._check_reader(caller, false));
 	RETURN QUERY
 	SELECT coalesce(max(b.pending), 0), coalesce(max(b.available), 0)::bigint, coalesce(max(b.in_payout), 0)::bigint
 	  FROM payidem._balances(p_merchant_no) b WHERE b.currency = p_currency;
