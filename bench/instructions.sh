@@ -43,6 +43,11 @@ N=${N:-2000}
 FLOW_N=${FLOW_N:-1000}
 CPU_N=${CPU_N:-4000}
 CPU_RUNS=${CPU_RUNS:-5}
+LC_N=${LC_N:-500}
+LC_PAST=${LC_PAST:-1000}
+# PARTS (calls deliveries lifecycle): what to measure; --check compares what was
+PARTS=${PARTS:-calls deliveries lifecycle}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 TOLERANCE=${TOLERANCE:-1.20}
 BASELINE=bench/instructions.pg$PG_MAJOR.baseline
 
@@ -88,6 +93,12 @@ POOL=$((FLOW_N + CPU_N * CPU_RUNS))
 psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE $DBF"
 psql -X -q -At -v ON_ERROR_STOP=1 -v pool="$POOL" -v ref_pool="$POOL" -v ref_same_pool="$POOL" \
 	-d "$DBF" -f bench/flow_setup.sql >/dev/null
+# the lifecycle: payidem and the plain-SQL version, each with LC_PAST
+# lifecycles already run (bench/lifecycle_setup.sql)
+DBL=bench_lc
+psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE $DBL"
+psql -X -q -At -v ON_ERROR_STOP=1 -v past="$LC_PAST" -d "$DBL" -f bench/lifecycle_setup.sql >/dev/null
+LC_MERCHANT=$(psql -X -At -d "$DBL" -c "SELECT merchant_no FROM bench.merchant")
 cluster_stop
 
 # name -> one statement making N calls (:n = N); BASE -> the same statement
@@ -138,6 +149,7 @@ OUT=bench/out/instructions.txt
 : >"$OUT"
 say "instructions per call (callgrind, N = $N)"
 for name in "${ORDER[@]}"; do
+	part calls || break
 	base=$(instructions "$name" base)
 	full=$(instructions "$name" call)
 	per=$(( (full - base) / N ))
@@ -227,6 +239,7 @@ DOUT=bench/out/instructions.delivery
 : >"$DOUT"
 say "one delivery per transaction (callgrind: FLOW_N = $FLOW_N; backend CPU: $CPU_RUNS runs of CPU_N = $CPU_N)"
 for name in "${DORDER[@]}"; do
+	part deliveries || break
 	base=$(delivery_instructions "$name" base)
 	full=$(delivery_instructions "$name" call)
 	per=$(( (full - base) / FLOW_N ))
@@ -241,6 +254,124 @@ for name in "${DORDER[@]}"; do
 	# the instruction counts go to the baseline too
 	printf '%-16s %10d\n' "$name" "$per" >>"$OUT"
 done
+
+# The whole lifecycle, step by step, payidem (pi_*) beside the plain-SQL
+# version (plain_*) in the same run: LC_N lifecycles, each step of each a
+# transaction of its own, an EXECUTE of a statement prepared once.  The steps
+# run in order over all LC_N lifecycles (every create, then every begin, ...);
+# between them, outside the counts, bench.lc records each lifecycle's order,
+# payment and event, so that a step finds its rows by key.  The notification
+# step hands out the oldest due event with LC_N of them due at the start: it
+# may not cost more with a backlog.  Between the steps the tables are
+# analyzed, as autovacuum would (the single-user backend has none).  A step's count is its statement's less the
+# same statement without the call (the look-up in bench.lc, the arguments).
+LC_STEPS=(create begin first dup notify_due notify_result get_order)
+M=$LC_MERCHANT
+declare -A LCALL=(
+	[pi_create]="SELECT payidem.create_order('$M', 'LC-' || \$1, 1000 + \$1, 'bench', 'https://shop.example/notify');"
+	[plain_create]="SELECT plain.create_order('$M', 'LC-' || \$1, 1000 + \$1, 'bench', 'https://shop.example/notify');"
+	[pi_begin]="SELECT payidem.begin_payment(l.order_no, 'BENCH_WX') FROM bench.lc l WHERE l.side = 'pi' AND l.k = \$1;"
+	[plain_begin]="SELECT plain.begin_payment(l.order_no, 'BENCH_WX') FROM bench.lc l WHERE l.side = 'plain' AND l.k = \$1;"
+	[pi_first]="SELECT payidem.apply_payment_result(l.payment_no, 'callback', 'succeeded', 'LCTX' || \$1, l.amount) FROM bench.lc l WHERE l.side = 'pi' AND l.k = \$1;"
+	[plain_first]="SELECT plain.pay(l.payment_no, 'LCTX' || \$1, l.amount) FROM bench.lc l WHERE l.side = 'plain' AND l.k = \$1;"
+	[pi_notify_due]="SELECT count(*) AS handed_out FROM payidem.notify_due(1);"
+	[plain_notify_due]="SELECT count(*) AS handed_out FROM plain.notify_due(1);"
+	[pi_notify_result]="SELECT payidem.notify_result(l.event_id, true, 'ok', 1) FROM bench.lc l WHERE l.side = 'pi' AND l.k = \$1;"
+	[plain_notify_result]="SELECT plain.notify_result(l.event_id, true) FROM bench.lc l WHERE l.side = 'plain' AND l.k = \$1;"
+	[pi_get_order]="SELECT length(payidem.get_order(l.order_no)::text) > 0 AS found FROM bench.lc l WHERE l.side = 'pi' AND l.k = \$1;"
+	[plain_get_order]="SELECT length(plain.get_order(l.order_no)::text) > 0 AS found FROM bench.lc l WHERE l.side = 'plain' AND l.k = \$1;"
+)
+LCALL[pi_dup]=${LCALL[pi_first]}
+LCALL[plain_dup]=${LCALL[plain_first]}
+declare -A LBASE=(
+	[create]="SELECT '$M', 'LC-' || \$1, 1000 + \$1, 'bench', 'https://shop.example/notify';"
+	[notify_due]="SELECT \$1;"
+)
+for side in pi plain; do
+	LBASE[${side}_create]=${LBASE[create]}
+	LBASE[${side}_notify_due]=${LBASE[notify_due]}
+	for step in begin first dup notify_result get_order; do
+		LBASE[${side}_$step]="SELECT l.* FROM bench.lc l WHERE l.side = '$side' AND l.k = \$1;"
+	done
+done
+declare -A LOUTCOME=(
+	[first]='= "applied"' [dup]='= "duplicate"' [notify_due]='handed_out = "1"' [get_order]='found = "t"'
+)
+# what bench.lc learns after a step, outside the counts
+declare -A LNOTE=(
+	[create]="INSERT INTO bench.lc (side, k, order_no, amount)
+		SELECT 'pi', substr(out_trade_no, 4)::bigint, order_no, amount FROM payidem.\"order\" WHERE out_trade_no LIKE 'LC-%'
+		UNION ALL
+		SELECT 'plain', substr(out_trade_no, 4)::bigint, order_no, amount FROM plain.orders WHERE out_trade_no LIKE 'LC-%';"
+	[begin]="UPDATE bench.lc l SET payment_no = p.payment_no FROM payidem.payment p WHERE l.side = 'pi' AND p.order_no = l.order_no; UPDATE bench.lc l SET payment_no = p.payment_no FROM plain.payment p WHERE l.side = 'plain' AND p.order_no = l.order_no;"
+	[notify_due]="UPDATE bench.lc l SET event_id = e.event_id FROM payidem.notify_event e WHERE l.side = 'pi' AND e.order_no = l.order_no; UPDATE bench.lc l SET event_id = e.id FROM plain.outbox e WHERE l.side = 'plain' AND e.order_no = l.order_no;"
+)
+
+# lc_script NAME call|base -> the file of LC_N executions
+lc_script() {
+	local name=$1 which=$2 f="$RUN/lc.$1.$2.sql" stmt
+	if [ "$which" = call ]; then stmt=${LCALL[$name]}; else stmt=${LBASE[$name]}; fi
+	printf 'PREPARE s(bigint) AS %s\n' "$stmt" >"$f"
+	awk -v n="$LC_N" 'BEGIN { for (i = 1; i <= n; i++) printf "EXECUTE s(%d);\n", i }' >>"$f"
+	is_root && chown postgres: "$f"
+	echo "$f"
+}
+
+# lc_instructions NAME call|base
+lc_instructions() {
+	local name=$1 which=$2 out="$RUN/callgrind.lc.$1.$2" script log="$RUN/single.lc.$1.$2.log" want got
+	script=$(lc_script "$name" "$which")
+	single "$script" "$DBL" as_pg valgrind --tool=callgrind --callgrind-out-file="$out" --trace-children=no \
+		>"$log" 2>"$RUN/valgrind.lc.$name.$which.log" ||
+		{ tail -20 "$RUN/valgrind.lc.$name.$which.log" >&2; die "callgrind run failed for $name"; }
+	if grep -q ERROR "$log"; then
+		grep ERROR "$log" | head -3 >&2
+		die "lifecycle step $name failed"
+	fi
+	want=${LOUTCOME[${name#*_}]:-}
+	if [ "$which" = call ] && [ -n "$want" ]; then
+		got=$(grep -cF "$want" "$log" || true)
+		[ "$got" -eq "$LC_N" ] || die "lifecycle step $name: $got of $LC_N gave '$want'"
+	fi
+	awk '/^summary:/ {print $2}' "$out"
+}
+
+# lc_sql SQL: run it in the lifecycle database, outside the counts
+lc_sql() {
+	printf '%s\n' "$(tr '\n' ' ' <<<"$1")" >"$RUN/lc.note.sql"
+	is_root && chown postgres: "$RUN/lc.note.sql"
+	single "$RUN/lc.note.sql" "$DBL" as_pg >"$RUN/lc.note.log" 2>&1 || { cat "$RUN/lc.note.log" >&2; die "lifecycle set-up failed"; }
+	! grep -q ERROR "$RUN/lc.note.log" || { grep ERROR "$RUN/lc.note.log" >&2; die "lifecycle set-up failed"; }
+}
+
+LOUT=bench/out/instructions.lifecycle
+: >"$LOUT"
+say "the lifecycle, step by step (callgrind: LC_N = $LC_N lifecycles, $LC_PAST past ones in the tables)"
+for step in "${LC_STEPS[@]}"; do
+	part lifecycle || break
+	row=$step
+	for side in pi plain; do
+		base=$(lc_instructions "${side}_$step" base)
+		full=$(lc_instructions "${side}_$step" call)
+		row="$row $(( (full - base) / LC_N ))"
+	done
+	printf '%-14s %10s %10s\n' $row | tee -a "$LOUT"
+	# and the statistics a running server's autovacuum would keep
+	lc_sql "${LNOTE[$step]:-} ANALYZE;"
+done
+# every lifecycle ended where it should, on both sides
+part lifecycle && lc_sql "DO \$\$ BEGIN
+	IF (SELECT count(*) FROM payidem.\"order\" WHERE out_trade_no LIKE 'LC-%' AND status = 'paid') <> $LC_N
+	   OR (SELECT count(*) FROM plain.orders WHERE out_trade_no LIKE 'LC-%' AND status = 'paid') <> $LC_N
+	   OR (SELECT count(*) FROM payidem.notify_event e JOIN bench.lc l ON l.side = 'pi' AND l.event_id = e.event_id WHERE e.status = 'sent') <> $LC_N
+	   OR (SELECT count(*) FROM plain.outbox e JOIN bench.lc l ON l.side = 'plain' AND l.event_id = e.id WHERE e.status = 'sent') <> $LC_N
+	THEN RAISE EXCEPTION 'a lifecycle did not end paid and notified'; END IF; END \$\$;"
+if part lifecycle; then
+	for side in pi plain; do
+		awk -v c=$([ $side = pi ] && echo 2 || echo 3) -v s=$side '$1 != "get_order" {t += $c} END {printf "%-16s %10d\n", "lifecycle_" s, t}' "$LOUT" >>"$OUT"
+	done
+	awk '{printf "lc_pi_%-10s %10d\nlc_plain_%-7s %10d\n", $1, $2, $1, $3}' "$LOUT" >>"$OUT"
+fi
 
 # dget NAME FIELD: a delivery's instructions (2) or backend CPU in µs (3)
 dget() { awk -v n="$1" -v f="$2" '$1 == n {print $f}' "$DOUT"; }

@@ -250,6 +250,22 @@ SELECT count(*) AS handed_out FROM payidem.notify_due(100) WHERE merchant_no = :
 SELECT status, attempts, next_attempt_at > now() + interval '4 minutes' AS waits, last_response
   FROM payidem.notify_event WHERE order_no = :'o2';
 ROLLBACK;
+-- a closed merchant's due event is given up, not handed out, and takes no
+-- place in the batch: an older event of a closed merchant ahead of another
+-- merchant's does not stop that one from being handed out with max_rows 1
+BEGIN;
+SELECT merchant_no AS m_closed FROM payidem.create_merchant('Closing Shop', 'retail', 0.006) \gset
+SELECT payidem.bind_channel(:'m_closed', 'NT_WX') IS NULL AS bound;
+SELECT payidem.apply_payment_result(payidem.begin_payment(
+		payidem.create_order(:'m_closed', 'NT-CLOSED-1', 100, 'Closed', 'https://closing.example/notify'),
+		'NT_WX'), 'callback', 'succeeded', 'TX-NT-CLOSED-1', 100) AS closed_shop_paid;
+UPDATE payidem.notify_event SET next_attempt_at = now() - interval '2 seconds' WHERE merchant_no = :'m_closed';
+UPDATE payidem.notify_event SET next_attempt_at = now() - interval '1 second' WHERE order_no = :'o2';
+SELECT payidem.close_merchant(:'m_closed') IS NULL AS closed;
+SELECT order_no = :'o2' AS handed_out_o2 FROM payidem.notify_due(1);
+SELECT status, attempts, next_attempt_at, last_response
+  FROM payidem.notify_event WHERE merchant_no = :'m_closed';
+ROLLBACK;
 -- the 16th attempt handed out and never answered (its worker died): given up
 -- when its lease ends, not handed out a 17th time
 BEGIN;

@@ -2606,7 +2606,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
 	v_lease constant interval := '60 seconds';
 	v_max_attempts constant integer := 16;		-- notify_result()'s schedule has 15 waits
-	v_given_up bigint;
+	v_left integer := max_rows;
+	v_given_up bigint := 0;
 	n record;
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
@@ -2614,52 +2615,58 @@ BEGIN
 			format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
 			'Pass how many events one worker takes at a time, e.g. 100.');
 	END IF;
-	-- a closed merchant's key signs nothing more: its due events are given
-	-- up (failed), not handed out, and never hold up the others; so is an
-	-- event whose last attempt was handed out and never answered
-	WITH gone AS (
-		SELECT e.event_id,
-			   CASE WHEN m.status = 'closed' THEN 'merchant closed' ELSE 'no answer to the last attempt' END AS why
-		  FROM payidem.notify_event e JOIN payidem.merchant m ON m.merchant_no = e.merchant_no
-		 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
-		   AND (m.status = 'closed' OR e.attempts >= v_max_attempts)
-		   FOR UPDATE OF e SKIP LOCKED)
-	UPDATE payidem.notify_event e
-	   SET status = 'failed', next_attempt_at = NULL, last_response = gone.why
-	  FROM gone WHERE e.event_id = gone.event_id;
-	GET DIAGNOSTICS v_given_up = ROW_COUNT;
-	IF v_given_up > 0 THEN
-		PERFORM payidem._count('notify_failed', v_given_up);
-	END IF;
-	-- Events another worker holds are skipped.  Handing an event out is its
-	-- next attempt (attempts counts hand-outs; the one handed out is named by
-	-- attempt, and notify_result() takes reports of that one only) and
-	-- leases it: its next_attempt_at moves ahead, so it is not handed out
-	-- again after this transaction ends, until notify_result() or the lease
-	-- runs out (a worker that died: that attempt had no answer).
-	FOR n IN
-		WITH due AS (
-			SELECT e.event_id FROM payidem.notify_event e
-			 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
-			   AND e.attempts < v_max_attempts
-			   AND NOT EXISTS (SELECT 1 FROM payidem.merchant m
-								WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
-			 ORDER BY e.next_attempt_at
-			 LIMIT max_rows
-			 FOR UPDATE SKIP LOCKED)
+	-- The oldest due event no other worker holds, one at a time: each step
+	-- is one statement at the head of notify_event_due, whatever the backlog
+	-- behind it (without parameters: planned once per session).  Handing an
+	-- event out is its next attempt (attempts counts hand-outs; the one
+	-- handed out is named by attempt, and notify_result() takes reports of
+	-- that one only) and leases it: its next_attempt_at moves ahead, so it is
+	-- not handed out again after this transaction ends, until notify_result()
+	-- or the lease runs out (a worker that died: that attempt had no answer).
+	-- An event whose last attempt was handed out and never answered is given
+	-- up (failed) instead.  Either way it is due no more in this transaction,
+	-- so the next step finds the next one.
+	WHILE v_left > 0 LOOP
 		UPDATE payidem.notify_event e
-		   SET next_attempt_at = now() + v_lease, attempts = e.attempts + 1, last_attempt_at = now()
-		  FROM due WHERE e.event_id = due.event_id
-		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts
-	LOOP
+		   SET attempts = CASE WHEN e.attempts >= v_max_attempts THEN e.attempts ELSE e.attempts + 1 END,
+			   status = CASE WHEN e.attempts >= v_max_attempts THEN 'failed' ELSE e.status END,
+			   next_attempt_at = CASE WHEN e.attempts >= v_max_attempts THEN NULL ELSE now() + v_lease END,
+			   last_attempt_at = CASE WHEN e.attempts >= v_max_attempts THEN e.last_attempt_at ELSE now() END,
+			   last_response = CASE WHEN e.attempts >= v_max_attempts THEN 'no answer to the last attempt'
+									ELSE e.last_response END
+		 WHERE e.event_id = (SELECT d.event_id FROM payidem.notify_event d
+							  WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+							  ORDER BY d.next_attempt_at
+							  LIMIT 1
+								FOR UPDATE SKIP LOCKED)
+		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts, e.status
+		  INTO n;
+		EXIT WHEN NOT FOUND;
+		IF n.status = 'failed' THEN
+			v_given_up := v_given_up + 1;
+			CONTINUE;
+		END IF;
+		v_left := v_left - 1;
 		signature := payidem._sign_notification(n.merchant_no, n.payload);
 		IF signature !~ ',v2=' THEN
-			-- no secret of the merchant is valid now: nothing to sign with; the
-			-- event waits (this was no attempt) and is not sent unsigned
+			-- Nothing to sign with: this was no attempt, and the event is not
+			-- sent unsigned.  A closed merchant's key signs nothing more: its
+			-- event is given up (failed) and holds up no other; otherwise no
+			-- secret of the merchant is valid now and the event waits.
 			UPDATE payidem.notify_event e
-			   SET attempts = e.attempts - 1, next_attempt_at = now() + interval '5 minutes',
-				   last_response = 'no valid API secret'
-			 WHERE e.event_id = n.event_id;
+			   SET attempts = e.attempts - 1,
+				   status = CASE WHEN m.status = 'closed' THEN 'failed' ELSE e.status END,
+				   next_attempt_at = CASE WHEN m.status = 'closed' THEN NULL
+										  ELSE now() + interval '5 minutes' END,
+				   last_response = CASE WHEN m.status = 'closed' THEN 'merchant closed'
+										ELSE 'no valid API secret' END
+			  FROM payidem.merchant m
+			 WHERE e.event_id = n.event_id AND m.merchant_no = e.merchant_no
+			RETURNING e.status INTO n.status;
+			IF n.status = 'failed' THEN
+				v_given_up := v_given_up + 1;
+				v_left := v_left + 1;		-- (given up: it takes no place in the batch)
+			END IF;
 			CONTINUE;
 		END IF;
 		event_id := n.event_id;
@@ -2676,6 +2683,9 @@ BEGIN
 		attempt := n.attempts;
 		RETURN NEXT;
 	END LOOP;
+	IF v_given_up > 0 THEN
+		PERFORM payidem._count('notify_failed', v_given_up);
+	END IF;
 END
 $$;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
@@ -4828,10 +4838,13 @@ $$;
 COMMENT ON FUNCTION payidem._difference_fields(payidem.reconciliation) IS
 	'Internal to the read API: a reconciliation difference as JSON (times in UTC ISO 8601).';
 
+-- PL/pgSQL, not SQL: its one expression is planned once per session (an SQL
+-- function with a SET clause is parsed and planned again at every call)
 CREATE OR REPLACE FUNCTION payidem._order_json(o payidem."order")
 RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-SELECT payidem._order_fields(o) || jsonb_build_object(
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+RETURN payidem._order_fields(o) || jsonb_build_object(
 	'payments', coalesce((
 		SELECT jsonb_agg(jsonb_build_object(
 					'payment_no', p.payment_no, 'channel_no', p.channel_no, 'amount', p.amount,
@@ -4849,7 +4862,8 @@ SELECT payidem._order_fields(o) || jsonb_build_object(
 		  FROM payidem.refund r WHERE r.order_no = o.order_no), '[]'),
 	'anomalies', coalesce((
 		SELECT jsonb_agg(payidem._anomaly_fields(a) ORDER BY a.created_at, a.anomaly_id)
-		  FROM payidem.anomaly a WHERE a.order_no = o.order_no), '[]'))
+		  FROM payidem.anomaly a WHERE a.order_no = o.order_no), '[]'));
+END
 $$;
 COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
 	'Internal to get_order() and find_order(): the order, its attempts, its refunds and its anomalies as one JSON object (times in UTC ISO 8601).';
@@ -5205,3 +5219,86 @@ REVOKE ALL ON FUNCTION payidem.apply_payment_result_ex(text, text, text, text, b
 	payidem.health()
 	FROM PUBLIC;
 REVOKE ALL ON FUNCTION payidem._apply_payment_result(text, text, text, text, bigint, timestamptz, jsonb) FROM PUBLIC;
+
+------------------------------------------------------------------------------
+-- 1.1: the lifecycle's cost.  notify_due() (above, with settlement's payout
+-- events) takes one due event at a time at the head of its index: its cost no
+-- longer grows with the backlog; notify_result() reports in one statement;
+-- and the functions an SQL function with a SET clause made plan again at
+-- every call no longer do (_order_json() above, the secrets here).
+------------------------------------------------------------------------------
+-- associated data binding a sealed record to its row
+-- (no SET clause: its body is bound when it is created, and without one it is
+-- inlined into the expression that calls it, not called as a function)
+CREATE OR REPLACE FUNCTION payidem._secret_aad(p_merchant_no text, p_version integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+RETURN 'merchant_secret:' OPERATOR(pg_catalog.||) p_merchant_no
+	OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) p_version::text;
+
+CREATE OR REPLACE FUNCTION payidem._secrets_valid_now(p_merchant_no text)
+RETURNS SETOF payidem.merchant_secret
+LANGUAGE sql STABLE AS $$
+	SELECT ms.* FROM payidem.merchant m
+	  JOIN payidem.merchant_secret ms ON ms.merchant_no OPERATOR(pg_catalog.=) m.merchant_no
+	 WHERE m.merchant_no OPERATOR(pg_catalog.=) p_merchant_no
+	   AND m.status OPERATOR(pg_catalog.<>) 'closed'
+	   AND ms.valid_from OPERATOR(pg_catalog.<=) pg_catalog.now()
+	   AND (ms.valid_until IS NULL OR ms.valid_until OPERATOR(pg_catalog.>) pg_catalog.now())
+$$;
+COMMENT ON FUNCTION payidem._secrets_valid_now(text) IS
+	'Internal: the merchant''s API secrets valid now (none if the merchant is closed).';
+
+CREATE OR REPLACE FUNCTION payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT NULL,
+									 attempt integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	-- wait after the n-th failed attempt; after the 16th attempt: failed
+	v_schedule constant interval[] := ARRAY['15 seconds', '15 seconds', '30 seconds', '3 minutes',
+		'10 minutes', '20 minutes', '30 minutes', '30 minutes', '30 minutes', '60 minutes',
+		'3 hours', '3 hours', '3 hours', '6 hours', '6 hours']::interval[];
+	v_status text;
+BEGIN
+	IF notify_result.event_id IS NULL OR notify_result.event_id <= 0 THEN
+		PERFORM payidem._raise_invalid('invalid event_id',
+			format('event_id was %s; it must be an id notify_due() handed out.',
+				coalesce(notify_result.event_id::text, 'NULL')));
+	END IF;
+	IF ok IS NULL THEN
+		PERFORM payidem._raise_invalid('notification result must not be NULL',
+			'ok was NULL.',
+			'Pass true if the merchant acknowledged the notification, false otherwise.');
+	END IF;
+	-- One statement that reports the attempt if it is the one to report: an
+	-- event still pending and handed out (else it was sent or given up, or
+	-- never handed out: nothing to report), at the attempt named if one is (a
+	-- report of an attempt that is not the last one handed out, whose lease
+	-- ran out and went to another worker, is stale: it changes nothing).
+	IF ok THEN
+		UPDATE payidem.notify_event x
+		   SET status = 'sent', next_attempt_at = NULL, sent_at = now()
+		 WHERE x.event_id = notify_result.event_id AND x.status = 'pending' AND x.attempts > 0
+		   AND (notify_result.attempt IS NULL OR x.attempts = notify_result.attempt)
+		RETURNING x.status INTO v_status;
+	ELSE
+		UPDATE payidem.notify_event x
+		   SET status = CASE WHEN x.attempts > cardinality(v_schedule) THEN 'failed' ELSE x.status END,
+			   next_attempt_at = CASE WHEN x.attempts > cardinality(v_schedule) THEN NULL
+									  ELSE now() + v_schedule[x.attempts] END,
+			   last_response = left(response, 256)
+		 WHERE x.event_id = notify_result.event_id AND x.status = 'pending' AND x.attempts > 0
+		   AND (notify_result.attempt IS NULL OR x.attempts = notify_result.attempt)
+		RETURNING x.status INTO v_status;
+	END IF;
+	IF FOUND THEN
+		PERFORM payidem._count(CASE v_status WHEN 'sent' THEN 'notify_sent' WHEN 'failed' THEN 'notify_failed'
+											 ELSE 'notify_retried' END);
+	ELSIF NOT EXISTS (SELECT 1 FROM payidem.notify_event x WHERE x.event_id = notify_result.event_id) THEN
+		PERFORM payidem._raise_not_found('notification event', notify_result.event_id,
+			'payidem.notify_event', 'event_id');
+	END IF;
+END
+$$;
+COMMENT ON FUNCTION payidem.notify_result(bigint, boolean, text, integer) IS
+	'Report one delivery attempt of an event: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts); the start of a failure''s response is kept. No change if the event is no longer pending, or if attempt (as notify_due() handed it out) is given and is not the last one handed out. PI009 unknown event.';

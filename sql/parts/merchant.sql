@@ -121,9 +121,11 @@ END
 $$;
 
 -- associated data binding a sealed record to its row
+-- (no SET clause: its body is bound when it is created, and without one it is
+-- inlined into the expression that calls it, not called as a function)
 CREATE FUNCTION payidem._secret_aad(p_merchant_no text, p_version integer)
 RETURNS text
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE
 RETURN 'merchant_secret:' OPERATOR(pg_catalog.||) p_merchant_no
 	OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) p_version::text;
 
@@ -239,9 +241,12 @@ COMMENT ON FUNCTION payidem.sign(text, text) IS
 -- Every secret of a merchant valid now: the current one and, within its
 -- grace window, the previous one; none for a closed merchant.  What
 -- verify_signature() accepts and a notification is signed with.
+-- Every name schema-qualified and no SET clause, so that the query that calls
+-- it inlines it (a function call with a SET clause would be planned again at
+-- every call).
 CREATE FUNCTION payidem._secrets_valid_now(p_merchant_no text)
 RETURNS SETOF payidem.merchant_secret
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql STABLE AS $$
 	SELECT ms.* FROM payidem.merchant m
 	  JOIN payidem.merchant_secret ms ON ms.merchant_no OPERATOR(pg_catalog.=) m.merchant_no
 	 WHERE m.merchant_no OPERATOR(pg_catalog.=) p_merchant_no

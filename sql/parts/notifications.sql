@@ -71,7 +71,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
 	v_lease constant interval := '60 seconds';
 	v_max_attempts constant integer := 16;		-- notify_result()'s schedule has 15 waits
-	v_given_up bigint;
+	v_left integer := max_rows;
+	v_given_up bigint := 0;
 	n record;
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
@@ -79,52 +80,58 @@ BEGIN
 			format('max_rows was %s; it must be positive.', coalesce(max_rows::text, 'NULL')),
 			'Pass how many events one worker takes at a time, e.g. 100.');
 	END IF;
-	-- a closed merchant's key signs nothing more: its due events are given
-	-- up (failed), not handed out, and never hold up the others; so is an
-	-- event whose last attempt was handed out and never answered
-	WITH gone AS (
-		SELECT e.event_id,
-			   CASE WHEN m.status = 'closed' THEN 'merchant closed' ELSE 'no answer to the last attempt' END AS why
-		  FROM payidem.notify_event e JOIN payidem.merchant m ON m.merchant_no = e.merchant_no
-		 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
-		   AND (m.status = 'closed' OR e.attempts >= v_max_attempts)
-		   FOR UPDATE OF e SKIP LOCKED)
-	UPDATE payidem.notify_event e
-	   SET status = 'failed', next_attempt_at = NULL, last_response = gone.why
-	  FROM gone WHERE e.event_id = gone.event_id;
-	GET DIAGNOSTICS v_given_up = ROW_COUNT;
-	IF v_given_up > 0 THEN
-		PERFORM payidem._count('notify_failed', v_given_up);
-	END IF;
-	-- Events another worker holds are skipped.  Handing an event out is its
-	-- next attempt (attempts counts hand-outs; the one handed out is named by
-	-- attempt, and notify_result() takes reports of that one only) and
-	-- leases it: its next_attempt_at moves ahead, so it is not handed out
-	-- again after this transaction ends, until notify_result() or the lease
-	-- runs out (a worker that died: that attempt had no answer).
-	FOR n IN
-		WITH due AS (
-			SELECT e.event_id FROM payidem.notify_event e
-			 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
-			   AND e.attempts < v_max_attempts
-			   AND NOT EXISTS (SELECT 1 FROM payidem.merchant m
-								WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
-			 ORDER BY e.next_attempt_at
-			 LIMIT max_rows
-			 FOR UPDATE SKIP LOCKED)
+	-- The oldest due event no other worker holds, one at a time: each step
+	-- is one statement at the head of notify_event_due, whatever the backlog
+	-- behind it (without parameters: planned once per session).  Handing an
+	-- event out is its next attempt (attempts counts hand-outs; the one
+	-- handed out is named by attempt, and notify_result() takes reports of
+	-- that one only) and leases it: its next_attempt_at moves ahead, so it is
+	-- not handed out again after this transaction ends, until notify_result()
+	-- or the lease runs out (a worker that died: that attempt had no answer).
+	-- An event whose last attempt was handed out and never answered is given
+	-- up (failed) instead.  Either way it is due no more in this transaction,
+	-- so the next step finds the next one.
+	WHILE v_left > 0 LOOP
 		UPDATE payidem.notify_event e
-		   SET next_attempt_at = now() + v_lease, attempts = e.attempts + 1, last_attempt_at = now()
-		  FROM due WHERE e.event_id = due.event_id
-		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts
-	LOOP
+		   SET attempts = CASE WHEN e.attempts >= v_max_attempts THEN e.attempts ELSE e.attempts + 1 END,
+			   status = CASE WHEN e.attempts >= v_max_attempts THEN 'failed' ELSE e.status END,
+			   next_attempt_at = CASE WHEN e.attempts >= v_max_attempts THEN NULL ELSE now() + v_lease END,
+			   last_attempt_at = CASE WHEN e.attempts >= v_max_attempts THEN e.last_attempt_at ELSE now() END,
+			   last_response = CASE WHEN e.attempts >= v_max_attempts THEN 'no answer to the last attempt'
+									ELSE e.last_response END
+		 WHERE e.event_id = (SELECT d.event_id FROM payidem.notify_event d
+							  WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+							  ORDER BY d.next_attempt_at
+							  LIMIT 1
+								FOR UPDATE SKIP LOCKED)
+		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts, e.status
+		  INTO n;
+		EXIT WHEN NOT FOUND;
+		IF n.status = 'failed' THEN
+			v_given_up := v_given_up + 1;
+			CONTINUE;
+		END IF;
+		v_left := v_left - 1;
 		signature := payidem._sign_notification(n.merchant_no, n.payload);
 		IF signature !~ ',v2=' THEN
-			-- no secret of the merchant is valid now: nothing to sign with; the
-			-- event waits (this was no attempt) and is not sent unsigned
+			-- Nothing to sign with: this was no attempt, and the event is not
+			-- sent unsigned.  A closed merchant's key signs nothing more: its
+			-- event is given up (failed) and holds up no other; otherwise no
+			-- secret of the merchant is valid now and the event waits.
 			UPDATE payidem.notify_event e
-			   SET attempts = e.attempts - 1, next_attempt_at = now() + interval '5 minutes',
-				   last_response = 'no valid API secret'
-			 WHERE e.event_id = n.event_id;
+			   SET attempts = e.attempts - 1,
+				   status = CASE WHEN m.status = 'closed' THEN 'failed' ELSE e.status END,
+				   next_attempt_at = CASE WHEN m.status = 'closed' THEN NULL
+										  ELSE now() + interval '5 minutes' END,
+				   last_response = CASE WHEN m.status = 'closed' THEN 'merchant closed'
+										ELSE 'no valid API secret' END
+			  FROM payidem.merchant m
+			 WHERE e.event_id = n.event_id AND m.merchant_no = e.merchant_no
+			RETURNING e.status INTO n.status;
+			IF n.status = 'failed' THEN
+				v_given_up := v_given_up + 1;
+				v_left := v_left + 1;		-- (given up: it takes no place in the batch)
+			END IF;
 			CONTINUE;
 		END IF;
 		event_id := n.event_id;
@@ -141,6 +148,9 @@ BEGIN
 		attempt := n.attempts;
 		RETURN NEXT;
 	END LOOP;
+	IF v_given_up > 0 THEN
+		PERFORM payidem._count('notify_failed', v_given_up);
+	END IF;
 END
 $$;
 COMMENT ON FUNCTION payidem.notify_due(integer) IS
@@ -155,7 +165,7 @@ DECLARE
 	v_schedule constant interval[] := ARRAY['15 seconds', '15 seconds', '30 seconds', '3 minutes',
 		'10 minutes', '20 minutes', '30 minutes', '30 minutes', '30 minutes', '60 minutes',
 		'3 hours', '3 hours', '3 hours', '6 hours', '6 hours']::interval[];
-	e payidem.notify_event;
+	v_status text;
 BEGIN
 	IF notify_result.event_id IS NULL OR notify_result.event_id <= 0 THEN
 		PERFORM payidem._raise_invalid('invalid event_id',
@@ -167,34 +177,33 @@ BEGIN
 			'ok was NULL.',
 			'Pass true if the merchant acknowledged the notification, false otherwise.');
 	END IF;
-	SELECT * INTO e FROM payidem.notify_event x WHERE x.event_id = notify_result.event_id FOR UPDATE;
-	IF NOT FOUND THEN
-		PERFORM payidem._raise_not_found('notification event', notify_result.event_id,
-			'payidem.notify_event', 'event_id');
-	END IF;
-	IF e.status <> 'pending' OR e.attempts = 0 THEN
-		RETURN;			-- already sent or given up, or never handed out: nothing to report
-	END IF;
-	-- a report of an attempt that is not the last one handed out (its lease
-	-- ran out and the event went to another worker) is stale: it changes nothing
-	IF notify_result.attempt IS NOT NULL AND notify_result.attempt <> e.attempts THEN
-		RETURN;
-	END IF;
+	-- One statement that reports the attempt if it is the one to report: an
+	-- event still pending and handed out (else it was sent or given up, or
+	-- never handed out: nothing to report), at the attempt named if one is (a
+	-- report of an attempt that is not the last one handed out, whose lease
+	-- ran out and went to another worker, is stale: it changes nothing).
 	IF ok THEN
 		UPDATE payidem.notify_event x
 		   SET status = 'sent', next_attempt_at = NULL, sent_at = now()
-		 WHERE x.event_id = e.event_id;
-		PERFORM payidem._count('notify_sent');
-	ELSIF e.attempts > cardinality(v_schedule) THEN
-		UPDATE payidem.notify_event x
-		   SET status = 'failed', next_attempt_at = NULL, last_response = left(response, 256)
-		 WHERE x.event_id = e.event_id;
-		PERFORM payidem._count('notify_failed');
+		 WHERE x.event_id = notify_result.event_id AND x.status = 'pending' AND x.attempts > 0
+		   AND (notify_result.attempt IS NULL OR x.attempts = notify_result.attempt)
+		RETURNING x.status INTO v_status;
 	ELSE
 		UPDATE payidem.notify_event x
-		   SET next_attempt_at = now() + v_schedule[e.attempts], last_response = left(response, 256)
-		 WHERE x.event_id = e.event_id;
-		PERFORM payidem._count('notify_retried');
+		   SET status = CASE WHEN x.attempts > cardinality(v_schedule) THEN 'failed' ELSE x.status END,
+			   next_attempt_at = CASE WHEN x.attempts > cardinality(v_schedule) THEN NULL
+									  ELSE now() + v_schedule[x.attempts] END,
+			   last_response = left(response, 256)
+		 WHERE x.event_id = notify_result.event_id AND x.status = 'pending' AND x.attempts > 0
+		   AND (notify_result.attempt IS NULL OR x.attempts = notify_result.attempt)
+		RETURNING x.status INTO v_status;
+	END IF;
+	IF FOUND THEN
+		PERFORM payidem._count(CASE v_status WHEN 'sent' THEN 'notify_sent' WHEN 'failed' THEN 'notify_failed'
+											 ELSE 'notify_retried' END);
+	ELSIF NOT EXISTS (SELECT 1 FROM payidem.notify_event x WHERE x.event_id = notify_result.event_id) THEN
+		PERFORM payidem._raise_not_found('notification event', notify_result.event_id,
+			'payidem.notify_event', 'event_id');
 	END IF;
 END
 $$;

@@ -63,10 +63,13 @@ $$;
 COMMENT ON FUNCTION payidem._difference_fields(payidem.reconciliation) IS
 	'Internal to the read API: a reconciliation difference as JSON (times in UTC ISO 8601).';
 
+-- PL/pgSQL, not SQL: its one expression is planned once per session (an SQL
+-- function with a SET clause is parsed and planned again at every call)
 CREATE FUNCTION payidem._order_json(o payidem."order")
 RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-SELECT payidem._order_fields(o) || jsonb_build_object(
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+RETURN payidem._order_fields(o) || jsonb_build_object(
 	'payments', coalesce((
 		SELECT jsonb_agg(jsonb_build_object(
 					'payment_no', p.payment_no, 'channel_no', p.channel_no, 'amount', p.amount,
@@ -84,7 +87,8 @@ SELECT payidem._order_fields(o) || jsonb_build_object(
 		  FROM payidem.refund r WHERE r.order_no = o.order_no), '[]'),
 	'anomalies', coalesce((
 		SELECT jsonb_agg(payidem._anomaly_fields(a) ORDER BY a.created_at, a.anomaly_id)
-		  FROM payidem.anomaly a WHERE a.order_no = o.order_no), '[]'))
+		  FROM payidem.anomaly a WHERE a.order_no = o.order_no), '[]'));
+END
 $$;
 COMMENT ON FUNCTION payidem._order_json(payidem."order") IS
 	'Internal to get_order() and find_order(): the order, its attempts, its refunds and its anomalies as one JSON object (times in UTC ISO 8601).';
