@@ -4925,10 +4925,11 @@ DECLARE
 BEGIN
 	v_scoped := payidem._check_reader(caller, scoped);
 	IF _read_order.merchant_no IS NULL AND _read_order.out_trade_no IS NULL THEN
-		PERFORM payidem._check_number('order', _read_order.order_no);
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
-		-- (an order the caller may not read does not exist for it)
+		-- (an order the caller may not read does not exist for it; a number
+		-- that is not one is 22023, checked only here: a stored order's is one)
 		IF NOT FOUND OR (v_scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+			PERFORM payidem._check_number('order', _read_order.order_no);
 			PERFORM payidem._raise_not_found('order', _read_order.order_no, 'payidem."order"', 'order_no');
 		END IF;
 	ELSE
@@ -5225,7 +5226,9 @@ REVOKE ALL ON FUNCTION payidem._apply_payment_result(text, text, text, text, big
 -- events) takes one due event at a time at the head of its index: its cost no
 -- longer grows with the backlog; notify_result() reports in one statement;
 -- and the functions an SQL function with a SET clause made plan again at
--- every call no longer do (_order_json() above, the secrets here).
+-- every call no longer do (_order_json() above, the secrets here);
+-- create_order(), begin_payment() and the reads call a check only where it
+-- fails, and begin_payment() reads merchant, channel and binding at once.
 ------------------------------------------------------------------------------
 -- associated data binding a sealed record to its row
 -- (no SET clause: its body is bound when it is created, and without one it is
@@ -5302,3 +5305,233 @@ END
 $$;
 COMMENT ON FUNCTION payidem.notify_result(bigint, boolean, text, integer) IS
 	'Report one delivery attempt of an event: ok = sent; not ok = retry after 15s, 15s, 30s, 3m, 10m, 20m, 30m, 30m, 30m, 60m, 3h, 3h, 3h, 6h, 6h, then failed (16 attempts); the start of a failure''s response is kept. No change if the event is no longer pending, or if attempt (as notify_due() handed it out) is given and is not the last one handed out. PI009 unknown event.';
+
+CREATE OR REPLACE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
+	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
+	expire_in interval DEFAULT '2 hours', body text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_merchant_no text := create_order.merchant_no;
+	v_out_trade_no text := create_order.out_trade_no;
+	v_amount bigint := create_order.amount;
+	v_subject text := create_order.subject;
+	v_status text;
+	v_order_no text;
+	o payidem."order";
+BEGIN
+	IF v_merchant_no IS NULL THEN	-- (the check only where it fails: a call per order costs)
+		PERFORM payidem._require('merchant_no', v_merchant_no);
+	END IF;
+	IF v_amount IS NULL OR v_amount <= 0 THEN
+		PERFORM payidem._raise_invalid('invalid order amount',
+			format('The amount was %s; it must be a positive number of minor units (fen, cents).',
+				coalesce(v_amount::text, 'NULL')),
+			'Pass 12.50 CNY as 1250.');
+	END IF;
+	IF v_subject IS NULL OR NOT payidem._fits(v_subject, 'payidem.order_subject') THEN
+		PERFORM payidem._raise_invalid('invalid order subject',
+			format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
+				coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
+			'Describe what is being paid for, e.g. ''Green tea 250 g''.');
+	END IF;
+	PERFORM payidem._check_no_controls('invalid order subject', 'The subject', v_subject);
+	IF v_out_trade_no IS NULL OR NOT payidem._fits(v_out_trade_no, 'payidem.merchant_ref') THEN
+		PERFORM payidem._invalid_format('out_trade_no', v_out_trade_no, 'payidem.merchant_ref',
+										'Use the merchant''s own order number, e.g. SHOP-20261129-0001.');
+	END IF;
+	PERFORM payidem._check_duration('invalid expiry', 'expire_in', expire_in, false,
+									'The default is ''2 hours''.');
+	IF NOT payidem._fits(notify_url, 'payidem.http_url') THEN
+		PERFORM payidem._invalid_format('notify_url', notify_url, 'payidem.http_url',
+										'Pass NULL for no merchant notification.');
+	END IF;
+	IF NOT payidem._fits(return_url, 'payidem.http_url') THEN
+		PERFORM payidem._invalid_format('return_url', return_url, 'payidem.http_url', 'Pass NULL for none.');
+	END IF;
+	IF NOT payidem._fits(body, 'payidem.order_body') THEN
+		PERFORM payidem._raise_invalid('invalid order body',
+			format('The body has %s characters; at most 1024 are allowed.', length(body)));
+	END IF;
+
+	SELECT m.status INTO v_status FROM payidem.merchant m WHERE m.merchant_no = v_merchant_no;
+	IF NOT FOUND THEN
+		PERFORM payidem._raise_not_found('merchant', v_merchant_no, 'payidem.merchant', 'merchant_no');
+	END IF;
+	IF v_status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is %', v_merchant_no, v_status USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status %s.', v_merchant_no, v_status),
+			HINT = 'Only active merchants take orders.';
+	END IF;
+
+	-- the unique constraint decides between concurrent first calls; the loser
+	-- waits for the winner's commit, then reads its row below
+	INSERT INTO payidem."order" AS x (order_no, merchant_no, out_trade_no, subject, body, amount,
+									  notify_url, return_url, expire_at)
+	VALUES (payidem.gen_order_no('PO'), v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
+			create_order.notify_url, create_order.return_url, now() + expire_in)
+	ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING
+	RETURNING x.order_no INTO v_order_no;
+	IF v_order_no IS NOT NULL THEN
+		RETURN v_order_no;
+	END IF;
+
+	SELECT * INTO o FROM payidem."order" x
+	 WHERE x.merchant_no = v_merchant_no AND x.out_trade_no = v_out_trade_no;
+	IF NOT FOUND THEN	-- cannot happen: the conflicting row is committed and never deleted
+		RAISE EXCEPTION 'order % of merchant % vanished', v_out_trade_no, v_merchant_no;
+	END IF;
+	IF o.amount <> v_amount THEN
+		RAISE EXCEPTION 'out_trade_no % was already used with another amount', v_out_trade_no USING
+			ERRCODE = 'PI001',
+			DETAIL = format('Order %s of merchant %s (out_trade_no %s) has amount %s; this call asked for %s.',
+							o.order_no, v_merchant_no, v_out_trade_no, o.amount, v_amount),
+			HINT = 'A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.';
+	END IF;
+	IF o.subject <> v_subject THEN
+		RAISE EXCEPTION 'out_trade_no % was already used with another subject', v_out_trade_no USING
+			ERRCODE = 'PI001',
+			DETAIL = format('Order %s of merchant %s (out_trade_no %s) has subject %L; this call asked for %L.',
+							o.order_no, v_merchant_no, v_out_trade_no, left(o.subject, 64), left(v_subject, 64)),
+			HINT = 'A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.';
+	END IF;
+	RETURN o.order_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.create_order(text, text, bigint, text, text, text, interval, text) IS
+	'New pending order (order_no = gen_order_no(''PO'')). Idempotent on (merchant_no, out_trade_no): the same amount and subject return the existing order_no, others raise PI001. PI009 unknown merchant, PI004 merchant not active, 22023 bad input.';
+
+CREATE OR REPLACE FUNCTION payidem.begin_payment(order_no text, channel_no text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_order_no text := begin_payment.order_no;
+	v_channel_no text := begin_payment.channel_no;
+	o payidem."order";
+	m payidem.merchant;
+	c payidem.channel;
+	b payidem.merchant_channel;
+	r record;
+	p payidem.payment;
+	v_tz text;
+	v_day_start timestamptz;
+	v_used numeric;		-- a day's sum may pass the bigint range
+	v_payment_no text;
+BEGIN
+	IF current_setting('transaction_isolation') = 'repeatable read' THEN
+		PERFORM payidem._refuse_repeatable_read('begin_payment', 'the order''s pending attempt and the daily limit');
+	END IF;
+	IF v_channel_no IS NULL THEN	-- (the checks only where they fail: a call per payment costs)
+		PERFORM payidem._require('channel_no', v_channel_no);
+	END IF;
+	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
+	IF NOT FOUND THEN
+		-- (a number that is not one is 22023; a stored order's number always is one)
+		PERFORM payidem._check_number('order', v_order_no);
+		PERFORM payidem._raise_not_found('order', v_order_no, 'payidem."order"', 'order_no');
+	END IF;
+	IF o.status <> 'pending' THEN
+		RAISE EXCEPTION 'order % cannot take a payment', o.order_no USING
+			ERRCODE = 'PI002',
+			DETAIL = format('Order %s is %s; only a pending order takes a payment.', o.order_no, o.status),
+			HINT = CASE WHEN o.status = 'closed' THEN 'Create a new order (with a new out_trade_no).'
+						ELSE 'The order is already paid.' END;
+	END IF;
+	IF o.expire_at <= now() THEN
+		RAISE EXCEPTION 'order % has expired', o.order_no USING
+			ERRCODE = 'PI008',
+			DETAIL = format('Order %s expired at %s.', o.order_no, o.expire_at),
+			HINT = 'Close it with payidem.close_order() and create a new order.';
+	END IF;
+
+	-- the merchant, the channel and the binding in one read (a channel or
+	-- binding that does not exist reads as a row of NULLs)
+	SELECT xm AS m, xc AS c, xb AS b INTO r
+	  FROM payidem.merchant xm
+	  LEFT JOIN payidem.channel xc ON xc.channel_no = v_channel_no
+	  LEFT JOIN payidem.merchant_channel xb ON xb.merchant_no = xm.merchant_no AND xb.channel_no = v_channel_no
+	 WHERE xm.merchant_no = o.merchant_no;
+	m := r.m;
+	c := r.c;
+	b := r.b;
+	IF m.status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Merchant %s has status %s.', m.merchant_no, m.status),
+			HINT = 'Only active merchants take payments.';
+	END IF;
+	IF c.channel_no IS NULL THEN
+		PERFORM payidem._raise_not_found('channel', v_channel_no, 'payidem.channel', 'channel_no');
+	END IF;
+	IF c.status <> 'active' THEN
+		RAISE EXCEPTION 'channel % is %', c.channel_no, c.status USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Channel %s has status %s.', c.channel_no, c.status),
+			HINT = 'Route the payment to an active channel (payidem.route_channel()).';
+	END IF;
+	IF b.merchant_no IS NULL OR b.status <> 'active' THEN
+		RAISE EXCEPTION 'merchant % is not bound to channel %', m.merchant_no, c.channel_no USING
+			ERRCODE = 'PI004',
+			DETAIL = CASE WHEN b.merchant_no IS NOT NULL THEN format('The binding is %s.', b.status)
+						  ELSE 'There is no binding.' END,
+			HINT = 'Bind the channel with payidem.bind_channel().';
+	END IF;
+	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
+		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
+			ERRCODE = 'PI004',
+			DETAIL = format('Channel %s admits %s; merchant %s is %s.', c.channel_no,
+							array_to_string(c.allowed_merchant_types, ', '), m.merchant_no, m.merchant_type);
+	END IF;
+
+	-- at most one pending attempt per order (we hold the order's lock, so
+	-- this read is stable; the partial unique index is the final guard)
+	SELECT * INTO p FROM payidem.payment x WHERE x.order_no = o.order_no AND x.status = 'pending';
+	IF FOUND THEN
+		IF p.channel_no = c.channel_no THEN
+			RETURN p.payment_no;			-- a retried call: the same attempt
+		END IF;
+		RAISE EXCEPTION 'order % has a payment in progress on channel %', o.order_no, p.channel_no USING
+			ERRCODE = 'PI003',
+			DETAIL = format('Payment %s of order %s is pending on channel %s; this call asked for channel %s.',
+							p.payment_no, o.order_no, p.channel_no, c.channel_no),
+			HINT = format('Query channel %s, then close payment %s with payidem.close_payment() before starting another.',
+						  p.channel_no, p.payment_no);
+	END IF;
+
+	IF o.amount > b.single_limit OR o.amount > c.single_limit THEN
+		RAISE EXCEPTION 'amount exceeds the single-payment limit' USING
+			ERRCODE = 'PI007',
+			DETAIL = format('Order %s is for %s; the single limit is %s for merchant %s on channel %s and %s for the channel.',
+							o.order_no, o.amount, coalesce(b.single_limit::text, 'none'), m.merchant_no,
+							c.channel_no, coalesce(c.single_limit::text, 'none')),
+			HINT = 'Use another channel, or raise the limit with payidem.bind_channel().';
+	END IF;
+	IF b.daily_limit IS NOT NULL OR c.daily_limit IS NOT NULL THEN
+		-- serialize the day's sum of this merchant on this channel
+		PERFORM 1 FROM payidem.merchant_channel x
+		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no FOR UPDATE;
+		v_tz := coalesce(nullif(current_setting('payidem.limit_timezone', true), ''), 'UTC');
+		v_day_start := date_trunc('day', now() AT TIME ZONE v_tz) AT TIME ZONE v_tz;
+		SELECT coalesce(sum(x.amount), 0) INTO v_used FROM payidem.payment x
+		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no
+		   AND x.created_at >= v_day_start
+		   AND (x.status = 'pending' OR x.status = ANY (payidem._paid_payment_statuses()));
+		IF v_used + o.amount > b.daily_limit OR v_used + o.amount > c.daily_limit THEN
+			RAISE EXCEPTION 'amount exceeds the daily limit' USING
+				ERRCODE = 'PI007',
+				DETAIL = format('Merchant %s has %s pending or paid on channel %s today (%s); with %s more the daily limit (merchant %s, channel %s) would be exceeded.',
+								m.merchant_no, v_used, c.channel_no, v_tz, o.amount,
+								coalesce(b.daily_limit::text, 'none'), coalesce(c.daily_limit::text, 'none')),
+				HINT = 'Use another channel, or try again tomorrow.';
+		END IF;
+	END IF;
+
+	v_payment_no := payidem.gen_order_no('PY');
+	INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+	VALUES (v_payment_no, o.order_no, m.merchant_no, c.channel_no, o.amount);
+	RETURN v_payment_no;
+END
+$$;
+COMMENT ON FUNCTION payidem.begin_payment(text, text) IS
+	'Start (or, on the same channel, return again) the pending payment attempt of an order; payment_no = gen_order_no(''PY''). PI009, PI002 (order not pending), PI008 (expired), PI004 (merchant/channel/binding/type), PI003 (pending on another channel), PI007 (limits).';

@@ -20,7 +20,9 @@ DECLARE
 	v_order_no text;
 	o payidem."order";
 BEGIN
-	PERFORM payidem._require('merchant_no', create_order.merchant_no);
+	IF v_merchant_no IS NULL THEN	-- (the check only where it fails: a call per order costs)
+		PERFORM payidem._require('merchant_no', v_merchant_no);
+	END IF;
 	IF v_amount IS NULL OR v_amount <= 0 THEN
 		PERFORM payidem._raise_invalid('invalid order amount',
 			format('The amount was %s; it must be a positive number of minor units (fen, cents).',
@@ -109,6 +111,7 @@ DECLARE
 	m payidem.merchant;
 	c payidem.channel;
 	b payidem.merchant_channel;
+	r record;
 	p payidem.payment;
 	v_tz text;
 	v_day_start timestamptz;
@@ -118,10 +121,13 @@ BEGIN
 	IF current_setting('transaction_isolation') = 'repeatable read' THEN
 		PERFORM payidem._refuse_repeatable_read('begin_payment', 'the order''s pending attempt and the daily limit');
 	END IF;
-	PERFORM payidem._require('channel_no', begin_payment.channel_no);
-	PERFORM payidem._check_number('order', begin_payment.order_no);
+	IF v_channel_no IS NULL THEN	-- (the checks only where they fail: a call per payment costs)
+		PERFORM payidem._require('channel_no', v_channel_no);
+	END IF;
 	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
+		-- (a number that is not one is 22023; a stored order's number always is one)
+		PERFORM payidem._check_number('order', v_order_no);
 		PERFORM payidem._raise_not_found('order', v_order_no, 'payidem."order"', 'order_no');
 	END IF;
 	IF o.status <> 'pending' THEN
@@ -138,15 +144,23 @@ BEGIN
 			HINT = 'Close it with payidem.close_order() and create a new order.';
 	END IF;
 
-	SELECT * INTO m FROM payidem.merchant x WHERE x.merchant_no = o.merchant_no;
+	-- the merchant, the channel and the binding in one read (a channel or
+	-- binding that does not exist reads as a row of NULLs)
+	SELECT xm AS m, xc AS c, xb AS b INTO r
+	  FROM payidem.merchant xm
+	  LEFT JOIN payidem.channel xc ON xc.channel_no = v_channel_no
+	  LEFT JOIN payidem.merchant_channel xb ON xb.merchant_no = xm.merchant_no AND xb.channel_no = v_channel_no
+	 WHERE xm.merchant_no = o.merchant_no;
+	m := r.m;
+	c := r.c;
+	b := r.b;
 	IF m.status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
 			ERRCODE = 'PI004',
 			DETAIL = format('Merchant %s has status %s.', m.merchant_no, m.status),
 			HINT = 'Only active merchants take payments.';
 	END IF;
-	SELECT * INTO c FROM payidem.channel x WHERE x.channel_no = v_channel_no;
-	IF NOT FOUND THEN
+	IF c.channel_no IS NULL THEN
 		PERFORM payidem._raise_not_found('channel', v_channel_no, 'payidem.channel', 'channel_no');
 	END IF;
 	IF c.status <> 'active' THEN
@@ -155,12 +169,11 @@ BEGIN
 			DETAIL = format('Channel %s has status %s.', c.channel_no, c.status),
 			HINT = 'Route the payment to an active channel (payidem.route_channel()).';
 	END IF;
-	SELECT * INTO b FROM payidem.merchant_channel x
-	 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no;
-	IF NOT FOUND OR b.status <> 'active' THEN
+	IF b.merchant_no IS NULL OR b.status <> 'active' THEN
 		RAISE EXCEPTION 'merchant % is not bound to channel %', m.merchant_no, c.channel_no USING
 			ERRCODE = 'PI004',
-			DETAIL = CASE WHEN FOUND THEN format('The binding is %s.', b.status) ELSE 'There is no binding.' END,
+			DETAIL = CASE WHEN b.merchant_no IS NOT NULL THEN format('The binding is %s.', b.status)
+						  ELSE 'There is no binding.' END,
 			HINT = 'Bind the channel with payidem.bind_channel().';
 	END IF;
 	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN

@@ -152,10 +152,11 @@ DECLARE
 BEGIN
 	v_scoped := payidem._check_reader(caller, scoped);
 	IF _read_order.merchant_no IS NULL AND _read_order.out_trade_no IS NULL THEN
-		PERFORM payidem._check_number('order', _read_order.order_no);
 		SELECT * INTO o FROM payidem."order" x WHERE x.order_no = _read_order.order_no;
-		-- (an order the caller may not read does not exist for it)
+		-- (an order the caller may not read does not exist for it; a number
+		-- that is not one is 22023, checked only here: a stored order's is one)
 		IF NOT FOUND OR (v_scoped AND NOT payidem._row_visible(o.merchant_no, caller)) THEN
+			PERFORM payidem._check_number('order', _read_order.order_no);
 			PERFORM payidem._raise_not_found('order', _read_order.order_no, 'payidem."order"', 'order_no');
 		END IF;
 	ELSE
