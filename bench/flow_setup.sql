@@ -126,6 +126,39 @@ SELECT count(*) AS ref_paid_for_duplicates
   FROM (SELECT bench.ref_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_pool WHERE k <= 1000) x;
 CREATE SEQUENCE bench.next_ref START 1001;
 
+-- Seed 002's handler as the article writes it, in PL/pgSQL on the tables it
+-- names: the order locked by its payment id, the transition checked in code
+-- (pending -> paid), the order's status and paid_at set, a payment log row
+-- whose unique index refuses a second one.  No idempotency row, no fees, no
+-- payment row of its own and no history: bench.ref_apply above is this
+-- handler with the guarantees payidem gives, the reference the targets name.
+CREATE TABLE bench.lit_order (
+	id bigserial PRIMARY KEY, payment_id text NOT NULL UNIQUE, amount bigint NOT NULL,
+	status text NOT NULL, paid_at timestamptz);
+CREATE TABLE bench.lit_payment_log (
+	id bigserial PRIMARY KEY, payment_id text NOT NULL UNIQUE, amount bigint NOT NULL, channel text NOT NULL,
+	created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE bench.lit_pool (k bigint PRIMARY KEY, payment_no text NOT NULL, amount bigint NOT NULL);
+INSERT INTO bench.lit_order (payment_id, amount, status)
+SELECT 'LP' || i, 1000 + i % 1000, 'pending' FROM generate_series(1, 1000 + :ref_pool) i;
+INSERT INTO bench.lit_pool SELECT i, 'LP' || i, 1000 + i % 1000 FROM generate_series(1, 1000 + :ref_pool) i;
+CREATE FUNCTION bench.seed002_literal(p_payment_id text, p_amount bigint, p_channel text)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	o bench.lit_order;
+BEGIN
+	SELECT * INTO o FROM bench.lit_order WHERE payment_id = p_payment_id FOR UPDATE;
+	IF NOT (o.status = 'pending' OR o.status = 'failed') THEN	-- canTransition(status, 'paid')
+		RETURN 'duplicate';
+	END IF;
+	UPDATE bench.lit_order SET status = 'paid', paid_at = now() WHERE id = o.id;
+	INSERT INTO bench.lit_payment_log (payment_id, amount, channel) VALUES (p_payment_id, p_amount, p_channel);
+	RETURN 'applied';
+END
+$$;
+SELECT count(*) AS literal_paid_for_duplicates
+  FROM (SELECT bench.seed002_literal(payment_no, amount, 'BENCH_WX') FROM bench.lit_pool WHERE k <= 1000) x;
+
 -- The same handler on payidem's own tables: bench.same_order, same_payment,
 -- same_idem, same_log and same_event are copies of "order", payment,
 -- idempotency, status_log and notify_event with every column type, default,
