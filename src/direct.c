@@ -142,6 +142,8 @@ struct PayidemUpdate
 	PayidemExprs exprs;			/* its CHECKs and index predicates */
 	GeneratedColumnsCompat *generated;	/* for 15's extraUpdatedCols */
 	bool		indexes_lazy;	/* indexes opened only if the update is not HOT */
+	bool		own_bookkeeping;	/* payidem_update_define_own(): see there */
+	TriggerDesc *trigdesc;		/* and then the triggers it fires */
 };
 
 static void exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int ndefault,
@@ -264,6 +266,66 @@ payidem_update_define(PayidemRelation table, const char *keycol, int ncolumns, c
 	t->next = updates;
 	updates = t;
 	return t;
+}
+
+/*
+ * An update of payidem's own flow, whose bookkeeping the caller wrote
+ * together with the status (the first success of apply_payment_result():
+ * the payment succeeded with its transaction id, paid_at and fees, and its
+ * own order paid by it, both under lock, in one call).  It fires every
+ * trigger of the table but the bookkeeping checks (status_ledger,
+ * status_ledger_at_commit: payidem.ledger_row() and ledger_at_commit()),
+ * which would only find again what the caller just wrote.  Every other
+ * writer of the table, and any later change of these rows, is checked as
+ * always; so is every other trigger here (the whitelist and its log, the
+ * payment's keys, the notification).
+ */
+PayidemUpdate *
+payidem_update_define_own(PayidemRelation table, const char *keycol, int ncolumns, const char *const *columns)
+{
+	PayidemUpdate *t = payidem_update_define(table, keycol, ncolumns, columns);
+
+	t->own_bookkeeping = true;
+	return t;
+}
+
+/* is trigger tg of rel one of payidem's bookkeeping checks (in rel's schema)? */
+static bool
+bookkeeping_trigger(Relation rel, const Trigger *tg)
+{
+	char	   *name;
+	bool		result;
+
+	if (get_func_namespace(tg->tgfoid) != RelationGetNamespace(rel))
+		return false;
+	name = get_func_name(tg->tgfoid);
+	result = name != NULL && (strcmp(name, "ledger_row") == 0 || strcmp(name, "ledger_at_commit") == 0);
+	if (name)
+		pfree(name);
+	return result;
+}
+
+/* the table's triggers without the bookkeeping checks, in the current context */
+static TriggerDesc *
+own_bookkeeping_triggers(Relation rel)
+{
+	TriggerDesc *td;
+	int			i;
+	int			n = 0;
+
+	if (rel->trigdesc == NULL)
+		return NULL;
+	/*
+	 * A copy, less those triggers; the flags stay those of the whole set (a
+	 * flag says a kind of trigger may be there: each trigger's own type is
+	 * what the executor goes by).
+	 */
+	td = CopyTriggerDesc(rel->trigdesc);
+	for (i = 0; i < td->numtriggers; i++)
+		if (!bookkeeping_trigger(rel, &td->triggers[i]))
+			td->triggers[n++] = td->triggers[i];
+	td->numtriggers = n;
+	return td;
 }
 
 static void
@@ -1230,6 +1292,12 @@ update_prepare(PayidemUpdate *t, Relation rel)
 	t->generated = GeneratedColumnsOfCompat(rel);
 	MemoryContextSwitchTo(oldcxt);
 	t->indexes_lazy = indexes_lazy_ok(rel);
+	if (t->own_bookkeeping)
+	{
+		oldcxt = MemoryContextSwitchTo(t->context);
+		t->trigdesc = own_bookkeeping_triggers(rel);
+		MemoryContextSwitchTo(oldcxt);
+	}
 	exprs_plan(&t->exprs, rel, t->context, 0, NULL);
 	/* an invalidation that arrived meanwhile: build again next time */
 	t->valid = (before == update_inval_count);
@@ -1350,6 +1418,9 @@ payidem_update(PayidemUpdate *t, ItemPointer tid, text *key,
 										t->generated);
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	/* (sized for all of them, the trigger function caches fit the fewer) */
+	if (t->own_bookkeeping)
+		rri->ri_TrigDesc = t->trigdesc;
 	/* the trigger machinery finds it here instead of opening its own */
 	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);
 	if (!t->indexes_lazy)

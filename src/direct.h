@@ -60,6 +60,8 @@ extern int	payidem_insert_new(Relation rel, Oid arbiter, const PayidemChecks *ch
 typedef struct PayidemUpdate PayidemUpdate;
 extern PayidemUpdate *payidem_update_define(PayidemRelation table, const char *keycol, int ncolumns,
 											const char *const *columns);
+extern PayidemUpdate *payidem_update_define_own(PayidemRelation table, const char *keycol, int ncolumns,
+												const char *const *columns);
 extern bool payidem_update(PayidemUpdate *t, ItemPointer tid, text *key, const bool *set, Datum *values,
 						   const bool *nulls, const Oid *types, const bool *keep_null, bool checked);
 extern bool payidem_update_plain(Relation rel);

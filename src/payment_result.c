@@ -71,6 +71,7 @@ static const char *const payment_columns[] = {
 	"status", "updated_at", "transaction_id", "paid_at", "fee_amount", "cost_amount"
 };
 static PayidemUpdate *payment_target = NULL;
+static PayidemUpdate *payment_target_own = NULL;	/* the fast path's first success */
 
 enum
 {
@@ -78,16 +79,22 @@ enum
 };
 static const char *const order_columns[] = {"status", "updated_at", "paid_payment_no", "paid_at"};
 static PayidemUpdate *order_target = NULL;
+static PayidemUpdate *order_target_own = NULL;
 
 /*
  * The locked payment at tid (key payment_no) becomes succeeded, with paid_at,
  * the fees, updated_at = now() and — unless txn_null — the channel's
  * transaction id txn (of type txn_type).  False: not done (see payidem_update).
+ * own: the fast path's first success below, which writes the payment's
+ * bookkeeping with it (a transaction id, paid_at, both fees from NOT NULL
+ * rates) and the order it pays in the same call: the bookkeeping triggers
+ * are not fired for it (payidem_update_define_own()).  The PL/pgSQL
+ * implementation's calls, whose arguments come from SQL, are checked.
  */
 static bool
 record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_null, Oid txn_type,
 					   TimestampTz paid_at, Datum fee, bool fee_null, Datum cost, bool cost_null,
-					   bool checked)
+					   bool checked, bool own)
 {
 	bool		set[PAYIDEM_UPDATE_MAX_COLUMNS] = {false};
 	Datum		values[PAYIDEM_UPDATE_MAX_COLUMNS];
@@ -113,6 +120,14 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
 	values[PAY_COST] = cost;
 	nulls[PAY_COST] = cost_null;
 
+	if (own)
+	{
+		if (payment_target_own == NULL)
+			payment_target_own = payidem_update_define_own(PAYIDEM_PAYMENT, "payment_no",
+														   lengthof(payment_columns), payment_columns);
+		return payidem_update(payment_target_own, tid, payment_no, set, values, nulls, types, keep_null,
+							  checked);
+	}
 	if (payment_target == NULL)
 		payment_target = payidem_update_define(PAYIDEM_PAYMENT, "payment_no", lengthof(payment_columns),
 											   payment_columns);
@@ -128,7 +143,7 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
  */
 static bool
 record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment_no_type,
-				  TimestampTz paid_at, bool checked)
+				  TimestampTz paid_at, bool checked, bool own)
 {
 	bool		set[PAYIDEM_UPDATE_MAX_COLUMNS] = {false};
 	Datum		values[PAYIDEM_UPDATE_MAX_COLUMNS];
@@ -146,6 +161,13 @@ record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment
 	set[ORD_PAID_AT] = true;
 	values[ORD_PAID_AT] = TimestampTzGetDatum(paid_at);
 
+	if (own)
+	{
+		if (order_target_own == NULL)
+			order_target_own = payidem_update_define_own(PAYIDEM_ORDER, "order_no", lengthof(order_columns),
+														 order_columns);
+		return payidem_update(order_target_own, tid, order_no, set, values, nulls, types, NULL, checked);
+	}
 	if (order_target == NULL)
 		order_target = payidem_update_define(PAYIDEM_ORDER, "order_no", lengthof(order_columns), order_columns);
 	return payidem_update(order_target, tid, order_no, set, values, nulls, types, NULL, checked);
@@ -171,7 +193,7 @@ payidem_record_payment_success(PG_FUNCTION_ARGS)
 										  PG_ARGISNULL(2), get_fn_expr_argtype(fcinfo->flinfo, 2),
 										  PG_GETARG_TIMESTAMPTZ(3),
 										  PG_GETARG_DATUM(4), false, PG_GETARG_DATUM(5), false,
-										  false));
+										  false, false));
 }
 
 /*
@@ -190,7 +212,7 @@ payidem_record_order_paid(PG_FUNCTION_ARGS)
 
 	PG_RETURN_BOOL(record_order_paid((ItemPointer) PG_GETARG_POINTER(0), PG_GETARG_TEXT_PP(1),
 									 PG_GETARG_DATUM(2), get_fn_expr_argtype(fcinfo->flinfo, 2),
-									 PG_GETARG_TIMESTAMPTZ(3), false));
+									 PG_GETARG_TIMESTAMPTZ(3), false, false));
 }
 
 /*
@@ -828,7 +850,7 @@ apply_fast(const PaymentReport *r)
 		CommandCounterIncrement();
 		PushActiveSnapshot(GetTransactionSnapshot());
 		if (!record_payment_success(&payment_tid, r->payment_no, PointerGetDatum(r->txn), false,
-									TEXTOID, paid_at, fee, fee_null, cost, cost_null, true))
+									TEXTOID, paid_at, fee, fee_null, cost, cost_null, true, true))
 			elog(ERROR, "payidem: payment %s could not be updated directly",
 				 text_to_cstring(r->payment_no));
 		PopActiveSnapshot();
@@ -838,7 +860,7 @@ apply_fast(const PaymentReport *r)
 		 * paid_payment_no = p.payment_no, not checked again
 		 */
 		if (!record_order_paid(&order_tid, DatumGetTextPP(p_order_no), p_payment_no,
-							   apply.p_payment_no_type, paid_at, true))
+							   apply.p_payment_no_type, paid_at, true, true))
 			elog(ERROR, "payidem: order %s could not be updated directly",
 				 TextDatumGetCString(p_order_no));
 	}
