@@ -50,8 +50,8 @@ CPU_N=${CPU_N:-4000}
 CPU_RUNS=${CPU_RUNS:-5}
 LC_N=${LC_N:-500}
 LC_PAST=${LC_PAST:-1000}
-# PARTS (calls deliveries lifecycle): what to measure; --check compares what was
-PARTS=${PARTS:-calls deliveries lifecycle}
+# PARTS (calls deliveries lifecycle router): what to measure; --check compares what was
+PARTS=${PARTS:-calls deliveries lifecycle router}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 TOLERANCE=${TOLERANCE:-1.20}
 BASELINE=bench/instructions.pg$PG_MAJOR.baseline
@@ -383,6 +383,26 @@ if part lifecycle; then
 	awk '{printf "lc_pi_%-10s %10d\nlc_plain_%-7s %10d\n", $1, $2, $1, $3}' "$LOUT" >>"$OUT"
 fi
 
+# The CPU the router adds to a call (bench/router_instructions.sh): a cluster
+# of two shards and a router, every server under callgrind.  Where PL/Proxy is
+# not packaged (PostgreSQL 19), not measured.
+ROUT=bench/out/instructions.router
+: >"$ROUT"
+if part router; then
+	plproxy=$("$PG_CONFIG" --sharedir)/extension/plproxy.control
+	if [ ! -f "$plproxy" ] && is_root; then
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "postgresql-$PG_MAJOR-plproxy" >/dev/null 2>&1 || true
+	fi
+	if [ -f "$plproxy" ]; then
+		say "the router: the CPU it adds to a call (callgrind, every server)"
+		bash bench/router_instructions.sh "$ROUT"
+		awk '{printf "router_%-12s %10d\n", $1 "_added", $5}' "$ROUT" >>"$OUT"
+		awk '$1 == "first" {printf "router_%-12s %10d\n", "first_direct", $4}' "$ROUT" >>"$OUT"
+	else
+		say "no PL/Proxy for PostgreSQL $PG_MAJOR: the router is not measured"
+	fi
+fi
+
 # lget NAME: a count of the lifecycle as it went to the baseline
 lget() { awk -v n="$1" '$1 == n {print $2}' "$OUT"; }
 # dget NAME FIELD: a delivery's instructions (2) or backend CPU in µs (3)
@@ -443,6 +463,19 @@ dget() { awk -v n="$1" -v f="$2" '$1 == n {print $f}' "$DOUT"; }
 		a=$(lget lifecycle_pi); b=$(lget lifecycle_plain)
 		printf '| **the lifecycle** (create to notified, without get_order) | **%s** | **%s** | **%s** |\n' "$a" "$b" "$(ratio "$a" "$b")"
 	fi
+	if [ -s "$ROUT" ]; then
+		echo
+		echo "The router (PL/Proxy, 2 shards, every server under callgrind; each call prepared once per"
+		echo "session and made with its literal argument; the difference of a session of ${ROUTER_N2:-240} calls and one"
+		echo "of ${ROUTER_N1:-40}, per call): what the router's backend and the shard backends that served the call"
+		echo "cost, against the same call made directly on the shard:"
+		echo
+		echo "| call | router backend | shard backends | direct on the shard | added by the router | added / direct |"
+		echo "|---|---:|---:|---:|---:|---:|"
+		while read -r call r sh d a; do
+			printf '| `%s` | %s | %s | %s | %s | %s |\n' "$call" "$r" "$sh" "$d" "$a" "$(ratio "$a" "$d")"
+		done <"$ROUT"
+	fi
 } >bench/out/instructions.md
 worst=""
 [ -f "$BASELINE" ] && worst=$(while read -r name per; do
@@ -480,6 +513,14 @@ target() {	# what, measured ratio, limit
 			"$([ "$n" -le 500000 ] && echo yes || echo no)"
 		target "get_order ≤ 0.5× its 1,504 k instructions of #41 (main 7675792)" \
 			"$(ratio "$(lget lc_pi_get_order)" 1504000)" 0.5
+	fi
+	if [ -s "$ROUT" ]; then
+		target "router: CPU added to a first success ≤ 0.25× the direct call's" \
+			"$(awk '$1 == "first" {printf "%.2f", $5 / $4}' "$ROUT")" 0.25
+		for call in gen_order_no dup get_order; do
+			a=$(awk -v c="$call" '$1 == c {print $5}' "$ROUT")
+			printf 'router: CPU added to %s ≤ 100 k instructions\t%s\t%s\n' "$call" "$a" "$([ "$a" -le 100000 ] && echo yes || echo no)"
+		done
 	fi
 } >>bench/out/instructions.targets
 
