@@ -244,13 +244,13 @@ done >"$OUT.tsv"
 
 # Reported, not gated: issue #7's throughput targets are superseded by the
 # per-delivery targets of bench/instructions.sh (instructions and backend CPU
-# against seed 002's handler, in the same run), which this noisy machine can
+# against the reference handler, in the same run), which this noisy machine can
 # measure; the commit-on ceiling is CPU-bound here (its disk flushes in ~0.1 ms).
 {
 	if [ -n "$OFF_RATIOS" ]; then
-		printf '%s\t%s\t%s\n' "apply_payment_result() / the seed-002 handler, throughput with synchronous_commit off (reported; the targets are per delivery, see instructions)" \
+		printf '%s\t%s\t%s\n' "apply_payment_result() / the reference handler (seed 002's with payidem's guarantees), throughput with synchronous_commit off (reported; the targets are per delivery, see instructions)" \
 			"$(range <<<"$OFF_RATIOS")" n/a
-		printf '%s\t%s\t%s\n' "the same, against the seed-002 handler on payidem's own tables" \
+		printf '%s\t%s\t%s\n' "the same, against the reference handler on payidem's own tables" \
 			"$(range <<<"$SAME_RATIOS")" n/a
 	fi
 	if [ -n "$ON_RATIOS" ]; then

@@ -132,21 +132,28 @@ single() {
 		-c fsync=off -c log_min_messages=warning "$db" <"$script"
 }
 
+# counted TAG SCRIPT DB: run SCRIPT in the single-user backend on DB under
+# callgrind; no statement may fail; prints the instructions (its log is
+# $RUN/single.TAG.log)
+counted() {
+	local tag=$1 script=$2 db=$3 out="$RUN/callgrind.$1"
+	single "$script" "$db" as_pg valgrind --tool=callgrind --callgrind-out-file="$out" --trace-children=no \
+		>"$RUN/single.$tag.log" 2>"$RUN/valgrind.$tag.log" ||
+		{ tail -20 "$RUN/valgrind.$tag.log" >&2; die "callgrind run failed for $tag"; }
+	if grep -q ERROR "$RUN/single.$tag.log"; then
+		grep ERROR "$RUN/single.$tag.log" | head -3 >&2
+		die "$tag failed"
+	fi
+	awk '/^summary:/ {print $2}' "$out"
+}
+
 # instructions NAME call|base: the instructions of one callgrind run of its statement
 instructions() {
-	local name=$1 which=$2 out="$RUN/callgrind.$1.$2" stmt
+	local name=$1 which=$2 stmt
 	if [ "$which" = call ]; then stmt=${CALL[$name]}; else stmt=${BASE[$name]}; fi
 	printf '%s\n' "${stmt//:n/$N}" >"$RUN/script.$name.$which.sql"
 	is_root && chown postgres: "$RUN/script.$name.$which.sql"
-	single "$RUN/script.$name.$which.sql" "$DB" as_pg valgrind --tool=callgrind \
-		--callgrind-out-file="$out" --trace-children=no \
-		>"$RUN/single.$name.$which.log" 2>"$RUN/valgrind.$name.$which.log" ||
-		{ tail -20 "$RUN/valgrind.$name.$which.log" >&2; die "callgrind run failed for $name"; }
-	if grep -q ERROR "$RUN/single.$name.$which.log"; then
-		grep ERROR "$RUN/single.$name.$which.log" | head -3 >&2
-		die "$name failed"
-	fi
-	awk '/^summary:/ {print $2}' "$out"
+	counted "$name.$which" "$RUN/script.$name.$which.sql" "$DB"
 }
 
 mkdir -p bench/out
@@ -226,13 +233,11 @@ delivery_check() {
 
 # delivery_instructions NAME call|base
 delivery_instructions() {
-	local name=$1 which=$2 out="$RUN/callgrind.d.$1.$2" script
+	local name=$1 which=$2 script count
 	script=$(delivery_script "$name" "$which" 0 "$FLOW_N")
-	single "$script" "$DBF" as_pg valgrind --tool=callgrind --callgrind-out-file="$out" --trace-children=no \
-		>"$RUN/single.d.$name.$which.log" 2>"$RUN/valgrind.d.$name.$which.log" ||
-		{ tail -20 "$RUN/valgrind.d.$name.$which.log" >&2; die "callgrind run failed for $name"; }
+	count=$(counted "d.$name.$which" "$script" "$DBF")
 	[ "$which" = call ] && delivery_check "$name" "$RUN/single.d.$name.$which.log" "$FLOW_N"
-	awk '/^summary:/ {print $2}' "$out"
+	echo "$count"
 }
 
 # delivery_cpu NAME call|base RUN -> user + system seconds of the backend
@@ -329,21 +334,15 @@ lc_script() {
 
 # lc_instructions NAME call|base
 lc_instructions() {
-	local name=$1 which=$2 out="$RUN/callgrind.lc.$1.$2" script log="$RUN/single.lc.$1.$2.log" want got
+	local name=$1 which=$2 script count want got
 	script=$(lc_script "$name" "$which")
-	single "$script" "$DBL" as_pg valgrind --tool=callgrind --callgrind-out-file="$out" --trace-children=no \
-		>"$log" 2>"$RUN/valgrind.lc.$name.$which.log" ||
-		{ tail -20 "$RUN/valgrind.lc.$name.$which.log" >&2; die "callgrind run failed for $name"; }
-	if grep -q ERROR "$log"; then
-		grep ERROR "$log" | head -3 >&2
-		die "lifecycle step $name failed"
-	fi
+	count=$(counted "lc.$name.$which" "$script" "$DBL")
 	want=${LOUTCOME[${name#*_}]:-}
 	if [ "$which" = call ] && [ -n "$want" ]; then
-		got=$(grep -cF "$want" "$log" || true)
+		got=$(grep -cF "$want" "$RUN/single.lc.$name.$which.log" || true)
 		[ "$got" -eq "$LC_N" ] || die "lifecycle step $name: $got of $LC_N gave '$want'"
 	fi
-	awk '/^summary:/ {print $2}' "$out"
+	echo "$count"
 }
 
 # lc_sql SQL: run it in the lifecycle database, outside the counts
