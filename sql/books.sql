@@ -248,6 +248,52 @@ SELECT a.kind, p.status IN ('succeeded', 'partially_refunded', 'refunded') AS re
 SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 4000, now() + interval ''1 year'')',
                                  :'p4', 'callback', 'succeeded', 'BK-T-4'));
 
+-- A first success (payidem's fast path) writes its own bookkeeping and is not
+-- checked at commit again; but a DBA's BEFORE UPDATE trigger may write
+-- something else than it did, and then it is checked as any writer is: at
+-- once (a success without its fees) and at commit (an order paid by
+-- another order's payment); nothing stays
+SELECT payidem.create_order(:'m', 'B-0013', 1300, 'Rewritten') AS o13 \gset
+SELECT payidem.begin_payment(:'o13', 'BK_WX') AS p13 \gset
+CREATE FUNCTION public.books_no_cost() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.cost_amount := NULL; RETURN NEW; END $$;
+CREATE TRIGGER books_no_cost BEFORE UPDATE ON payidem.payment
+	FOR EACH ROW WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION public.books_no_cost();
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 1300)',
+                                 :'p13', 'callback', 'succeeded', 'BK-T-13'));
+DROP TRIGGER books_no_cost ON payidem.payment;
+CREATE FUNCTION public.books_other_payment() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	NEW.paid_payment_no := (SELECT o.paid_payment_no FROM payidem."order" o
+							 WHERE o.merchant_no = NEW.merchant_no AND o.out_trade_no = 'B-0004');
+	RETURN NEW;
+END $$;
+CREATE TRIGGER books_other_payment BEFORE UPDATE ON payidem."order"
+	FOR EACH ROW WHEN (NEW.status = 'paid') EXECUTE FUNCTION public.books_other_payment();
+SELECT * FROM pg_temp.commit_of(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 1300)',
+                                       :'p13', 'callback', 'succeeded', 'BK-T-13'));
+DROP TRIGGER books_other_payment ON payidem."order";
+DROP FUNCTION public.books_no_cost(), public.books_other_payment();
+SELECT p.status AS payment_status, o.status AS order_status
+  FROM payidem.payment p JOIN payidem."order" o USING (order_no) WHERE p.payment_no = :'p13';
+SELECT payidem.apply_payment_result(:'p13', 'callback', 'succeeded', 'BK-T-13', 1300) AS then_applied;
+-- an order a DBA's own flow took back to pending with its refunds is not
+-- paid again by a first success: an order paid with refunds its paying
+-- payment does not have (checked on the row itself, for every writer)
+SELECT payidem.create_order(:'m', 'B-0014', 1000, 'Reopened') AS o14 \gset
+SELECT payidem.apply_payment_result(payidem.begin_payment(:'o14', 'BK_WX'), 'callback', 'succeeded', 'BK-T-14', 1000)
+    AS first_paid;
+SELECT payidem.apply_refund_result(payidem.refund(p.payment_no, 300, 'BR-14'), 'succeeded') AS refunded
+  FROM payidem.payment p WHERE p.order_no = :'o14';
+INSERT INTO payidem.transition VALUES ('order', 'partially_refunded', 'pending');
+SELECT payidem.transit_order(:'o14', 'pending') AS reopened;
+SELECT payidem.begin_payment(:'o14', 'BK_WX') AS p14b \gset
+SELECT * FROM pg_temp.try(format('SELECT payidem.apply_payment_result(%L, %L, %L, %L, 1000)',
+                                 :'p14b', 'callback', 'succeeded', 'BK-T-14B'));
+SELECT status, refunded_amount FROM payidem."order" WHERE order_no = :'o14';
+SELECT payidem.close_payment(:'p14b') AS closed_b;
+DELETE FROM payidem.transition WHERE entity = 'order' AND from_status = 'partially_refunded' AND to_status = 'pending';
+
 ----------------------------------------------- notifications of a closed merchant
 -- a closed merchant's key signs nothing more: its notifications are given up,
 -- and never stop another merchant's from going out

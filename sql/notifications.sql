@@ -257,14 +257,20 @@ BEGIN;
 SELECT merchant_no AS m_closed FROM payidem.create_merchant('Closing Shop', 'retail', 0.006) \gset
 SELECT payidem.bind_channel(:'m_closed', 'NT_WX') IS NULL AS bound;
 SELECT payidem.apply_payment_result(payidem.begin_payment(
-		payidem.create_order(:'m_closed', 'NT-CLOSED-1', 100, 'Closed', 'https://closing.example/notify'),
-		'NT_WX'), 'callback', 'succeeded', 'TX-NT-CLOSED-1', 100) AS closed_shop_paid;
-UPDATE payidem.notify_event SET next_attempt_at = now() - interval '2 seconds' WHERE merchant_no = :'m_closed';
+		payidem.create_order(:'m_closed', 'NT-CLOSED-' || i, 100, 'Closed', 'https://closing.example/notify'),
+		'NT_WX'), 'callback', 'succeeded', 'TX-NT-CLOSED-' || i, 100) AS closed_shop_paid
+  FROM generate_series(1, 2) i;
+-- (the second's 16th attempt was handed out a minute ago and never answered)
+UPDATE payidem.notify_event e SET next_attempt_at = now() - interval '2 seconds' WHERE merchant_no = :'m_closed';
+UPDATE payidem.notify_event e SET attempts = 16, last_attempt_at = now() - interval '1 minute'
+  FROM payidem."order" o WHERE o.order_no = e.order_no AND o.out_trade_no = 'NT-CLOSED-2';
 UPDATE payidem.notify_event SET next_attempt_at = now() - interval '1 second' WHERE order_no = :'o2';
 SELECT payidem.close_merchant(:'m_closed') IS NULL AS closed;
 SELECT order_no = :'o2' AS handed_out_o2 FROM payidem.notify_due(1);
-SELECT status, attempts, next_attempt_at, last_response
-  FROM payidem.notify_event WHERE merchant_no = :'m_closed';
+SELECT o.out_trade_no, e.status, e.attempts, e.next_attempt_at,
+       coalesce((now() - e.last_attempt_at)::text, 'never handed out') AS last_attempt, e.last_response
+  FROM payidem.notify_event e JOIN payidem."order" o USING (order_no)
+ WHERE e.merchant_no = :'m_closed' ORDER BY o.out_trade_no;
 ROLLBACK;
 -- the 16th attempt handed out and never answered (its worker died): given up
 -- when its lease ends, not handed out a 17th time

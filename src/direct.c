@@ -273,12 +273,15 @@ payidem_update_define(PayidemRelation table, const char *keycol, int ncolumns, c
  * together with the status (the first success of apply_payment_result():
  * the payment succeeded with its transaction id, paid_at and fees, and its
  * own order paid by it, both under lock, in one call).  It fires every
- * trigger of the table but the bookkeeping checks (status_ledger,
- * status_ledger_at_commit: payidem.ledger_row() and ledger_at_commit()),
- * which would only find again what the caller just wrote.  Every other
- * writer of the table, and any later change of these rows, is checked as
- * always; so is every other trigger here (the whitelist and its log, the
- * payment's keys, the notification).
+ * trigger of the table but the bookkeeping check at commit
+ * (status_ledger_at_commit: payidem.ledger_at_commit()), which would only
+ * find again what the caller just wrote: the order names the payment the
+ * caller made succeeded, of that order, and status_ledger (which stays:
+ * what the row says about itself, no query) refuses an order paid with
+ * refunds or a payment with some.  Not while the table has a BEFORE UPDATE
+ * row trigger, which may write something else than the caller did: then
+ * every trigger fires.  Every other writer of the table, and any later
+ * change of these rows, is checked as always.
  */
 PayidemUpdate *
 payidem_update_define_own(PayidemRelation table, const char *keycol, int ncolumns, const char *const *columns)
@@ -289,9 +292,9 @@ payidem_update_define_own(PayidemRelation table, const char *keycol, int ncolumn
 	return t;
 }
 
-/* is trigger tg of rel one of payidem's bookkeeping checks (in rel's schema)? */
+/* is trigger tg of rel payidem's bookkeeping check at commit (in rel's schema)? */
 static bool
-bookkeeping_trigger(Relation rel, const Trigger *tg)
+bookkeeping_at_commit(Relation rel, const Trigger *tg)
 {
 	char	   *name;
 	bool		result;
@@ -299,13 +302,17 @@ bookkeeping_trigger(Relation rel, const Trigger *tg)
 	if (get_func_namespace(tg->tgfoid) != RelationGetNamespace(rel))
 		return false;
 	name = get_func_name(tg->tgfoid);
-	result = name != NULL && (strcmp(name, "ledger_row") == 0 || strcmp(name, "ledger_at_commit") == 0);
+	result = name != NULL && strcmp(name, "ledger_at_commit") == 0;
 	if (name)
 		pfree(name);
 	return result;
 }
 
-/* the table's triggers without the bookkeeping checks, in the current context */
+/*
+ * The table's triggers without the bookkeeping check at commit, in the
+ * current context; NULL for all of them (the table has no trigger, or one
+ * BEFORE UPDATE of a row).
+ */
 static TriggerDesc *
 own_bookkeeping_triggers(Relation rel)
 {
@@ -313,16 +320,16 @@ own_bookkeeping_triggers(Relation rel)
 	int			i;
 	int			n = 0;
 
-	if (rel->trigdesc == NULL)
+	if (rel->trigdesc == NULL || rel->trigdesc->trig_update_before_row)
 		return NULL;
 	/*
-	 * A copy, less those triggers; the flags stay those of the whole set (a
+	 * A copy, less that trigger; the flags stay those of the whole set (a
 	 * flag says a kind of trigger may be there: each trigger's own type is
 	 * what the executor goes by).
 	 */
 	td = CopyTriggerDesc(rel->trigdesc);
 	for (i = 0; i < td->numtriggers; i++)
-		if (!bookkeeping_trigger(rel, &td->triggers[i]))
+		if (!bookkeeping_at_commit(rel, &td->triggers[i]))
 			td->triggers[n++] = td->triggers[i];
 	td->numtriggers = n;
 	return td;
@@ -1419,7 +1426,7 @@ payidem_update(PayidemUpdate *t, ItemPointer tid, text *key,
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	/* (sized for all of them, the trigger function caches fit the fewer) */
-	if (t->own_bookkeeping)
+	if (t->own_bookkeeping && t->trigdesc != NULL)
 		rri->ri_TrigDesc = t->trigdesc;
 	/* the trigger machinery finds it here instead of opening its own */
 	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);

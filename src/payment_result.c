@@ -87,8 +87,8 @@ static PayidemUpdate *order_target_own = NULL;
  * transaction id txn (of type txn_type).  False: not done (see payidem_update).
  * own: the fast path's first success below, which writes the payment's
  * bookkeeping with it (a transaction id, paid_at, both fees from NOT NULL
- * rates) and the order it pays in the same call: the bookkeeping triggers
- * are not fired for it (payidem_update_define_own()).  The PL/pgSQL
+ * rates) and the order it pays in the same call: the bookkeeping check at
+ * commit is not fired for it (payidem_update_define_own()).  The PL/pgSQL
  * implementation's calls, whose arguments come from SQL, are checked.
  */
 static bool

@@ -89,22 +89,28 @@ BEGIN
 	-- not handed out again after this transaction ends, until notify_result()
 	-- or the lease runs out (a worker that died: that attempt had no answer).
 	-- An event whose last attempt was handed out and never answered is given
-	-- up (failed) instead.  Either way it is due no more in this transaction,
-	-- so the next step finds the next one.
+	-- up (failed) instead (a closed merchant's: 'merchant closed', as below).
+	-- Either way it is due no more in this transaction, so the next step
+	-- finds the next one.
 	WHILE v_left > 0 LOOP
 		UPDATE payidem.notify_event e
 		   SET attempts = CASE WHEN e.attempts >= v_max_attempts THEN e.attempts ELSE e.attempts + 1 END,
 			   status = CASE WHEN e.attempts >= v_max_attempts THEN 'failed' ELSE e.status END,
 			   next_attempt_at = CASE WHEN e.attempts >= v_max_attempts THEN NULL ELSE now() + v_lease END,
 			   last_attempt_at = CASE WHEN e.attempts >= v_max_attempts THEN e.last_attempt_at ELSE now() END,
-			   last_response = CASE WHEN e.attempts >= v_max_attempts THEN 'no answer to the last attempt'
-									ELSE e.last_response END
-		 WHERE e.event_id = (SELECT d.event_id FROM payidem.notify_event d
-							  WHERE d.status = 'pending' AND d.next_attempt_at <= now()
-							  ORDER BY d.next_attempt_at
-							  LIMIT 1
-								FOR UPDATE SKIP LOCKED)
-		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts, e.status
+			   last_response = CASE WHEN e.attempts < v_max_attempts THEN e.last_response
+									WHEN EXISTS (SELECT 1 FROM payidem.merchant m
+												  WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
+									THEN 'merchant closed'
+									ELSE 'no answer to the last attempt' END
+		  FROM (SELECT d.event_id, d.last_attempt_at FROM payidem.notify_event d
+				 WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+				 ORDER BY d.next_attempt_at
+				 LIMIT 1
+				   FOR UPDATE SKIP LOCKED) d
+		 WHERE e.event_id = d.event_id
+		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts, e.status,
+				  d.last_attempt_at AS before_attempt_at
 		  INTO n;
 		EXIT WHEN NOT FOUND;
 		IF n.status = 'failed' THEN
@@ -114,12 +120,12 @@ BEGIN
 		v_left := v_left - 1;
 		signature := payidem._sign_notification(n.merchant_no, n.payload);
 		IF signature !~ ',v2=' THEN
-			-- Nothing to sign with: this was no attempt, and the event is not
-			-- sent unsigned.  A closed merchant's key signs nothing more: its
+			-- Nothing to sign with: this was no attempt (attempts and
+			-- last_attempt_at as they were), and the event is not sent unsigned.  A closed merchant's key signs nothing more: its
 			-- event is given up (failed) and holds up no other; otherwise no
 			-- secret of the merchant is valid now and the event waits.
 			UPDATE payidem.notify_event e
-			   SET attempts = e.attempts - 1,
+			   SET attempts = e.attempts - 1, last_attempt_at = n.before_attempt_at,
 				   status = CASE WHEN m.status = 'closed' THEN 'failed' ELSE e.status END,
 				   next_attempt_at = CASE WHEN m.status = 'closed' THEN NULL
 										  ELSE now() + interval '5 minutes' END,
