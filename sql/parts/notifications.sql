@@ -73,6 +73,7 @@ DECLARE
 	v_max_attempts constant integer := 16;		-- notify_result()'s schedule has 15 waits
 	v_left integer := max_rows;
 	v_given_up bigint := 0;
+	v_status text;
 	n record;
 BEGIN
 	IF max_rows IS NULL OR max_rows <= 0 THEN
@@ -81,65 +82,63 @@ BEGIN
 			'Pass how many events one worker takes at a time, e.g. 100.');
 	END IF;
 	-- The oldest due event no other worker holds, one at a time: each step
-	-- is one statement at the head of notify_event_due, whatever the backlog
-	-- behind it (without parameters: planned once per session).  Handing an
-	-- event out is its next attempt (attempts counts hand-outs; the one
-	-- handed out is named by attempt, and notify_result() takes reports of
-	-- that one only) and leases it: its next_attempt_at moves ahead, so it is
-	-- not handed out again after this transaction ends, until notify_result()
-	-- or the lease runs out (a worker that died: that attempt had no answer).
-	-- An event whose last attempt was handed out and never answered is given
-	-- up (failed) instead (a closed merchant's: 'merchant closed', as below).
-	-- Either way it is due no more in this transaction, so the next step
-	-- finds the next one.
+	-- is one look-up at the head of notify_event_due, whatever the backlog
+	-- behind it (without parameters: planned once per session).  An event
+	-- taken here is due no more in this transaction (leased, failed or
+	-- waiting), so the next step finds the next one.
 	WHILE v_left > 0 LOOP
-		UPDATE payidem.notify_event e
-		   SET attempts = CASE WHEN e.attempts >= v_max_attempts THEN e.attempts ELSE e.attempts + 1 END,
-			   status = CASE WHEN e.attempts >= v_max_attempts THEN 'failed' ELSE e.status END,
-			   next_attempt_at = CASE WHEN e.attempts >= v_max_attempts THEN NULL ELSE now() + v_lease END,
-			   last_attempt_at = CASE WHEN e.attempts >= v_max_attempts THEN e.last_attempt_at ELSE now() END,
-			   last_response = CASE WHEN e.attempts < v_max_attempts THEN e.last_response
-									WHEN EXISTS (SELECT 1 FROM payidem.merchant m
-												  WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
-									THEN 'merchant closed'
-									ELSE 'no answer to the last attempt' END
-		  FROM (SELECT d.event_id, d.last_attempt_at FROM payidem.notify_event d
-				 WHERE d.status = 'pending' AND d.next_attempt_at <= now()
-				 ORDER BY d.next_attempt_at
-				 LIMIT 1
-				   FOR UPDATE SKIP LOCKED) d
-		 WHERE e.event_id = d.event_id
-		RETURNING e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts, e.status,
-				  d.last_attempt_at AS before_attempt_at
-		  INTO n;
+		SELECT e.event_id, e.order_no, e.merchant_no, e.event, e.payload, e.attempts INTO n
+		  FROM payidem.notify_event e
+		 WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+		 ORDER BY e.next_attempt_at
+		 LIMIT 1
+		   FOR UPDATE SKIP LOCKED;
 		EXIT WHEN NOT FOUND;
-		IF n.status = 'failed' THEN
+		-- an event whose last attempt was handed out and never answered is
+		-- given up (failed), not handed out; a closed merchant's is named so
+		IF n.attempts >= v_max_attempts THEN
+			UPDATE payidem.notify_event e
+			   SET status = 'failed', next_attempt_at = NULL,
+				   last_response = CASE WHEN EXISTS (SELECT 1 FROM payidem.merchant m
+													  WHERE m.merchant_no = e.merchant_no AND m.status = 'closed')
+										THEN 'merchant closed' ELSE 'no answer to the last attempt' END
+			 WHERE e.event_id = n.event_id;
 			v_given_up := v_given_up + 1;
 			CONTINUE;
 		END IF;
-		v_left := v_left - 1;
 		signature := payidem._sign_notification(n.merchant_no, n.payload);
 		IF signature !~ ',v2=' THEN
-			-- Nothing to sign with: this was no attempt (attempts and
-			-- last_attempt_at as they were), and the event is not sent unsigned.  A closed merchant's key signs nothing more: its
-			-- event is given up (failed) and holds up no other; otherwise no
-			-- secret of the merchant is valid now and the event waits.
+			-- Nothing to sign with: this is no attempt, and the event is not
+			-- sent unsigned.  A closed merchant's key signs nothing more: its
+			-- event is given up (failed), takes no place in the batch and
+			-- holds up no other; otherwise no secret of the merchant is valid
+			-- now and the event waits.
 			UPDATE payidem.notify_event e
-			   SET attempts = e.attempts - 1, last_attempt_at = n.before_attempt_at,
-				   status = CASE WHEN m.status = 'closed' THEN 'failed' ELSE e.status END,
+			   SET status = CASE WHEN m.status = 'closed' THEN 'failed' ELSE e.status END,
 				   next_attempt_at = CASE WHEN m.status = 'closed' THEN NULL
 										  ELSE now() + interval '5 minutes' END,
 				   last_response = CASE WHEN m.status = 'closed' THEN 'merchant closed'
 										ELSE 'no valid API secret' END
 			  FROM payidem.merchant m
 			 WHERE e.event_id = n.event_id AND m.merchant_no = e.merchant_no
-			RETURNING e.status INTO n.status;
-			IF n.status = 'failed' THEN
+			RETURNING e.status INTO v_status;
+			IF v_status = 'failed' THEN
 				v_given_up := v_given_up + 1;
-				v_left := v_left + 1;		-- (given up: it takes no place in the batch)
+			ELSE
+				v_left := v_left - 1;
 			END IF;
 			CONTINUE;
 		END IF;
+		-- Handing an event out is its next attempt (attempts counts
+		-- hand-outs; the one handed out is named by attempt, and
+		-- notify_result() takes reports of that one only) and leases it: its
+		-- next_attempt_at moves ahead, so it is not handed out again after
+		-- this transaction ends, until notify_result() or the lease runs out
+		-- (a worker that died: that attempt had no answer).
+		UPDATE payidem.notify_event e
+		   SET next_attempt_at = now() + v_lease, attempts = e.attempts + 1, last_attempt_at = now()
+		 WHERE e.event_id = n.event_id;
+		v_left := v_left - 1;
 		event_id := n.event_id;
 		order_no := n.order_no;
 		merchant_no := n.merchant_no;
@@ -151,7 +150,7 @@ BEGIN
 		END IF;
 		event := n.event;
 		payload := n.payload;
-		attempt := n.attempts;
+		attempt := n.attempts + 1;
 		RETURN NEXT;
 	END LOOP;
 	IF v_given_up > 0 THEN
