@@ -27,7 +27,7 @@ OBJS_STATE     = src/state_machine.o src/ledger.o
 OBJS_MERCHANT  = src/crypto.o
 OBJS_RECON     = src/recon.o
 OBJS_SETTLE    = src/journal.o
-OBJS_FLOW      = src/payment_result.o src/payment_decision.o src/payment_keys.o src/read_api.o src/notify.o
+OBJS_FLOW      = src/orders.o src/payment_result.o src/payment_decision.o src/payment_keys.o src/read_api.o src/notify.o
 OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_SETTLE) $(OBJS_FLOW)
 
 # The install script of the version in development is assembled from its
@@ -65,7 +65,7 @@ REGRESS = $(REGRESS_CORE) $(REGRESS_ORDER_NO) $(REGRESS_IDEM) $(REGRESS_STATE) $
 ISOLATION_ORDER_NO = order_no_concurrent
 ISOLATION_IDEM     = idem_commit idem_rollback idem_lease_finish idem_three idem_repeatable_read idem_record
 ISOLATION_STATE    = state_transit_race state_whitelist_cache state_delete_in_use
-ISOLATION_FLOW     = flow_duplicate_callbacks flow_callback_vs_query flow_close_vs_success flow_close_vs_begin flow_two_channels flow_refund_race flow_notify_workers notify_events flow_query_due flow_ddl_meanwhile flow_same_transaction_id flow_rebuild_keys flow_unknown_transaction flow_refusal_repeatable_read
+ISOLATION_FLOW     = flow_duplicate_callbacks flow_callback_vs_query flow_close_vs_success flow_close_vs_begin flow_two_channels flow_refund_race flow_notify_workers notify_events flow_query_due flow_ddl_meanwhile flow_same_transaction_id flow_rebuild_keys flow_unknown_transaction flow_refusal_repeatable_read notify_result_race create_order_race
 ISOLATION_RECON    = recon_concurrent
 ISOLATION_SETTLE   = settle_twice settle_vs_payment payout_race payout_vs_settle_refund
 ISOLATION = $(ISOLATION_ORDER_NO) $(ISOLATION_IDEM) $(ISOLATION_STATE) $(ISOLATION_FLOW) $(ISOLATION_RECON) $(ISOLATION_SETTLE)

@@ -250,6 +250,31 @@ SELECT count(*) AS handed_out FROM payidem.notify_due(100) WHERE merchant_no = :
 SELECT status, attempts, next_attempt_at > now() + interval '4 minutes' AS waits, last_response
   FROM payidem.notify_event WHERE order_no = :'o2';
 ROLLBACK;
+-- an application role (EXECUTE only: grant_app) takes events as the tables'
+-- owner, and a session whose search_path puts look-alike operators and types
+-- first changes nothing in what notify_due() reads, decides or signs
+BEGIN;
+CREATE ROLE regress_nt_app;
+SELECT count(*) > 0 AS app_granted FROM payidem.grant_app('regress_nt_app');
+CREATE FUNCTION public.nt_evil(text, text) RETURNS boolean LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'hijacked: a look-alike operator was called'; END $$;
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, PROCEDURE = public.nt_evil);
+CREATE FUNCTION public.nt_evil_ts(timestamptz, timestamptz) RETURNS boolean LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'hijacked: a look-alike operator was called'; END $$;
+CREATE OPERATOR public.<= (LEFTARG = timestamptz, RIGHTARG = timestamptz, PROCEDURE = public.nt_evil_ts);
+CREATE DOMAIN public.text AS pg_catalog.varchar(1) CHECK (false);
+UPDATE payidem.notify_event SET next_attempt_at = now() - interval '1 second' WHERE order_no = :'o2';
+SET LOCAL search_path = public, pg_catalog;
+SET LOCAL ROLE regress_nt_app;
+-- (the test's own comparison names pg_catalog's operator: its search_path is hostile too)
+CREATE TEMP TABLE handed_as_app AS
+  SELECT * FROM payidem.notify_due(100) WHERE order_no OPERATOR(pg_catalog.=) :'o2';
+RESET ROLE;
+RESET search_path;
+SELECT count(*) AS handed_out, bool_and(attempt = 2) AS second_attempt,
+       bool_and(payidem.verify_notification(:'k', payload, signature)) AS verifies
+  FROM handed_as_app;
+ROLLBACK;
 -- a closed merchant's due event is given up, not handed out, and takes no
 -- place in the batch: an older event of a closed merchant ahead of another
 -- merchant's does not stop that one from being handed out with max_rows 1

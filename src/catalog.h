@@ -40,7 +40,9 @@
 	X(PAYMENT_CHANNEL_PAID, "payment_channel_paid") \
 	X(MERCHANT_PKEY, "merchant_pkey") \
 	X(CHANNEL_PKEY, "channel_pkey") \
-	X(MERCHANT_CHANNEL_PKEY, "merchant_channel_pkey")
+	X(MERCHANT_CHANNEL_PKEY, "merchant_channel_pkey") \
+	X(NOTIFY_EVENT_PKEY, "notify_event_pkey") \
+	X(ORDER_OUT_TRADE_NO_KEY, "order_out_trade_no_key")
 
 #define PAYIDEM_RELATION_ENUM(id, name) PAYIDEM_##id,
 typedef enum PayidemRelation

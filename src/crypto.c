@@ -394,19 +394,14 @@ payidem_open(PG_FUNCTION_ARGS)
 static const char notify_v2_label[] = "payidem-notification-v2";
 
 /*
- * HMAC-SHA256 under the sealed secret (arguments 0 to 4) of prefix
- * (prefix_len bytes, none if 0) followed by payload (argument 5), as 64
- * lowercase hex.
+ * HMAC-SHA256 under secret (len bytes) of prefix (prefix_len bytes, none if
+ * 0) followed by msg (msglen bytes), as 64 lowercase hex at hex.
  */
 static void
-hmac_sealed(FunctionCallInfo fcinfo, const char *prefix, size_t prefix_len, char *hex)
+hmac_hex(const uint8 *secret, int len, const char *prefix, size_t prefix_len,
+		 const char *msg, size_t msglen, char *hex)
 {
 	static const char digits[] = "0123456789abcdef";
-	text	   *payload = PG_GETARG_TEXT_PP(5);
-	int			len;
-	uint8	   *secret = open_record(PG_GETARG_TEXT_PP(0), PG_GETARG_INT32(1),
-									 PG_GETARG_BYTEA_PP(2), PG_GETARG_BYTEA_PP(3),
-									 PG_GETARG_BYTEA_PP(4), &len);
 	uint8		mac[SHA256_LEN];
 	pg_hmac_ctx *ctx = pg_hmac_create(PG_SHA256);
 	bool		ok;
@@ -414,9 +409,8 @@ hmac_sealed(FunctionCallInfo fcinfo, const char *prefix, size_t prefix_len, char
 
 	ok = ctx != NULL && pg_hmac_init(ctx, secret, len) >= 0 &&
 		(prefix_len == 0 || pg_hmac_update(ctx, (const uint8 *) prefix, prefix_len) >= 0) &&
-		pg_hmac_update(ctx, (uint8 *) VARDATA_ANY(payload), VARSIZE_ANY_EXHDR(payload)) >= 0 &&
+		pg_hmac_update(ctx, (const uint8 *) msg, msglen) >= 0 &&
 		pg_hmac_final(ctx, mac, sizeof(mac)) >= 0;
-	explicit_bzero(secret, len);
 	if (ctx)
 		pg_hmac_free(ctx);
 	if (!ok)
@@ -428,6 +422,56 @@ hmac_sealed(FunctionCallInfo fcinfo, const char *prefix, size_t prefix_len, char
 	}
 	hex[2 * SHA256_LEN] = '\0';
 	explicit_bzero(mac, sizeof(mac));
+}
+
+/*
+ * HMAC-SHA256 under the sealed secret (arguments 0 to 4) of prefix
+ * (prefix_len bytes, none if 0) followed by payload (argument 5), as 64
+ * lowercase hex.
+ */
+static void
+hmac_sealed(FunctionCallInfo fcinfo, const char *prefix, size_t prefix_len, char *hex)
+{
+	text	   *payload = PG_GETARG_TEXT_PP(5);
+	int			len;
+	uint8	   *secret = open_record(PG_GETARG_TEXT_PP(0), PG_GETARG_INT32(1),
+									 PG_GETARG_BYTEA_PP(2), PG_GETARG_BYTEA_PP(3),
+									 PG_GETARG_BYTEA_PP(4), &len);
+
+	PG_TRY();
+	{
+		hmac_hex(secret, len, prefix, prefix_len, VARDATA_ANY(payload), VARSIZE_ANY_EXHDR(payload), hex);
+	}
+	PG_FINALLY();
+	{
+		explicit_bzero(secret, len);
+	}
+	PG_END_TRY();
+}
+
+/*
+ * A notification's v1 and v2 (_hmac_sign()'s and _notify_v2_sign()'s of
+ * msg, "<t>.<payload>", msglen bytes) under one sealed secret, opened once,
+ * as 64 lowercase hex each at v1 and v2: what _sign_notification() (notify.c)
+ * puts in the header for each secret valid now.
+ */
+void
+payidem_notification_macs(text *aad, int32 key_version, bytea *nonce, bytea *ciphertext, bytea *tag,
+						  const char *msg, size_t msglen, char *v1, char *v2)
+{
+	int			len;
+	uint8	   *secret = open_record(aad, key_version, nonce, ciphertext, tag, &len);
+
+	PG_TRY();
+	{
+		hmac_hex(secret, len, NULL, 0, msg, msglen, v1);
+		hmac_hex(secret, len, notify_v2_label, sizeof(notify_v2_label), msg, msglen, v2);
+	}
+	PG_FINALLY();
+	{
+		explicit_bzero(secret, len);
+	}
+	PG_END_TRY();
 }
 
 /*

@@ -136,6 +136,7 @@ struct PayidemUpdate
 	MemoryContext context;
 	int			natts;
 	AttrNumber	keyattno;
+	bool		keyint8;		/* the key is a bigint (else text) */
 	AttrNumber	attnos[PAYIDEM_UPDATE_MAX_COLUMNS];
 	bool		isdomain[PAYIDEM_UPDATE_MAX_COLUMNS];
 	void	   *domain_extra[PAYIDEM_UPDATE_MAX_COLUMNS];	/* domain_check()'s cache */
@@ -151,6 +152,7 @@ static void exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int
 static ExprState **exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached);
 static void exprs_detach(PayidemExprs *x, bool attached);
 static bool indexes_lazy_ok(Relation rel);
+static void check_conflict_visible(Relation rel, ItemPointer tid, Snapshot snapshot);
 static void update_index_entries(ResultRelInfo *rri, TupleTableSlot *slot, EState *estate);
 
 /* what one column of the table gets */
@@ -705,12 +707,88 @@ exprs_detach(PayidemExprs *x, bool attached)
 }
 
 /*
+ * Whether a row of rel can be written by payidem_insert_row() as a one-row
+ * INSERT statement would (with an arbiter: INSERT ... ON CONFLICT DO
+ * NOTHING): a plain table without rules, triggers with transition tables,
+ * stored generated columns or row-level security that applies, into which
+ * the current user may insert; with an arbiter, also no BEFORE INSERT row
+ * trigger (which the statement fires before its conflict check).
+ */
+static bool
+insert_plain(Relation rel, bool speculative)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	return rel->rd_rel->relkind == RELKIND_RELATION && !rel->rd_rel->relispartition &&
+		rel->rd_rules == NULL &&
+		!(rel->trigdesc != NULL &&
+		  (rel->trigdesc->trig_insert_new_table ||
+		   (speculative && rel->trigdesc->trig_insert_before_row))) &&
+		!(desc->constr != NULL && desc->constr->has_generated_stored) &&
+		check_enable_rls(RelationGetRelid(rel), InvalidOid, false) != RLS_ENABLED &&
+		pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), ACL_INSERT) == ACLCHECK_OK;
+}
+
+/*
+ * The row in slot inserted as INSERT ... ON CONFLICT (the key of unique
+ * index payidem.<arbiter>) DO NOTHING inserts it, through the executor's steps: the
+ * row's constraints; the pre-check of the arbiter (waiting for a concurrent
+ * inserter of the key); the heap tuple inserted speculatively, its index
+ * entries, the tuple confirmed -- or, if another inserter of the key got in
+ * between, killed and the pre-check made again; then the AFTER row
+ * triggers.  1 if inserted, 0 if a row holds the key.
+ */
+static int
+insert_speculative(ResultRelInfo *rri, EState *estate, TupleTableSlot *slot, PayidemRelation arbiter)
+{
+	Relation	rel = rri->ri_RelationDesc;
+	List	   *arbiters = list_make1_oid(payidem_relation(arbiter));
+
+	if (rel->rd_att->constr)
+		ExecConstraints(rri, slot, estate);
+	for (;;)
+	{
+		ItemPointerData conflict_tid;
+		TransactionId xid;
+		uint32		spec_token;
+		bool		spec_conflict = false;
+		List	   *recheck;
+
+		CHECK_FOR_INTERRUPTS();
+		if (!ExecCheckIndexConstraintsCompat(rri, slot, estate, &conflict_tid, arbiters))
+		{
+			check_conflict_visible(rel, &conflict_tid, estate->es_snapshot);
+			return 0;
+		}
+		xid = GetCurrentTransactionId();
+		spec_token = SpeculativeInsertionLockAcquire(xid);
+		table_tuple_insert_speculative(rel, slot, estate->es_output_cid, 0, NULL, spec_token);
+		recheck = ExecInsertIndexTuplesNoDupErrCompat(rri, slot, estate, &spec_conflict, arbiters);
+		table_tuple_complete_speculative(rel, slot, spec_token, !spec_conflict);
+		SpeculativeInsertionLockRelease(xid);
+		if (!spec_conflict)
+		{
+			ExecARInsertTriggers(estate, rri, slot, recheck, NULL);
+			list_free(recheck);
+			return 1;
+		}
+		/* killed: the other inserter decides, at the next pre-check */
+		list_free(recheck);
+	}
+}
+
+/*
  * Insert one row: values[i] (NULL if nulls[i]) into column columns[i], every
  * other column its default.  As the executor's INSERT would, but for the
  * privileges: constraints, domains, indexes, generated columns, triggers.
+ * With arbiter (a unique index, PayidemRelation) as INSERT ... ON CONFLICT
+ * (its key) DO NOTHING would.  checked: first see that the table takes the
+ * row as the statement would (insert_plain()), else change nothing and
+ * return -1 (the caller runs the statement).  Returns 1 if inserted, 0 if a
+ * row holds the arbiter's key.
  */
-void
-payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
+static int
+insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter, bool checked)
 {
 	Relation	rel = table_open(payidem_relation(ins->table), RowExclusiveLock);
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -720,8 +798,14 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	MemoryContext oldcxt;
 	ExprState **default_states;
 	bool		attached;
+	int			result = 1;
 	int			i;
 
+	if (checked && !insert_plain(rel, arbiter >= 0))
+	{
+		table_close(rel, NoLock);
+		return -1;
+	}
 	/* the lock above has processed any pending invalidation */
 	if (ins->relid != RelationGetRelid(rel) || ins->natts != desc->natts)
 		insert_prepare(ins, rel);
@@ -731,7 +815,9 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL, NULL);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
 	estate->es_output_cid = GetCurrentCommandId(true);
-	ExecOpenIndices(rri, false);
+	if (arbiter >= 0)
+		estate->es_snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	ExecOpenIndices(rri, arbiter >= 0);
 	slot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);
 	ExecClearTuple(slot);
 	default_states = exprs_attach(&ins->exprs, rri, estate, &attached);
@@ -769,7 +855,10 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 		/* the table's own triggers, statement and row, as for a one-row INSERT */
 		AfterTriggerBeginQuery();
 		ExecBSInsertTriggers(estate, rri);
-		ExecSimpleRelationInsert(rri, estate, slot);
+		if (arbiter >= 0)
+			result = insert_speculative(rri, estate, slot, (PayidemRelation) arbiter);
+		else
+			ExecSimpleRelationInsert(rri, estate, slot);
 		ExecASInsertTriggers(estate, rri, NULL);
 		AfterTriggerEndQuery(estate);
 	}
@@ -782,8 +871,34 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 
 	ExecCloseIndices(rri);
 	ExecResetTupleTable(estate->es_tupleTable, false);
+	if (arbiter >= 0)
+	{
+		UnregisterSnapshot(estate->es_snapshot);
+		estate->es_snapshot = InvalidSnapshot;
+	}
 	FreeExecutorState(estate);
 	table_close(rel, NoLock);
+	return result;
+}
+
+/* one row of payidem's own tables (insert_row()) */
+void
+payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
+{
+	(void) insert_row(ins, values, nulls, -1, false);
+}
+
+/*
+ * One row of a table others may change too ("order", payment): as the
+ * one-row INSERT statement would write it (with arbiter >= 0, a unique index:
+ * ... ON CONFLICT (its key) DO NOTHING): 1 inserted, 0 a row holds the key,
+ * -1 nothing done: the table has what a direct insert cannot reproduce (the
+ * caller runs the statement).
+ */
+int
+payidem_insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter)
+{
+	return insert_row(ins, values, nulls, arbiter, true);
 }
 
 /*
@@ -1287,6 +1402,7 @@ update_prepare(PayidemUpdate *t, Relation rel)
 	oldcxt = MemoryContextSwitchTo(t->context);
 	t->natts = desc->natts;
 	t->keyattno = payidem_column(rel, t->keycol);
+	t->keyint8 = TupleDescAttr(desc, t->keyattno - 1)->atttypid == INT8OID;
 	for (i = 0; i < t->ncolumns; i++)
 	{
 		Oid			typid;
@@ -1329,8 +1445,8 @@ payidem_update_plain(Relation rel)
 }
 
 /*
- * Update the row of t's table at tid, whose key column must equal
- * key: the columns of t with set[i] take values[i]/nulls[i] (of type
+ * Update the row of t's table at tid, whose key column (text or bigint)
+ * must equal key: the columns of t with set[i] take values[i]/nulls[i] (of type
  * types[i]: a column of a domain type is checked against its domain unless
  * the value already has that type), the others keep their value.  A column
  * with keep_null[i] is set only to a non-NULL value; the UPDATE names it
@@ -1344,7 +1460,7 @@ payidem_update_plain(Relation rel)
  * UPDATE in SQL (which does all that, or refuses).
  */
 bool
-payidem_update(PayidemUpdate *t, ItemPointer tid, text *key,
+payidem_update(PayidemUpdate *t, ItemPointer tid, Datum key,
 			const bool *set, Datum *values, const bool *nulls, const Oid *types,
 			const bool *keep_null, bool checked)
 {
@@ -1386,10 +1502,11 @@ payidem_update(PayidemUpdate *t, ItemPointer tid, text *key,
 		elog(ERROR, "payidem: the locked row of payidem.%s at (%u,%u) is gone",
 			 payidem_relation_name(t->table), ItemPointerGetBlockNumber(tid), ItemPointerGetOffsetNumber(tid));
 	oldkey = slot_getattr(oldslot, t->keyattno, &isnull);
-	if (isnull || !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, oldkey, PointerGetDatum(key))))
+	if (isnull || (t->keyint8 ? DatumGetInt64(oldkey) != DatumGetInt64(key) :
+				   !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, oldkey, key))))
 		elog(ERROR, "payidem: the row of payidem.%s at (%u,%u) is not %s",
 			 payidem_relation_name(t->table), ItemPointerGetBlockNumber(tid), ItemPointerGetOffsetNumber(tid),
-			 text_to_cstring(key));
+			 t->keyint8 ? psprintf(INT64_FORMAT, DatumGetInt64(key)) : TextDatumGetCString(key));
 
 	/* the new version: the old one with the columns set */
 	newslot = ExecInitExtraTupleSlot(estate, desc, &TTSOpsVirtual);

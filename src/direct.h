@@ -30,6 +30,7 @@ typedef struct PayidemInsert PayidemInsert;
 extern PayidemInsert *payidem_insert_define(PayidemRelation table, int ncols, const char *const *columns,
 											 const Oid *types);
 extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);
+extern int	payidem_insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter);
 extern void payidem_delete_row(Relation rel, ItemPointer tid);
 
 /*
@@ -62,7 +63,7 @@ extern PayidemUpdate *payidem_update_define(PayidemRelation table, const char *k
 											const char *const *columns);
 extern PayidemUpdate *payidem_update_define_own(PayidemRelation table, const char *keycol, int ncolumns,
 												const char *const *columns);
-extern bool payidem_update(PayidemUpdate *t, ItemPointer tid, text *key, const bool *set, Datum *values,
+extern bool payidem_update(PayidemUpdate *t, ItemPointer tid, Datum key, const bool *set, Datum *values,
 						   const bool *nulls, const Oid *types, const bool *keep_null, bool checked);
 extern bool payidem_update_plain(Relation rel);
 

@@ -22,6 +22,21 @@
  *
  *   payidem._utc(timestamptz) — 2026-11-30T07:33:36.463208Z.
  *
+ *   payidem._sign_notification(merchant_no, payload) — the signature header
+ *     of a payload, signed now: t=<unix seconds>, then ,v1=<hex>,v2=<hex>
+ *     for each secret of the merchant valid now, the newest first (two
+ *     pairs during a rotation's grace period, none for a closed merchant).
+ *     Which secrets are valid now is _secrets_valid_now()'s decision and
+ *     the data that binds a sealed secret to its row _secret_aad()'s (one
+ *     statement, prepared once per session); the MACs are crypto.c's,
+ *     each secret opened once for both.  The only place a notification is
+ *     signed.
+ *
+ *   payidem.notify_due(max_rows) and payidem.notify_result(event_id, ok,
+ *     response, attempt) — the hand-out of due events and the report of
+ *     an attempt, with the retry schedule both follow: the one place it is
+ *     decided what becomes of an event after it was written.
+ *
  * The trigger acts as the tables' owner (the event is written whoever
  * changed the row), switching to it itself rather than being SECURITY
  * DEFINER: no settings to save and restore on every call.  It reads the
@@ -42,6 +57,7 @@
 #include "common/int.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
@@ -49,11 +65,14 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
+#include "utils/tuplestore.h"
 
 #include "catalog.h"
+#include "crypto.h"
 #include "direct.h"
 #include "errcodes.h"
 #include "order_no.h"
+#include "shmem.h"
 #include "util.h"
 
 /* n as `width` decimal digits (n >= 0, < 10^width) at out */
@@ -467,4 +486,616 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		table_close(order_rel, NoLock);
 	payidem_end_as_owner(&as_owner);
 	return PointerGetDatum(NULL);
+}
+
+/*
+ * The signature header of payload (text) for merchant_no (text), signed at
+ * now (transaction start): "t=<t>" and, per secret valid now, the newest
+ * first, ",v1=<hex>,v2=<hex>", where v1 is HMAC-SHA256(secret,
+ * "<t>.<payload>") and v2 the same message under the label
+ * "payidem-notification-v2" NUL (crypto.c); t is now in whole Unix seconds,
+ * rounded down.  *nsecrets says how many secrets signed (0: none is valid
+ * now, or the merchant is closed; the header is then no signature).  The
+ * caller is SPI-connected; the result is in the current memory context.
+ */
+static text *
+sign_now(Datum merchant_no, text *payload, TimestampTz now, uint64 *nsecrets)
+{
+	static SPIPlanPtr secrets_plan = NULL;
+	Oid			argtypes[1] = {TEXTOID};
+	MemoryContext cxt = CurrentMemoryContext;
+	MemoryContext old;
+	int64		t;
+	StringInfoData msg;
+	StringInfoData sig;
+	char		v1[PAYIDEM_MAC_HEX_LEN + 1];
+	char		v2[PAYIDEM_MAC_HEX_LEN + 1];
+	text	   *result;
+	uint64		i;
+	int			rc;
+
+	t = now / USECS_PER_SEC - (now % USECS_PER_SEC < 0 ? 1 : 0) +
+		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY;
+	initStringInfo(&sig);
+	appendStringInfo(&sig, "t=" INT64_FORMAT, t);
+	initStringInfo(&msg);
+	appendStringInfo(&msg, INT64_FORMAT ".", t);
+	appendBinaryStringInfo(&msg, VARDATA_ANY(payload), VARSIZE_ANY_EXHDR(payload));
+
+	/* which secrets: _secrets_valid_now()'s decision; their data: _secret_aad()'s */
+	payidem_saved_plan(&secrets_plan,
+					   "SELECT payidem._secret_aad(s.merchant_no, s.secret_version),"
+					   " s.key_version, s.nonce, s.ciphertext, s.auth_tag"
+					   " FROM payidem._secrets_valid_now($1) s ORDER BY s.secret_version DESC",
+					   1, argtypes);
+	rc = SPI_execute_plan(secrets_plan, &merchant_no, NULL, true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "payidem: reading the secrets of a merchant failed: %s", SPI_result_code_string(rc));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	row = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		Datum		v[5];
+		bool		isnull;
+		int			k;
+
+		for (k = 0; k < 5; k++)
+		{
+			v[k] = SPI_getbinval(row, desc, k + 1, &isnull);
+			if (isnull)			/* (every part is NOT NULL) */
+				elog(ERROR, "payidem: a sealed secret of merchant %s has a NULL part",
+					 TextDatumGetCString(merchant_no));
+		}
+		payidem_notification_macs(DatumGetTextPP(v[0]), DatumGetInt32(v[1]), DatumGetByteaPP(v[2]),
+								  DatumGetByteaPP(v[3]), DatumGetByteaPP(v[4]), msg.data, msg.len, v1, v2);
+		appendStringInfo(&sig, ",v1=%s,v2=%s", v1, v2);
+	}
+	*nsecrets = SPI_processed;
+	explicit_bzero(v1, sizeof(v1));
+	explicit_bzero(v2, sizeof(v2));
+	pfree(msg.data);
+	old = MemoryContextSwitchTo(cxt);
+	result = cstring_to_text_with_len(sig.data, sig.len);
+	MemoryContextSwitchTo(old);
+	pfree(sig.data);
+	return result;
+}
+
+/*
+ * payidem._sign_notification(merchant_no text, payload text) RETURNS text
+ *		The signature header of a payload, signed now (sign_now()).  Not
+ *		SECURITY DEFINER: it reads the secrets as its caller.
+ */
+PG_FUNCTION_INFO_V1(payidem_sign_notification);
+Datum
+payidem_sign_notification(PG_FUNCTION_ARGS)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	MemoryContext old;
+	text	   *sig;
+	uint64		n;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	old = MemoryContextSwitchTo(cxt);
+	sig = sign_now(PG_GETARG_DATUM(0), PG_GETARG_TEXT_PP(1), GetCurrentTransactionStartTimestamp(), &n);
+	MemoryContextSwitchTo(old);
+	SPI_finish();
+	PG_RETURN_TEXT_P(sig);
+}
+
+/*
+ * The retry schedule of a notification (docs/notifications.md): the wait
+ * after the n-th failed attempt, n = 1 .. 15; after the 16th there is no
+ * other: the event is given up (failed).  notify_result() waits so long
+ * after a failure it is told of (report_decide()), and notify_due() gives up
+ * an event whose last attempt it handed out went unanswered: the one place
+ * either is decided.
+ */
+static const int notify_waits[] = {
+	15, 15, 30, 3 * 60, 10 * 60, 20 * 60, 30 * 60, 30 * 60, 30 * 60, 60 * 60,
+	3 * 3600, 3 * 3600, 3 * 3600, 6 * 3600, 6 * 3600
+};
+
+#define NOTIFY_MAX_ATTEMPTS ((int) lengthof(notify_waits) + 1)
+
+/* how long a hand-out leases its event, and an unsignable one waits */
+#define NOTIFY_LEASE_SECONDS 60
+#define NOTIFY_UNSIGNED_WAIT_SECONDS (5 * 60)
+
+/* one update of an event by notify_due(), every value it writes decided */
+static void
+notify_update(SPIPlanPtr *plan, const char *sql, int nargs, Oid *types, Datum *values)
+{
+	int			rc;
+
+	payidem_saved_plan(plan, sql, nargs, types);
+	rc = SPI_execute_plan(*plan, values, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "payidem: an update of a notification event failed: %s", SPI_result_code_string(rc));
+}
+
+#define NOTIFY_GIVE_UP_SQL \
+	"UPDATE payidem.notify_event e SET status = 'failed', next_attempt_at = NULL," \
+	" last_response = $2 WHERE e.event_id OPERATOR(pg_catalog.=) $1"
+
+/* whether merchant merchant_no (text) is closed */
+static bool
+merchant_closed(Datum merchant_no)
+{
+	static SPIPlanPtr plan = NULL;
+	Oid			types[1] = {TEXTOID};
+	bool		isnull;
+	bool		closed;
+
+	payidem_saved_plan(&plan,
+					   "SELECT m.status OPERATOR(pg_catalog.=) 'closed' FROM payidem.merchant m"
+					   " WHERE m.merchant_no OPERATOR(pg_catalog.=) $1", 1, types);
+	if (SPI_execute_plan(plan, &merchant_no, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "payidem: the read of a merchant failed");
+	if (SPI_processed == 0)
+		return false;
+	closed = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	return !isnull && closed;
+}
+
+/*
+ * payidem.notify_due(max_rows integer DEFAULT 100)
+ *		RETURNS TABLE (event_id bigint, order_no text, merchant_no text,
+ *					   notify_url text, event text, payload text,
+ *					   signature text, attempt integer)
+ *
+ * Hands out up to max_rows due events, the oldest first, one at a time: each
+ * step is one look-up at the head of notify_event_due (FOR UPDATE SKIP
+ * LOCKED: the oldest due event no other worker holds), whatever the backlog
+ * behind it; then, for that event:
+ *
+ *   - its last attempt was handed out and went unanswered (the 16th): given
+ *     up (failed, 'merchant closed' for a closed merchant's, else 'no answer
+ *     to the last attempt'), not handed out;
+ *   - nothing signs it (no secret of the merchant is valid now, or the
+ *     merchant is closed): no attempt, and never sent unsigned — a closed
+ *     merchant's is given up ('merchant closed') and takes no place in the
+ *     batch, any other waits 5 minutes ('no valid API secret');
+ *   - otherwise handed out: its next attempt (attempts counts hand-outs; the
+ *     row's attempt names it, and notify_result() takes reports of that one
+ *     only), leased for 60 s (next_attempt_at moves ahead: not handed out
+ *     again until notify_result() or the lease runs out — a worker that
+ *     died: that attempt had no answer), with the payload as it is, its
+ *     signature, and its address: the order's notify_url, or the merchant's
+ *     for a payout's event.
+ *
+ * An event taken is due no more in this call (leased, failed or waiting),
+ * so the next step finds the next one.  Each statement is prepared once per
+ * session, every name and operator qualified; every value it writes is
+ * decided here.  It acts as the tables' owner, as a SECURITY DEFINER
+ * function would, switching itself (no search_path saved and restored on
+ * every call: nothing it runs is resolved by it).
+ */
+PG_FUNCTION_INFO_V1(payidem_notify_due);
+Datum
+payidem_notify_due(PG_FUNCTION_ARGS)
+{
+	static SPIPlanPtr head_plan = NULL;
+	static SPIPlanPtr give_up_plan = NULL;
+	static SPIPlanPtr wait_plan = NULL;
+	static SPIPlanPtr lease_plan = NULL;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	PayidemAsOwner as_owner;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	int32		left;
+	uint64		given_up = 0;
+
+	if (PG_ARGISNULL(0) || PG_GETARG_INT32(0) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid max_rows"),
+				 errdetail("max_rows was %s; it must be positive.",
+						   PG_ARGISNULL(0) ? "NULL" : psprintf("%d", PG_GETARG_INT32(0))),
+				 errhint("Pass how many events one worker takes at a time, e.g. 100.")));
+	left = PG_GETARG_INT32(0);
+	InitMaterializedSRF(fcinfo, 0);
+
+	payidem_become_owner(payidem_owner(PAYIDEM_NOTIFY_EVENT), 0, &as_owner);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	while (left > 0)
+	{
+		Oid			head_types[1] = {TIMESTAMPTZOID};
+		Datum		head_args[1];
+		HeapTuple	row;
+		TupleDesc	desc;
+		Datum		event_id;
+		Datum		order_no;
+		Datum		merchant_no;
+		Datum		event;
+		Datum		payload;
+		int32		attempts;
+		bool		order_no_null;
+		bool		isnull;
+		text	   *signature;
+		uint64		nsecrets;
+		Datum		values[8];
+		bool		nulls[8] = {false, false, false, false, false, false, false, false};
+
+		CHECK_FOR_INTERRUPTS();
+		head_args[0] = TimestampTzGetDatum(now);
+		payidem_saved_plan(&head_plan,
+						   "SELECT e.event_id, e.order_no, e.merchant_no, e.event::pg_catalog.text, e.payload,"
+						   " e.attempts::pg_catalog.int4, e.ctid"
+						   " FROM payidem.notify_event e"
+						   " WHERE e.status OPERATOR(pg_catalog.=) 'pending'"
+						   " AND e.next_attempt_at OPERATOR(pg_catalog.<=) $1"
+						   " ORDER BY e.next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+						   1, head_types);
+		if (SPI_execute_plan(head_plan, head_args, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "payidem: the look-up of a due notification event failed");
+		if (SPI_processed == 0)
+			break;
+		row = SPI_tuptable->vals[0];
+		desc = SPI_tuptable->tupdesc;
+		event_id = SPI_getbinval(row, desc, 1, &isnull);
+		order_no = SPI_getbinval(row, desc, 2, &order_no_null);
+		merchant_no = SPI_getbinval(row, desc, 3, &isnull);
+		event = SPI_getbinval(row, desc, 4, &isnull);
+		payload = SPI_getbinval(row, desc, 5, &isnull);
+		attempts = DatumGetInt32(SPI_getbinval(row, desc, 6, &isnull));
+
+		if (attempts >= NOTIFY_MAX_ATTEMPTS)
+		{
+			/* its last attempt went unanswered: given up */
+			Oid			types[2] = {INT8OID, TEXTOID};
+			Datum		args[2];
+
+			args[0] = event_id;
+			args[1] = CStringGetTextDatum(merchant_closed(merchant_no) ? "merchant closed"
+										  : "no answer to the last attempt");
+			notify_update(&give_up_plan, NOTIFY_GIVE_UP_SQL, 2, types, args);
+			given_up++;
+			continue;
+		}
+
+		signature = sign_now(merchant_no, DatumGetTextPP(payload), now, &nsecrets);
+		if (nsecrets == 0)
+		{
+			/* nothing signs it: no attempt, never sent unsigned */
+			Oid			types[3] = {INT8OID, TEXTOID, TIMESTAMPTZOID};
+			Datum		args[3];
+
+			args[0] = event_id;
+			if (merchant_closed(merchant_no))
+			{
+				args[1] = CStringGetTextDatum("merchant closed");
+				notify_update(&give_up_plan, NOTIFY_GIVE_UP_SQL, 2, types, args);
+				given_up++;
+			}
+			else
+			{
+				args[1] = CStringGetTextDatum("no valid API secret");
+				args[2] = TimestampTzGetDatum(now + (int64) NOTIFY_UNSIGNED_WAIT_SECONDS * USECS_PER_SEC);
+				notify_update(&wait_plan,
+							  "UPDATE payidem.notify_event e SET next_attempt_at = $3, last_response = $2"
+							  " WHERE e.event_id OPERATOR(pg_catalog.=) $1",
+							  3, types, args);
+				left--;
+			}
+			continue;
+		}
+
+		/*
+		 * handed out: its next attempt, leased; a direct update of the row
+		 * the look-up locked, or the same in SQL where the table has what a
+		 * row-by-row update cannot reproduce (payidem_update())
+		 */
+		{
+			static const char *const columns[] = {"next_attempt_at", "attempts", "last_attempt_at"};
+			static const Oid types[] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+			static const bool set[] = {true, true, true};
+			static PayidemUpdate *lease = NULL;
+			ItemPointer tid = (ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 7, &isnull));
+			Datum		args[4];
+			bool		args_null[3] = {false, false, false};
+
+			args[0] = TimestampTzGetDatum(now + (int64) NOTIFY_LEASE_SECONDS * USECS_PER_SEC);
+			args[1] = Int32GetDatum(attempts + 1);
+			args[2] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+			if (lease == NULL)
+				lease = payidem_update_define(PAYIDEM_NOTIFY_EVENT, "event_id", lengthof(columns), columns);
+			if (!payidem_update(lease, tid, event_id, set, args, args_null, types, NULL, false))
+			{
+				Oid			sql_types[4] = {INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+				Datum		sql_args[4] = {event_id, args[0], args[1], args[2]};
+
+				notify_update(&lease_plan,
+							  "UPDATE payidem.notify_event e SET next_attempt_at = $2, attempts = $3,"
+							  " last_attempt_at = $4 WHERE e.event_id OPERATOR(pg_catalog.=) $1",
+							  4, sql_types, sql_args);
+			}
+		}
+		left--;
+
+		/* its address: the order's notify_url, or the merchant's for a payout's */
+		{
+			Relation	rel = table_open(payidem_relation(order_no_null ? PAYIDEM_MERCHANT : PAYIDEM_ORDER),
+										 AccessShareLock);
+			HeapTuple	tuple = payidem_fetch_unique(rel, order_no_null ? PAYIDEM_MERCHANT_PKEY : PAYIDEM_ORDER_PKEY,
+													 1, order_no_null ? &merchant_no : &order_no,
+													 GetActiveSnapshot());
+
+			if (tuple != NULL)
+				values[3] = payidem_getattr(rel, tuple, "notify_url", &nulls[3]);
+			else
+				nulls[3] = true;
+			table_close(rel, NoLock);
+		}
+		values[0] = event_id;
+		values[1] = order_no;
+		nulls[1] = order_no_null;
+		values[2] = merchant_no;
+		values[4] = event;
+		values[5] = payload;
+		values[6] = PointerGetDatum(signature);
+		values[7] = Int32GetDatum(attempts + 1);
+		/* (the tuplestore copies the row: it outlives the SPI connection) */
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	SPI_finish();
+	payidem_become_caller(&as_owner);
+	if (given_up > 0)
+		payidem_count_n(PAYIDEM_NOTIFY_FAILED, given_up);
+	return (Datum) 0;
+}
+
+/*
+ * What a report of an attempt changes (notify_result()): nothing unless the
+ * event is pending and was handed out (attempts > 0), at the attempt named
+ * if one is (else the report is stale: its lease ran out and the event went
+ * to another worker, or it was never handed out); then sent, or — a
+ * failure — due again after the schedule's wait, or given up after the last
+ * attempt, the start (256 characters) of the response kept.  values/nulls:
+ * status, next_attempt_at, sent_at, last_response; set[] says which the
+ * report writes.  The one place a report is decided.
+ */
+typedef struct NotifyReport
+{
+	bool		ok;
+	bool		attempt_null;
+	int32		attempt;
+	Datum		response;		/* text, or none */
+	bool		response_null;
+} NotifyReport;
+
+#define NOTIFY_REPORT_COLUMNS 4
+
+static bool
+report_applies(const NotifyReport *r, Datum status, int32 attempts)
+{
+	return payidem_text_is(status, "pending") && attempts > 0 &&
+		(r->attempt_null || attempts == r->attempt);
+}
+
+static PayidemCounter
+report_decide(const NotifyReport *r, int32 attempts, TimestampTz now,
+			  bool *set, Datum *values, bool *nulls)
+{
+	bool		last = attempts > (int32) lengthof(notify_waits);
+
+	memset(nulls, 0, sizeof(bool) * NOTIFY_REPORT_COLUMNS);
+	set[0] = set[1] = true;
+	set[2] = r->ok;
+	set[3] = !r->ok;
+	if (r->ok)
+	{
+		values[0] = CStringGetTextDatum("sent");
+		nulls[1] = true;
+		values[2] = TimestampTzGetDatum(now);
+		return PAYIDEM_NOTIFY_SENT;
+	}
+	values[0] = CStringGetTextDatum(last ? "failed" : "pending");
+	if (last)
+		nulls[1] = true;
+	else
+		values[1] = TimestampTzGetDatum(now + (int64) notify_waits[attempts - 1] * USECS_PER_SEC);
+	if (r->response_null)
+		nulls[3] = true;
+	else
+		values[3] = DirectFunctionCall2(text_left, r->response, Int32GetDatum(256));
+	return last ? PAYIDEM_NOTIFY_FAILED : PAYIDEM_NOTIFY_RETRIED;
+}
+
+/*
+ * The report through SQL: the row read and locked FOR UPDATE, then updated
+ * by key with what report_decide() decided.  For what the direct path does
+ * not take (REPEATABLE READ and SERIALIZABLE, row security, rules,
+ * statement triggers); the same decision.  Returns false if there is no
+ * such event.
+ */
+static bool
+report_in_sql(Datum event_id, const NotifyReport *r, TimestampTz now, PayidemCounter *counter, bool *changed)
+{
+	static SPIPlanPtr read_plan = NULL;
+	static SPIPlanPtr sent_plan = NULL;
+	static SPIPlanPtr failed_plan = NULL;
+	Oid			read_types[1] = {INT8OID};
+	Oid			types[4] = {INT8OID, TEXTOID, TIMESTAMPTZOID, InvalidOid};
+	bool		set[NOTIFY_REPORT_COLUMNS];
+	Datum		values[NOTIFY_REPORT_COLUMNS];
+	bool		nulls[NOTIFY_REPORT_COLUMNS];
+	Datum		args[4];
+	char		args_null[4] = {' ', ' ', ' ', ' '};
+	Datum		status;
+	int32		attempts;
+	bool		isnull;
+	int			rc;
+
+	payidem_saved_plan(&read_plan,
+					   "SELECT x.status::pg_catalog.text, x.attempts::pg_catalog.int4 FROM payidem.notify_event x"
+					   " WHERE x.event_id OPERATOR(pg_catalog.=) $1 FOR UPDATE", 1, read_types);
+	if (SPI_execute_plan(read_plan, &event_id, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "payidem: the read of a notification event failed");
+	if (SPI_processed == 0)
+		return false;
+	status = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	attempts = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	if (!report_applies(r, status, attempts))
+		return true;
+	*counter = report_decide(r, attempts, now, set, values, nulls);
+	*changed = true;
+	args[0] = event_id;
+	args[1] = values[0];
+	args[2] = values[1];
+	args_null[2] = nulls[1] ? 'n' : ' ';
+	if (r->ok)
+	{
+		types[3] = TIMESTAMPTZOID;
+		args[3] = values[2];
+		payidem_saved_plan(&sent_plan,
+						   "UPDATE payidem.notify_event x SET status = $2, next_attempt_at = $3, sent_at = $4"
+						   " WHERE x.event_id OPERATOR(pg_catalog.=) $1", 4, types);
+	}
+	else
+	{
+		types[3] = TEXTOID;
+		args[3] = values[3];
+		args_null[3] = nulls[3] ? 'n' : ' ';
+		payidem_saved_plan(&failed_plan,
+						   "UPDATE payidem.notify_event x SET status = $2, next_attempt_at = $3, last_response = $4"
+						   " WHERE x.event_id OPERATOR(pg_catalog.=) $1", 4, types);
+	}
+	rc = SPI_execute_plan(r->ok ? sent_plan : failed_plan, args, args_null, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "payidem: an update of a notification event failed: %s", SPI_result_code_string(rc));
+	return true;
+}
+
+/*
+ * payidem.notify_result(event_id bigint, ok boolean, response text DEFAULT
+ *		NULL, attempt integer DEFAULT NULL) RETURNS void
+ *
+ * Reports one delivery attempt (report_decide()).  Under READ COMMITTED it
+ * does what the one UPDATE it replaces did, below SQL: the event as a new
+ * snapshot sees it; if the report applies to that version, the row locked
+ * (waiting for a worker that holds it) and the report decided again on its
+ * latest version, then a direct update by its tid (payidem_update()).
+ * Anything else goes through SQL (report_in_sql()).  PI009 for an event that
+ * does not exist.  It acts as the tables' owner, switching itself.
+ */
+PG_FUNCTION_INFO_V1(payidem_notify_result);
+Datum
+payidem_notify_result(PG_FUNCTION_ARGS)
+{
+	static const char *const columns[] = {"status", "next_attempt_at", "sent_at", "last_response"};
+	static const Oid types[] = {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID};
+	static PayidemUpdate *report = NULL;
+	NotifyReport r;
+	Datum		event_id;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	PayidemAsOwner as_owner;
+	PayidemCounter counter = PAYIDEM_NOTIFY_SENT;
+	bool		changed = false;
+	bool		exists = true;
+	bool		done = false;
+	Relation	rel;
+
+	if (PG_ARGISNULL(0) || PG_GETARG_INT64(0) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid event_id"),
+				 errdetail("event_id was %s; it must be an id notify_due() handed out.",
+						   PG_ARGISNULL(0) ? "NULL" : psprintf(INT64_FORMAT, PG_GETARG_INT64(0)))));
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("notification result must not be NULL"),
+				 errdetail("ok was NULL."),
+				 errhint("Pass true if the merchant acknowledged the notification, false otherwise.")));
+	event_id = PG_GETARG_DATUM(0);
+	r.ok = PG_GETARG_BOOL(1);
+	r.response_null = PG_ARGISNULL(2);
+	r.response = r.response_null ? (Datum) 0 : PG_GETARG_DATUM(2);
+	r.attempt_null = PG_ARGISNULL(3);
+	r.attempt = r.attempt_null ? 0 : PG_GETARG_INT32(3);
+
+	payidem_become_owner(payidem_owner(PAYIDEM_NOTIFY_EVENT), 0, &as_owner);
+	rel = table_open(payidem_relation(PAYIDEM_NOTIFY_EVENT), RowExclusiveLock);
+	if (!IsolationUsesXactSnapshot() && payidem_update_plain(rel))
+	{
+		TupleTableSlot *slot = table_slot_create(rel, NULL);
+		HeapTuple	tuple;
+
+		/* as a next statement would: after what came before, a new snapshot */
+		CommandCounterIncrement();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		tuple = payidem_fetch_unique(rel, PAYIDEM_NOTIFY_EVENT_PKEY, 1, &event_id, GetActiveSnapshot());
+		if (tuple == NULL)
+		{
+			exists = false;
+			done = true;
+		}
+		else
+		{
+			bool		isnull;
+			Datum		status = payidem_getattr(rel, tuple, "status", &isnull);
+			int32		attempts = DatumGetInt32(payidem_getattr(rel, tuple, "attempts", &isnull));
+
+			if (!report_applies(&r, status, attempts))
+				done = true;	/* nothing to report: no lock taken, as the UPDATE's */
+			else
+			{
+				slot->tts_tid = tuple->t_self;
+				if (payidem_lock_row(rel, slot, GetActiveSnapshot()))
+				{
+					/* the latest version, locked: decided again on it */
+					status = slot_getattr(slot, payidem_column(rel, "status"), &isnull);
+					attempts = DatumGetInt32(slot_getattr(slot, payidem_column(rel, "attempts"), &isnull));
+					done = true;
+					if (report_applies(&r, status, attempts))
+					{
+						bool		set[NOTIFY_REPORT_COLUMNS];
+						Datum		values[NOTIFY_REPORT_COLUMNS];
+						bool		nulls[NOTIFY_REPORT_COLUMNS];
+
+						counter = report_decide(&r, attempts, now, set, values, nulls);
+						if (report == NULL)
+							report = payidem_update_define(PAYIDEM_NOTIFY_EVENT, "event_id", lengthof(columns),
+														   columns);
+						if (payidem_update(report, &slot->tts_tid, event_id, set, values, nulls, types, NULL,
+										   true))
+							changed = true;
+						else
+							done = false;	/* (cannot happen: checked above) */
+					}
+				}
+				/* else gone, or changed by this transaction: SQL says which */
+			}
+		}
+		PopActiveSnapshot();
+		ExecDropSingleTupleTableSlot(slot);
+	}
+	table_close(rel, NoLock);
+	if (!done)
+	{
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		exists = report_in_sql(event_id, &r, now, &counter, &changed);
+		SPI_finish();
+	}
+	if (!exists)
+	{
+		/* PI009 as every "does not exist" is made (payidem._raise_not_found()) */
+		static SPIPlanPtr not_found_plan = NULL;
+		Oid			nf_types[1] = {INT8OID};
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		payidem_saved_plan(&not_found_plan,
+						   "SELECT payidem._raise_not_found('notification event', $1,"
+						   " 'payidem.notify_event', 'event_id')", 1, nf_types);
+		SPI_execute_plan(not_found_plan, &event_id, NULL, false, 0);
+		elog(ERROR, "payidem: notification event " INT64_FORMAT " does not exist", DatumGetInt64(event_id));
+	}
+	payidem_become_caller(&as_owner);
+	if (changed)
+		payidem_count(counter);
+	PG_RETURN_VOID();
 }

@@ -125,13 +125,13 @@ record_payment_success(ItemPointer tid, text *payment_no, Datum txn, bool txn_nu
 		if (payment_target_own == NULL)
 			payment_target_own = payidem_update_define_own(PAYIDEM_PAYMENT, "payment_no",
 														   lengthof(payment_columns), payment_columns);
-		return payidem_update(payment_target_own, tid, payment_no, set, values, nulls, types, keep_null,
+		return payidem_update(payment_target_own, tid, PointerGetDatum(payment_no), set, values, nulls, types, keep_null,
 							  checked);
 	}
 	if (payment_target == NULL)
 		payment_target = payidem_update_define(PAYIDEM_PAYMENT, "payment_no", lengthof(payment_columns),
 											   payment_columns);
-	return payidem_update(payment_target, tid, payment_no, set, values, nulls, types, keep_null,
+	return payidem_update(payment_target, tid, PointerGetDatum(payment_no), set, values, nulls, types, keep_null,
 						  checked);
 }
 
@@ -166,11 +166,11 @@ record_order_paid(ItemPointer tid, text *order_no, Datum payment_no, Oid payment
 		if (order_target_own == NULL)
 			order_target_own = payidem_update_define_own(PAYIDEM_ORDER, "order_no", lengthof(order_columns),
 														 order_columns);
-		return payidem_update(order_target_own, tid, order_no, set, values, nulls, types, NULL, checked);
+		return payidem_update(order_target_own, tid, PointerGetDatum(order_no), set, values, nulls, types, NULL, checked);
 	}
 	if (order_target == NULL)
 		order_target = payidem_update_define(PAYIDEM_ORDER, "order_no", lengthof(order_columns), order_columns);
-	return payidem_update(order_target, tid, order_no, set, values, nulls, types, NULL, checked);
+	return payidem_update(order_target, tid, PointerGetDatum(order_no), set, values, nulls, types, NULL, checked);
 }
 
 /*

@@ -6,6 +6,26 @@
 -- needs only EXECUTE (grant_app); no table is granted.
 ------------------------------------------------------------------------------
 
+-- The rows create_order() and begin_payment() write: src/orders.c, without
+-- an INSERT statement (no executor per row; the CHECKs, defaults and index
+-- predicates compiled once per session).  NULL: the table has what a direct
+-- insert cannot reproduce (a rule, a transition-table or BEFORE row trigger,
+-- row-level security, no INSERT privilege), and the caller runs its INSERT.
+CREATE FUNCTION payidem._insert_order(order_no text, merchant_no text, out_trade_no text, subject text,
+	body text, amount bigint, notify_url text, return_url text, expire_at timestamptz)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_insert_order'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION payidem._insert_order(text, text, text, text, text, bigint, text, text, timestamptz) IS
+	'Internal to create_order(): the new order, as INSERT ... ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING writes it: true if inserted, false if the out_trade_no is taken, NULL if the statement must write it.';
+CREATE FUNCTION payidem._insert_payment(payment_no text, order_no text, merchant_no text, channel_no text,
+	amount bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'payidem_insert_payment'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION payidem._insert_payment(text, text, text, text, bigint) IS
+	'Internal to begin_payment(): the new attempt, as its INSERT writes it: true, or NULL if the statement must write it.';
+
 CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
 	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
 	expire_in interval DEFAULT '2 hours', body text DEFAULT NULL)
@@ -18,6 +38,7 @@ DECLARE
 	v_subject text := create_order.subject;
 	v_status text;
 	v_order_no text;
+	v_inserted boolean;
 	o payidem."order";
 BEGIN
 	IF v_merchant_no IS NULL THEN	-- (the check only where it fails: a call per order costs)
@@ -66,14 +87,21 @@ BEGIN
 	END IF;
 
 	-- the unique constraint decides between concurrent first calls; the loser
-	-- waits for the winner's commit, then reads its row below
-	INSERT INTO payidem."order" AS x (order_no, merchant_no, out_trade_no, subject, body, amount,
-									  notify_url, return_url, expire_at)
-	VALUES (payidem.gen_order_no('PO'), v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
-			create_order.notify_url, create_order.return_url, now() + expire_in)
-	ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING
-	RETURNING x.order_no INTO v_order_no;
-	IF v_order_no IS NOT NULL THEN
+	-- waits for the winner's commit, then reads its row below.  Written
+	-- directly (_insert_order), or by the statement where the table needs it.
+	v_order_no := payidem.gen_order_no('PO');
+	v_inserted := payidem._insert_order(v_order_no, v_merchant_no, v_out_trade_no, v_subject, create_order.body,
+										v_amount, create_order.notify_url, create_order.return_url,
+										now() + expire_in);
+	IF v_inserted IS NULL THEN
+		INSERT INTO payidem."order" AS x (order_no, merchant_no, out_trade_no, subject, body, amount,
+										  notify_url, return_url, expire_at)
+		VALUES (v_order_no, v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
+				create_order.notify_url, create_order.return_url, now() + expire_in)
+		ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING;
+		v_inserted := FOUND;
+	END IF;
+	IF v_inserted THEN
 		RETURN v_order_no;
 	END IF;
 
@@ -226,9 +254,12 @@ BEGIN
 		END IF;
 	END IF;
 
+	-- written directly (_insert_payment), or by the statement where the table needs it
 	v_payment_no := payidem.gen_order_no('PY');
-	INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
-	VALUES (v_payment_no, o.order_no, m.merchant_no, c.channel_no, o.amount);
+	IF payidem._insert_payment(v_payment_no, o.order_no, m.merchant_no, c.channel_no, o.amount) IS NULL THEN
+		INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
+		VALUES (v_payment_no, o.order_no, m.merchant_no, c.channel_no, o.amount);
+	END IF;
 	RETURN v_payment_no;
 END
 $$;
