@@ -42,7 +42,8 @@
 	X(CHANNEL_PKEY, "channel_pkey") \
 	X(MERCHANT_CHANNEL_PKEY, "merchant_channel_pkey") \
 	X(NOTIFY_EVENT_PKEY, "notify_event_pkey") \
-	X(ORDER_OUT_TRADE_NO_KEY, "order_out_trade_no_key")
+	X(ORDER_OUT_TRADE_NO_KEY, "order_out_trade_no_key") \
+	X(ORDER_EXPIRY_PKEY, "order_expiry_pkey")
 
 #define PAYIDEM_RELATION_ENUM(id, name) PAYIDEM_##id,
 typedef enum PayidemRelation

@@ -107,6 +107,7 @@
 #include "utils/wait_event.h"
 
 #include "catalog.h"
+#include "direct.h"
 #include "compat.h"
 #include "errcodes.h"
 #include "housekeeping.h"
@@ -842,9 +843,11 @@ payidem_housekeeping_db_main(Datum main_arg)
  * Every other change (the payment of an order, its close) returns before
  * any work, so a payment writes nothing to the queue.  The row is written as the
  * queue's owner (an application writes orders through payidem's functions;
- * whoever else may write them need not be able to write the queue), through
- * a saved, schema-qualified plan; ON CONFLICT DO NOTHING, as a time queued
- * twice is the same row.
+ * whoever else may write them need not be able to write the queue), as
+ * INSERT ... ON CONFLICT DO NOTHING, a time queued twice being the same row:
+ * directly (payidem_insert_row(), no statement per order), or through a
+ * saved, schema-qualified plan of that statement where the queue has what a
+ * direct insert cannot reproduce.
  */
 static SPIPlanPtr queue_plan = NULL;
 
@@ -879,8 +882,12 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 	TimestampTz expire_at;
 	TimestampTz old_expire_at;
 	PayidemAsOwner as_owner;
+	static const char *const queue_columns[] = {"expire_at", "order_no"};
+	static const Oid queue_types[] = {TIMESTAMPTZOID, TEXTOID};
+	static PayidemInsert *queue_insert = NULL;
 	Oid			types[2] = {TIMESTAMPTZOID, TEXTOID};
 	Datum		values[2];
+	bool		nulls[2] = {false, false};
 	bool		isnull;
 	int			rc;
 
@@ -911,16 +918,23 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 	if (isnull)
 		return PointerGetDatum(NULL);	/* refused by its NOT NULL */
 	payidem_become_owner(payidem_owner(PAYIDEM_ORDER_EXPIRY), 0, &as_owner);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	payidem_saved_plan(&queue_plan,
-					   "INSERT INTO payidem.order_expiry (expire_at, order_no) VALUES ($1, $2)"
-					   " ON CONFLICT ON CONSTRAINT order_expiry_pkey DO NOTHING",
-					   2, types);
-	rc = SPI_execute_plan(queue_plan, values, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "payidem: queueing the expiry of an order failed: %s", SPI_result_code_string(rc));
-	SPI_finish();
+	/* directly, as the statement below would; the statement where the table needs it */
+	if (queue_insert == NULL)
+		queue_insert = payidem_insert_define(PAYIDEM_ORDER_EXPIRY, lengthof(queue_columns), queue_columns,
+											 queue_types);
+	if (payidem_insert_row(queue_insert, values, nulls, PAYIDEM_ORDER_EXPIRY_PKEY) < 0)
+	{
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		payidem_saved_plan(&queue_plan,
+						   "INSERT INTO payidem.order_expiry (expire_at, order_no) VALUES ($1, $2)"
+						   " ON CONFLICT ON CONSTRAINT order_expiry_pkey DO NOTHING",
+						   2, types);
+		rc = SPI_execute_plan(queue_plan, values, NULL, false, 0);
+		if (rc != SPI_OK_INSERT)
+			elog(ERROR, "payidem: queueing the expiry of an order failed: %s", SPI_result_code_string(rc));
+		SPI_finish();
+	}
 	payidem_become_caller(&as_owner);
 	return PointerGetDatum(NULL);
 }
