@@ -5126,12 +5126,13 @@ REVOKE ALL ON FUNCTION payidem._apply_payment_result(text, text, text, text, big
 
 ------------------------------------------------------------------------------
 -- 1.1: the lifecycle's cost.  notify_due() (above, with settlement's payout
--- events) takes one due event at a time at the head of its index: its cost no
--- longer grows with the backlog; notify_result() reports in one statement;
--- and the functions an SQL function with a SET clause made plan again at
--- every call no longer do (_order_json() above, the secrets here);
--- create_order(), begin_payment() and the reads call a check only where it
--- fails, and begin_payment() reads merchant, channel and binding at once.
+-- events) is C and takes one due event at a time at the head of its index:
+-- its cost no longer grows with the backlog; notify_result() is C too, and
+-- the signature (_sign_notification(), above); the functions an SQL function
+-- with a SET clause made plan again at every call no longer do (_order_json()
+-- above, the secrets here); create_order() and begin_payment() write their
+-- row directly, call a check only where it fails, and begin_payment() reads
+-- merchant, channel and binding at once.
 ------------------------------------------------------------------------------
 -- associated data binding a sealed record to its row
 -- (no SET clause: its body is bound when it is created, and without one it is
@@ -5154,18 +5155,6 @@ LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION payidem._secrets_valid_now(text) IS
 	'Internal: the merchant''s API secrets valid now (none if the merchant is closed).';
-
--- notify_due(): src/notify.c, with the retry schedule notify_result() follows:
--- the one place it is decided what becomes of a due event (handed out and
--- leased, given up, or left to wait).  C, acting as the tables' owner itself,
--- with its statements prepared once per session.
-CREATE OR REPLACE FUNCTION payidem.notify_due(max_rows integer DEFAULT 100)
-RETURNS TABLE (event_id bigint, order_no text, merchant_no text, notify_url text,
-			   event text, payload text, signature text, attempt integer)
-AS 'MODULE_PATHNAME', 'payidem_notify_due'
-LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION payidem.notify_due(integer) IS
-	'Hand out up to max_rows due notification events (FOR UPDATE SKIP LOCKED: two workers never get the same one; each hand-out is the event''s next attempt and leases it for 60 s): the payload text to POST as it is and its signature header (t=...,v1=...,v2=...). Report each with notify_result(). Events of a closed merchant, and those whose 16th attempt went unanswered, are given up (failed), not handed out.';
 
 -- notify_result(): src/notify.c, beside notify_due() and the retry schedule
 -- both follow; under READ COMMITTED a direct update of the event's row, as
