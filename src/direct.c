@@ -1334,6 +1334,47 @@ payidem_lock_row(Relation rel, TupleTableSlot *slot, Snapshot snapshot)
 }
 
 /*
+ * SELECT ... FOR <mode> of the row in slot, found with snapshot, as the
+ * executor locks it: waiting for a transaction that holds it; under READ
+ * COMMITTED its latest version, into slot; under REPEATABLE READ or
+ * SERIALIZABLE a row that a transaction which committed after the snapshot
+ * changed or removed is a serialization failure (40001).  False if the row
+ * is gone (deleted, or changed by a later command of this transaction).
+ */
+bool
+payidem_lock_row_as_select(Relation rel, TupleTableSlot *slot, Snapshot snapshot, LockTupleMode mode)
+{
+	ItemPointerData tid = slot->tts_tid;
+	TM_FailureData tmfd;
+	int			flags = TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
+	TM_Result	result;
+
+	if (!IsolationUsesXactSnapshot())
+		flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	result = table_tuple_lock(rel, &tid, snapshot, slot, GetCurrentCommandId(true), mode, LockWaitBlock,
+							  flags, &tmfd);
+	switch (result)
+	{
+		case TM_Ok:
+			return true;
+		case TM_SelfModified:
+			return false;
+		case TM_Updated:
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent %s",
+								result == TM_Updated ? "update" : "delete")));
+			return false;
+		default:
+			elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result,
+				 RelationGetRelationName(rel));
+			return false;		/* keep compiler quiet */
+	}
+}
+
+/*
  * Delete one row that the active snapshot sees, by its TID, as a DELETE
  * statement would.  A row that a transaction which committed after this
  * one's snapshot changed or removed is, under REPEATABLE READ or

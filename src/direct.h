@@ -20,6 +20,8 @@ extern List *payidem_fetch_all_key_where(Relation heap, PayidemRelation index, i
 extern bool payidem_index_fetch(Relation heap, Relation index, ScanKey skey, int nkeys, Snapshot snapshot,
 								TupleTableSlot *slot);
 extern bool payidem_lock_row(Relation rel, TupleTableSlot *slot, Snapshot snapshot);
+extern bool payidem_lock_row_as_select(Relation rel, TupleTableSlot *slot, Snapshot snapshot,
+									   LockTupleMode mode);
 extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot);
 extern void payidem_remember_version(Relation heap, ItemPointer tid);
 typedef void (*PayidemRowFunc) (Relation rel, HeapTuple tuple, void *arg);

@@ -86,4 +86,7 @@ extern void order_no_define_gucs(void);
 /* a notification event id, unique across failovers as numbers are */
 extern int64 order_no_next_event_id(void);
 
+/* payidem.gen_order_no(prefix text), for C callers */
+extern Datum payidem_gen_order_no(PG_FUNCTION_ARGS);
+
 #endif							/* PAYIDEM_ORDER_NO_H */

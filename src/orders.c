@@ -9,10 +9,10 @@
  *     concurrent first calls; the loser waits for the winner and finds its
  *     row): true if inserted, false if the merchant's out_trade_no is taken.
  *
- *   payidem._insert_payment(...) RETURNS boolean — begin_payment()'s new
- *     attempt, as its INSERT writes it: true.
+ *   payidem.begin_payment(order_no, channel_no) RETURNS text — the pending
+ *     payment attempt of an order (below).
  *
- * Both are what the statement does — constraints, domains, defaults,
+ * The rows are written as the statement would — constraints, domains, defaults,
  * indexes, the triggers (status_guard's history row, the expiry queue, the
  * foreign keys) — without a statement: no executor started and stopped, and
  * the CHECK constraints, defaults and index predicates compiled once per
@@ -22,18 +22,32 @@
  * check, row-level security that applies, no INSERT privilege), they write
  * nothing and return NULL, and the caller runs its INSERT statement: the
  * same row either way.  Everything the row holds is decided by the caller.
- * Internal: nobody is granted them; the flow functions call them as the
- * tables' owner.
+ * _insert_order is internal: nobody is granted it; create_order() calls it
+ * as the tables' owner.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
+#include "executor/executor.h"
+#include "executor/spi.h"
 #include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 
 #include "catalog.h"
 #include "direct.h"
+#include "errcodes.h"
+#include "order_no.h"
+#include "util.h"
 
 /*
  * payidem._insert_order(order_no text, merchant_no text, out_trade_no text,
@@ -70,29 +84,416 @@ payidem_insert_order(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(result == 1);
 }
 
+
 /*
- * payidem._insert_payment(payment_no text, order_no text, merchant_no text,
- *		channel_no text, amount bigint) RETURNS boolean
+ * Raise the error an SQL helper of payidem makes (the one place its message
+ * is written): sql, with $1 .. $nargs of types, must raise.  Only on a path
+ * that ends in that error: the statement is parsed there.
  */
-PG_FUNCTION_INFO_V1(payidem_insert_payment);
+static void raise_by_sql(const char *sql, int nargs, Oid *types, Datum *values, const char *nulls)
+			pg_attribute_noreturn();
+
+static void
+raise_by_sql(const char *sql, int nargs, Oid *types, Datum *values, const char *nulls)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	SPI_execute_with_args(sql, nargs, types, values, nulls, false, 0);
+	elog(ERROR, "payidem: \"%s\" raised no error", sql);
+}
+
+/* text column name of tuple of rel as a C string (NULL if NULL) */
+static char *
+text_column(Relation rel, HeapTuple tuple, const char *name)
+{
+	bool		isnull;
+	Datum		d = payidem_getattr(rel, tuple, name, &isnull);
+
+	return isnull ? NULL : TextDatumGetCString(d);
+}
+
+/* bigint column name of tuple of rel (false if NULL) */
+static bool
+int8_column(Relation rel, HeapTuple tuple, const char *name, int64 *value)
+{
+	bool		isnull;
+	Datum		d = payidem_getattr(rel, tuple, name, &isnull);
+
+	if (!isnull)
+		*value = DatumGetInt64(d);
+	return !isnull;
+}
+
+/* a bigint limit as format('%s', coalesce(limit::text, 'none')) shows it */
+static char *
+limit_text(bool set, int64 value)
+{
+	return set ? psprintf(INT64_FORMAT, value) : pstrdup("none");
+}
+
+/* the row of rel (open) by the key of its unique index, as snapshot sees it */
+static HeapTuple
+fetch_by(Relation rel, PayidemRelation index, int nkeys, Datum *keys)
+{
+	return payidem_fetch_unique(rel, index, nkeys, keys, GetActiveSnapshot());
+}
+
+/*
+ * Whether merchant_type is in a channel's allowed_merchant_types, as
+ * `merchant_type = ANY (types)` says it: true, false, or (no element equal
+ * and one is NULL) unknown, which admits as the PL/pgSQL IF did.  The list
+ * as array_to_string(types, ', ') writes it into *list.
+ */
+static bool
+type_admitted(Datum types, const char *merchant_type, char **list)
+{
+	ArrayType  *arr = DatumGetArrayTypeP(types);
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	int			i;
+	bool		any_null = false;
+	bool		found = false;
+	StringInfoData buf;
+
+	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+	initStringInfo(&buf);
+	for (i = 0; i < n; i++)
+	{
+		char	   *e;
+
+		if (nulls[i])
+		{
+			any_null = true;
+			continue;
+		}
+		e = TextDatumGetCString(elems[i]);
+		if (strcmp(e, merchant_type) == 0)
+			found = true;
+		appendStringInfo(&buf, "%s%s", buf.len > 0 ? ", " : "", e);
+	}
+	*list = buf.data;
+	return found || any_null;
+}
+
+/*
+ * payidem.begin_payment(order_no text, channel_no text) RETURNS text
+ *
+ * Starts the pending payment attempt of an order on a channel, or returns
+ * the one pending on that channel already (a retried call); payment_no =
+ * gen_order_no('PY').  In this order, the first that fails is the error:
+ *
+ *   - 0A000 in a REPEATABLE READ transaction (_refuse_repeatable_read());
+ *   - 22023 for a NULL channel, or an order number that is none
+ *     (_require(), _check_number()); PI009 for an unknown order;
+ *   - the order, locked (FOR NO KEY UPDATE: the lock order of every flow
+ *     function, the order first): PI002 if it is not pending, PI008 if it
+ *     has expired;
+ *   - PI004: the merchant not active; PI009 an unknown channel; PI004 the
+ *     channel not active, no active binding of the merchant to it, or the
+ *     merchant's type not admitted;
+ *   - the order's pending attempt (we hold the order's lock, so it is
+ *     stable; payment_pending's key is the final guard): on this channel,
+ *     returned; on another, PI003;
+ *   - PI007: the amount above the binding's or the channel's single limit;
+ *     the day's sum above a daily limit (_check_daily_limit(), under the
+ *     binding's lock);
+ *   - the attempt inserted (directly, or by the INSERT statement where the
+ *     table needs it).
+ *
+ * C, acting as the tables' owner itself: the look-ups are by key, without
+ * SQL; the SQL helpers are called only on the paths that end in their error.
+ */
+PG_FUNCTION_INFO_V1(payidem_begin_payment);
 Datum
-payidem_insert_payment(PG_FUNCTION_ARGS)
+payidem_begin_payment(PG_FUNCTION_ARGS)
 {
 	static const char *const columns[] = {"payment_no", "order_no", "merchant_no", "channel_no", "amount"};
 	static const Oid types[] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID};
 	static PayidemInsert *ins = NULL;
+	PayidemAsOwner as_owner;
+	Datum		order_no_arg = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
+	Datum		channel_no_arg = PG_ARGISNULL(1) ? (Datum) 0 : PG_GETARG_DATUM(1);
+	Relation	order_rel;
+	Relation	rel;
+	TupleTableSlot *oslot;
+	HeapTuple	o;
+	HeapTuple	m;
+	HeapTuple	c;
+	HeapTuple	b;
+	Datum		keys[2];
+	bool		isnull;
+	char	   *o_order_no;
+	char	   *o_status;
+	char	   *o_merchant_no;
+	int64		o_amount = 0;
+	TimestampTz o_expire_at;
+	char	   *m_status;
+	char	   *c_channel_no;
+	char	   *c_status;
+	int64		b_single = 0;
+	int64		c_single = 0;
+	bool		b_single_set;
+	bool		c_single_set;
+	int64		b_daily = 0;
+	int64		c_daily = 0;
+	bool		b_daily_set;
+	bool		c_daily_set;
+	Datum		payment_no;
 	Datum		values[lengthof(columns)];
-	bool		nulls[lengthof(columns)];
-	int			i;
+	bool		nulls[lengthof(columns)] = {false, false, false, false, false};
 
-	for (i = 0; i < lengthof(columns); i++)
+	if (XactIsoLevel == XACT_REPEATABLE_READ)
 	{
-		nulls[i] = PG_ARGISNULL(i);
-		values[i] = nulls[i] ? (Datum) 0 : PG_GETARG_DATUM(i);
+		Oid			t[2] = {TEXTOID, TEXTOID};
+		Datum		v[2] = {CStringGetTextDatum("begin_payment"),
+		CStringGetTextDatum("the order's pending attempt and the daily limit")};
+
+		raise_by_sql("SELECT payidem._refuse_repeatable_read($1, $2)", 2, t, v, NULL);
 	}
+	if (PG_ARGISNULL(1))
+	{
+		Oid			t[2] = {TEXTOID, TEXTOID};
+		Datum		v[2] = {CStringGetTextDatum("channel_no"), (Datum) 0};
+
+		raise_by_sql("SELECT payidem._require($1, $2)", 2, t, v, " n");
+	}
+
+	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
+	/* as the next statement would: after what came before, a new snapshot */
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+
+	/* the order, locked */
+	order_rel = table_open(payidem_relation(PAYIDEM_ORDER), RowShareLock);
+	oslot = table_slot_create(order_rel, NULL);
+	o = NULL;
+	if (!PG_ARGISNULL(0))
+	{
+		keys[0] = order_no_arg;
+		o = fetch_by(order_rel, PAYIDEM_ORDER_PKEY, 1, keys);
+		if (o != NULL)
+		{
+			oslot->tts_tid = o->t_self;
+			if (payidem_lock_row_as_select(order_rel, oslot, GetActiveSnapshot(), LockTupleNoKeyExclusive))
+			{
+				bool		should_free;
+
+				o = ExecFetchSlotHeapTuple(oslot, true, &should_free);
+				/* (the latest version: still the order asked for) */
+				if (!DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID,
+														  payidem_getattr(order_rel, o, "order_no", &isnull),
+														  order_no_arg)))
+					o = NULL;
+			}
+			else
+				o = NULL;
+		}
+	}
+	if (o == NULL)
+	{
+		/* (a number that is not one is 22023; a stored order's number always is one) */
+		Oid			t[1] = {TEXTOID};
+		Datum		v[1] = {order_no_arg};
+
+		raise_by_sql("SELECT payidem._check_number('order', $1),"
+					 " payidem._raise_not_found('order', $1, 'payidem.\"order\"', 'order_no')",
+					 1, t, v, PG_ARGISNULL(0) ? "n" : " ");
+	}
+	/*
+	 * what follows reads with a new snapshot, as the next statement would:
+	 * whatever the transaction that held the order's lock committed (its
+	 * attempt, its day's sum) is seen
+	 */
+	PopActiveSnapshot();
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	o_order_no = text_column(order_rel, o, "order_no");
+	o_status = text_column(order_rel, o, "status");
+	o_merchant_no = text_column(order_rel, o, "merchant_no");
+	(void) int8_column(order_rel, o, "amount", &o_amount);
+	o_expire_at = DatumGetTimestampTz(payidem_getattr(order_rel, o, "expire_at", &isnull));
+	if (strcmp(o_status, "pending") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_PAYIDEM_ILLEGAL_TRANSITION),
+				 errmsg("order %s cannot take a payment", o_order_no),
+				 errdetail("Order %s is %s; only a pending order takes a payment.", o_order_no, o_status),
+				 errhint("%s", strcmp(o_status, "closed") == 0 ? "Create a new order (with a new out_trade_no)."
+						 : "The order is already paid.")));
+	if (o_expire_at <= GetCurrentTransactionStartTimestamp())
+		ereport(ERROR,
+				(errcode(ERRCODE_PAYIDEM_ORDER_EXPIRED),
+				 errmsg("order %s has expired", o_order_no),
+				 errdetail("Order %s expired at %s.", o_order_no,
+						   DatumGetCString(DirectFunctionCall1(timestamptz_out, TimestampTzGetDatum(o_expire_at)))),
+				 errhint("Close it with payidem.close_order() and create a new order.")));
+
+	/* the merchant, the channel and the binding */
+	rel = table_open(payidem_relation(PAYIDEM_MERCHANT), AccessShareLock);
+	keys[0] = CStringGetTextDatum(o_merchant_no);
+	m = fetch_by(rel, PAYIDEM_MERCHANT_PKEY, 1, keys);
+	if (m == NULL)				/* (its foreign key: cannot happen) */
+		elog(ERROR, "payidem: merchant %s of order %s is missing", o_merchant_no, o_order_no);
+	m_status = text_column(rel, m, "status");
+	if (strcmp(m_status, "active") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
+				 errmsg("merchant %s is %s", o_merchant_no, m_status),
+				 errdetail("Merchant %s has status %s.", o_merchant_no, m_status),
+				 errhint("Only active merchants take payments.")));
+	{
+		char	   *merchant_type = text_column(rel, m, "merchant_type");
+
+		table_close(rel, NoLock);
+		rel = table_open(payidem_relation(PAYIDEM_CHANNEL), AccessShareLock);
+		keys[0] = channel_no_arg;
+		c = fetch_by(rel, PAYIDEM_CHANNEL_PKEY, 1, keys);
+		if (c == NULL)
+		{
+			Oid			t[1] = {TEXTOID};
+			Datum		v[1] = {channel_no_arg};
+
+			raise_by_sql("SELECT payidem._raise_not_found('channel', $1, 'payidem.channel', 'channel_no')",
+						 1, t, v, NULL);
+		}
+		c_channel_no = text_column(rel, c, "channel_no");
+		c_status = text_column(rel, c, "status");
+		if (strcmp(c_status, "active") != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
+					 errmsg("channel %s is %s", c_channel_no, c_status),
+					 errdetail("Channel %s has status %s.", c_channel_no, c_status),
+					 errhint("Route the payment to an active channel (payidem.route_channel()).")));
+		c_single_set = int8_column(rel, c, "single_limit", &c_single);
+		c_daily_set = int8_column(rel, c, "daily_limit", &c_daily);
+		{
+			Datum		admitted = payidem_getattr(rel, c, "allowed_merchant_types", &isnull);
+			Relation	brel = table_open(payidem_relation(PAYIDEM_MERCHANT_CHANNEL), AccessShareLock);
+			char	   *b_status;
+
+			keys[0] = CStringGetTextDatum(o_merchant_no);
+			keys[1] = channel_no_arg;
+			b = fetch_by(brel, PAYIDEM_MERCHANT_CHANNEL_PKEY, 2, keys);
+			b_status = b != NULL ? text_column(brel, b, "status") : NULL;
+			if (b == NULL || strcmp(b_status, "active") != 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
+						 errmsg("merchant %s is not bound to channel %s", o_merchant_no, c_channel_no),
+						 b != NULL ? errdetail("The binding is %s.", b_status) : errdetail("There is no binding."),
+						 errhint("Bind the channel with payidem.bind_channel().")));
+			b_single_set = int8_column(brel, b, "single_limit", &b_single);
+			b_daily_set = int8_column(brel, b, "daily_limit", &b_daily);
+			table_close(brel, NoLock);
+			if (!isnull)
+			{
+				char	   *list;
+
+				if (!type_admitted(admitted, merchant_type, &list))
+					ereport(ERROR,
+							(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
+							 errmsg("channel %s does not admit merchants of type %s", c_channel_no, merchant_type),
+							 errdetail("Channel %s admits %s; merchant %s is %s.", c_channel_no, list,
+									   o_merchant_no, merchant_type)));
+			}
+		}
+		table_close(rel, NoLock);
+	}
+
+	/* the order's pending attempt (at most one: payment_pending's key) */
+	{
+		Relation	prel = table_open(payidem_relation(PAYIDEM_PAYMENT_PENDING), AccessShareLock);
+		HeapTuple	pending;
+
+		keys[0] = CStringGetTextDatum(o_order_no);
+		pending = fetch_by(prel, PAYIDEM_PAYMENT_ONE_PENDING_PER_ORDER, 1, keys);
+		if (pending != NULL)
+		{
+			Relation	payrel = table_open(payidem_relation(PAYIDEM_PAYMENT), AccessShareLock);
+			HeapTuple	p;
+
+			keys[0] = payidem_getattr(prel, pending, "payment_no", &isnull);
+			p = isnull ? NULL : fetch_by(payrel, PAYIDEM_PAYMENT_PKEY, 1, keys);
+			if (p != NULL)
+			{
+				char	   *p_payment_no = text_column(payrel, p, "payment_no");
+				char	   *p_channel_no = text_column(payrel, p, "channel_no");
+				char	   *p_status = text_column(payrel, p, "status");
+				char	   *p_order_no = text_column(payrel, p, "order_no");
+
+				if (strcmp(p_status, "pending") == 0 && strcmp(p_order_no, o_order_no) == 0)
+				{
+					if (strcmp(p_channel_no, c_channel_no) == 0)
+					{
+						/* a retried call: the same attempt */
+						table_close(payrel, NoLock);
+						table_close(prel, NoLock);
+						table_close(order_rel, NoLock);
+						ExecDropSingleTupleTableSlot(oslot);
+						PopActiveSnapshot();
+						payidem_become_caller(&as_owner);
+						PG_RETURN_TEXT_P(cstring_to_text(p_payment_no));
+					}
+					ereport(ERROR,
+							(errcode(ERRCODE_PAYIDEM_PAYMENT_IN_PROGRESS),
+							 errmsg("order %s has a payment in progress on channel %s", o_order_no, p_channel_no),
+							 errdetail("Payment %s of order %s is pending on channel %s; this call asked for channel %s.",
+									   p_payment_no, o_order_no, p_channel_no, c_channel_no),
+							 errhint("Query channel %s, then close payment %s with payidem.close_payment() before starting another.",
+									 p_channel_no, p_payment_no)));
+				}
+			}
+			table_close(payrel, NoLock);
+		}
+		table_close(prel, NoLock);
+	}
+
+	/* the limits */
+	if ((b_single_set && o_amount > b_single) || (c_single_set && o_amount > c_single))
+		ereport(ERROR,
+				(errcode(ERRCODE_PAYIDEM_LIMIT_EXCEEDED),
+				 errmsg("amount exceeds the single-payment limit"),
+				 errdetail("Order %s is for " INT64_FORMAT "; the single limit is %s for merchant %s on channel %s and %s for the channel.",
+						   o_order_no, o_amount, limit_text(b_single_set, b_single), o_merchant_no, c_channel_no,
+						   limit_text(c_single_set, c_single)),
+				 errhint("Use another channel, or raise the limit with payidem.bind_channel().")));
+	if (b_daily_set || c_daily_set)
+	{
+		Oid			t[5] = {TEXTOID, TEXTOID, INT8OID, INT8OID, INT8OID};
+		Datum		v[5] = {CStringGetTextDatum(o_merchant_no), CStringGetTextDatum(c_channel_no),
+		Int64GetDatum(o_amount), Int64GetDatum(b_daily), Int64GetDatum(c_daily)};
+		char		n[6] = {' ', ' ', ' ', b_daily_set ? ' ' : 'n', c_daily_set ? ' ' : 'n', '\0'};
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute_with_args("SELECT payidem._check_daily_limit($1, $2, $3, $4, $5)", 5, t, v, n, false, 0)
+			!= SPI_OK_SELECT)
+			elog(ERROR, "payidem: the check of a daily limit failed");
+		SPI_finish();
+	}
+
+	/* the attempt */
+	payment_no = DirectFunctionCall1(payidem_gen_order_no, CStringGetTextDatum("PY"));
+	values[0] = payment_no;
+	values[1] = CStringGetTextDatum(o_order_no);
+	values[2] = CStringGetTextDatum(o_merchant_no);
+	values[3] = CStringGetTextDatum(c_channel_no);
+	values[4] = Int64GetDatum(o_amount);
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_PAYMENT, lengthof(columns), columns, types);
 	if (payidem_insert_row(ins, values, nulls, -1) < 0)
-		PG_RETURN_NULL();
-	PG_RETURN_BOOL(true);
+	{
+		Oid			t[5] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID};
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute_with_args("INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)"
+								  " VALUES ($1, $2, $3, $4, $5)", 5, t, values, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "payidem: the insert of a payment attempt failed");
+		SPI_finish();
+	}
+	table_close(order_rel, NoLock);
+	ExecDropSingleTupleTableSlot(oslot);
+	PopActiveSnapshot();
+	payidem_become_caller(&as_owner);
+	PG_RETURN_DATUM(payment_no);
 }

@@ -6,11 +6,11 @@
 -- needs only EXECUTE (grant_app); no table is granted.
 ------------------------------------------------------------------------------
 
--- The rows create_order() and begin_payment() write: src/orders.c, without
--- an INSERT statement (no executor per row; the CHECKs, defaults and index
--- predicates compiled once per session).  NULL: the table has what a direct
--- insert cannot reproduce (a rule, a transition-table or BEFORE row trigger,
--- row-level security, no INSERT privilege), and the caller runs its INSERT.
+-- The row create_order() writes: src/orders.c, without an INSERT statement
+-- (no executor per row; the CHECKs, defaults and index predicates compiled
+-- once per session).  NULL: the table has what a direct insert cannot
+-- reproduce (a rule, a transition-table or BEFORE row trigger, row-level
+-- security, no INSERT privilege), and create_order() runs its INSERT.
 CREATE FUNCTION payidem._insert_order(order_no text, merchant_no text, out_trade_no text, subject text,
 	body text, amount bigint, notify_url text, return_url text, expire_at timestamptz)
 RETURNS boolean
@@ -18,13 +18,6 @@ AS 'MODULE_PATHNAME', 'payidem_insert_order'
 LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION payidem._insert_order(text, text, text, text, text, bigint, text, text, timestamptz) IS
 	'Internal to create_order(): the new order, as INSERT ... ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING writes it: true if inserted, false if the out_trade_no is taken, NULL if the statement must write it.';
-CREATE FUNCTION payidem._insert_payment(payment_no text, order_no text, merchant_no text, channel_no text,
-	amount bigint)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'payidem_insert_payment'
-LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION payidem._insert_payment(text, text, text, text, bigint) IS
-	'Internal to begin_payment(): the new attempt, as its INSERT writes it: true, or NULL if the statement must write it.';
 
 CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
 	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
@@ -129,140 +122,50 @@ END
 $$;
 COMMENT ON FUNCTION payidem.create_order(text, text, bigint, text, text, text, interval, text) IS
 	'New pending order (order_no = gen_order_no(''PO'')). Idempotent on (merchant_no, out_trade_no): the same amount and subject return the existing order_no, others raise PI001. PI009 unknown merchant, PI004 merchant not active, 22023 bad input.';
-CREATE FUNCTION payidem.begin_payment(order_no text, channel_no text)
-RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- A merchant's sum of a day on a channel against its daily limits (the
+-- binding's, the channel's; NULL: none), under the binding's lock: PI007 if
+-- amount more would pass one.  The day is payidem.limit_timezone's (UTC by
+-- default); pending and paid attempts count.  Internal to begin_payment(),
+-- called only where a daily limit is set.
+CREATE FUNCTION payidem._check_daily_limit(p_merchant_no text, p_channel_no text, p_amount bigint,
+	p_binding_limit bigint, p_channel_limit bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-	v_order_no text := begin_payment.order_no;
-	v_channel_no text := begin_payment.channel_no;
-	o payidem."order";
-	m payidem.merchant;
-	c payidem.channel;
-	b payidem.merchant_channel;
-	r record;
-	p payidem.payment;
 	v_tz text;
 	v_day_start timestamptz;
 	v_used numeric;		-- a day's sum may pass the bigint range
-	v_payment_no text;
 BEGIN
-	IF current_setting('transaction_isolation') = 'repeatable read' THEN
-		PERFORM payidem._refuse_repeatable_read('begin_payment', 'the order''s pending attempt and the daily limit');
-	END IF;
-	IF v_channel_no IS NULL THEN	-- (the checks only where they fail: a call per payment costs)
-		PERFORM payidem._require('channel_no', v_channel_no);
-	END IF;
-	SELECT * INTO o FROM payidem."order" x WHERE x.order_no = v_order_no FOR NO KEY UPDATE;
-	IF NOT FOUND THEN
-		-- (a number that is not one is 22023; a stored order's number always is one)
-		PERFORM payidem._check_number('order', v_order_no);
-		PERFORM payidem._raise_not_found('order', v_order_no, 'payidem."order"', 'order_no');
-	END IF;
-	IF o.status <> 'pending' THEN
-		RAISE EXCEPTION 'order % cannot take a payment', o.order_no USING
-			ERRCODE = 'PI002',
-			DETAIL = format('Order %s is %s; only a pending order takes a payment.', o.order_no, o.status),
-			HINT = CASE WHEN o.status = 'closed' THEN 'Create a new order (with a new out_trade_no).'
-						ELSE 'The order is already paid.' END;
-	END IF;
-	IF o.expire_at <= now() THEN
-		RAISE EXCEPTION 'order % has expired', o.order_no USING
-			ERRCODE = 'PI008',
-			DETAIL = format('Order %s expired at %s.', o.order_no, o.expire_at),
-			HINT = 'Close it with payidem.close_order() and create a new order.';
-	END IF;
-
-	-- the merchant, the channel and the binding in one read (a channel or
-	-- binding that does not exist reads as a row of NULLs)
-	SELECT xm AS m, xc AS c, xb AS b INTO r
-	  FROM payidem.merchant xm
-	  LEFT JOIN payidem.channel xc ON xc.channel_no = v_channel_no
-	  LEFT JOIN payidem.merchant_channel xb ON xb.merchant_no = xm.merchant_no AND xb.channel_no = v_channel_no
-	 WHERE xm.merchant_no = o.merchant_no;
-	m := r.m;
-	c := r.c;
-	b := r.b;
-	IF m.status <> 'active' THEN
-		RAISE EXCEPTION 'merchant % is %', m.merchant_no, m.status USING
-			ERRCODE = 'PI004',
-			DETAIL = format('Merchant %s has status %s.', m.merchant_no, m.status),
-			HINT = 'Only active merchants take payments.';
-	END IF;
-	IF c.channel_no IS NULL THEN
-		PERFORM payidem._raise_not_found('channel', v_channel_no, 'payidem.channel', 'channel_no');
-	END IF;
-	IF c.status <> 'active' THEN
-		RAISE EXCEPTION 'channel % is %', c.channel_no, c.status USING
-			ERRCODE = 'PI004',
-			DETAIL = format('Channel %s has status %s.', c.channel_no, c.status),
-			HINT = 'Route the payment to an active channel (payidem.route_channel()).';
-	END IF;
-	IF b.merchant_no IS NULL OR b.status <> 'active' THEN
-		RAISE EXCEPTION 'merchant % is not bound to channel %', m.merchant_no, c.channel_no USING
-			ERRCODE = 'PI004',
-			DETAIL = CASE WHEN b.merchant_no IS NOT NULL THEN format('The binding is %s.', b.status)
-						  ELSE 'There is no binding.' END,
-			HINT = 'Bind the channel with payidem.bind_channel().';
-	END IF;
-	IF c.allowed_merchant_types IS NOT NULL AND NOT m.merchant_type = ANY (c.allowed_merchant_types) THEN
-		RAISE EXCEPTION 'channel % does not admit merchants of type %', c.channel_no, m.merchant_type USING
-			ERRCODE = 'PI004',
-			DETAIL = format('Channel %s admits %s; merchant %s is %s.', c.channel_no,
-							array_to_string(c.allowed_merchant_types, ', '), m.merchant_no, m.merchant_type);
-	END IF;
-
-	-- at most one pending attempt per order (we hold the order's lock, so
-	-- this read is stable; the partial unique index is the final guard)
-	SELECT * INTO p FROM payidem.payment x WHERE x.order_no = o.order_no AND x.status = 'pending';
-	IF FOUND THEN
-		IF p.channel_no = c.channel_no THEN
-			RETURN p.payment_no;			-- a retried call: the same attempt
-		END IF;
-		RAISE EXCEPTION 'order % has a payment in progress on channel %', o.order_no, p.channel_no USING
-			ERRCODE = 'PI003',
-			DETAIL = format('Payment %s of order %s is pending on channel %s; this call asked for channel %s.',
-							p.payment_no, o.order_no, p.channel_no, c.channel_no),
-			HINT = format('Query channel %s, then close payment %s with payidem.close_payment() before starting another.',
-						  p.channel_no, p.payment_no);
-	END IF;
-
-	IF o.amount > b.single_limit OR o.amount > c.single_limit THEN
-		RAISE EXCEPTION 'amount exceeds the single-payment limit' USING
+	-- serialize the day's sum of this merchant on this channel
+	PERFORM 1 FROM payidem.merchant_channel x
+	 WHERE x.merchant_no = p_merchant_no AND x.channel_no = p_channel_no FOR UPDATE;
+	v_tz := coalesce(nullif(current_setting('payidem.limit_timezone', true), ''), 'UTC');
+	v_day_start := date_trunc('day', now() AT TIME ZONE v_tz) AT TIME ZONE v_tz;
+	SELECT coalesce(sum(x.amount), 0) INTO v_used FROM payidem.payment x
+	 WHERE x.merchant_no = p_merchant_no AND x.channel_no = p_channel_no
+	   AND x.created_at >= v_day_start
+	   AND (x.status = 'pending' OR x.status = ANY (payidem._paid_payment_statuses()));
+	IF v_used + p_amount > p_binding_limit OR v_used + p_amount > p_channel_limit THEN
+		RAISE EXCEPTION 'amount exceeds the daily limit' USING
 			ERRCODE = 'PI007',
-			DETAIL = format('Order %s is for %s; the single limit is %s for merchant %s on channel %s and %s for the channel.',
-							o.order_no, o.amount, coalesce(b.single_limit::text, 'none'), m.merchant_no,
-							c.channel_no, coalesce(c.single_limit::text, 'none')),
-			HINT = 'Use another channel, or raise the limit with payidem.bind_channel().';
+			DETAIL = format('Merchant %s has %s pending or paid on channel %s today (%s); with %s more the daily limit (merchant %s, channel %s) would be exceeded.',
+							p_merchant_no, v_used, p_channel_no, v_tz, p_amount,
+							coalesce(p_binding_limit::text, 'none'), coalesce(p_channel_limit::text, 'none')),
+			HINT = 'Use another channel, or try again tomorrow.';
 	END IF;
-	IF b.daily_limit IS NOT NULL OR c.daily_limit IS NOT NULL THEN
-		-- serialize the day's sum of this merchant on this channel
-		PERFORM 1 FROM payidem.merchant_channel x
-		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no FOR UPDATE;
-		v_tz := coalesce(nullif(current_setting('payidem.limit_timezone', true), ''), 'UTC');
-		v_day_start := date_trunc('day', now() AT TIME ZONE v_tz) AT TIME ZONE v_tz;
-		SELECT coalesce(sum(x.amount), 0) INTO v_used FROM payidem.payment x
-		 WHERE x.merchant_no = m.merchant_no AND x.channel_no = c.channel_no
-		   AND x.created_at >= v_day_start
-		   AND (x.status = 'pending' OR x.status = ANY (payidem._paid_payment_statuses()));
-		IF v_used + o.amount > b.daily_limit OR v_used + o.amount > c.daily_limit THEN
-			RAISE EXCEPTION 'amount exceeds the daily limit' USING
-				ERRCODE = 'PI007',
-				DETAIL = format('Merchant %s has %s pending or paid on channel %s today (%s); with %s more the daily limit (merchant %s, channel %s) would be exceeded.',
-								m.merchant_no, v_used, c.channel_no, v_tz, o.amount,
-								coalesce(b.daily_limit::text, 'none'), coalesce(c.daily_limit::text, 'none')),
-				HINT = 'Use another channel, or try again tomorrow.';
-		END IF;
-	END IF;
-
-	-- written directly (_insert_payment), or by the statement where the table needs it
-	v_payment_no := payidem.gen_order_no('PY');
-	IF payidem._insert_payment(v_payment_no, o.order_no, m.merchant_no, c.channel_no, o.amount) IS NULL THEN
-		INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)
-		VALUES (v_payment_no, o.order_no, m.merchant_no, c.channel_no, o.amount);
-	END IF;
-	RETURN v_payment_no;
 END
 $$;
+COMMENT ON FUNCTION payidem._check_daily_limit(text, text, bigint, bigint, bigint) IS
+	'Internal to begin_payment(): PI007 if amount more would pass the merchant''s daily limit on the channel (binding''s or channel''s), under the binding''s lock.';
+
+-- begin_payment(): src/orders.c, the order locked and everything read by key
+-- without SQL; the errors of the checks above (_require, _check_number,
+-- _raise_not_found, _refuse_repeatable_read, _check_daily_limit) made by
+-- them, on the paths that end there.
+CREATE FUNCTION payidem.begin_payment(order_no text, channel_no text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'payidem_begin_payment'
+LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION payidem.begin_payment(text, text) IS
 	'Start (or, on the same channel, return again) the pending payment attempt of an order; payment_no = gen_order_no(''PY''). PI009, PI002 (order not pending), PI008 (expired), PI004 (merchant/channel/binding/type), PI003 (pending on another channel), PI007 (limits).';
 CREATE FUNCTION payidem.close_payment(payment_no text)
