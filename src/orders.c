@@ -90,9 +90,6 @@ payidem_insert_order(PG_FUNCTION_ARGS)
  * is written): sql, with $1 .. $nargs of types, must raise.  Only on a path
  * that ends in that error: the statement is parsed there.
  */
-static void raise_by_sql(const char *sql, int nargs, Oid *types, Datum *values, const char *nulls)
-			pg_attribute_noreturn();
-
 static void
 raise_by_sql(const char *sql, int nargs, Oid *types, Datum *values, const char *nulls)
 {
