@@ -275,6 +275,43 @@ SELECT count(*) AS handed_out, bool_and(attempt = 2) AS second_attempt,
        bool_and(payidem.verify_notification(:'k', payload, signature)) AS verifies
   FROM handed_as_app;
 ROLLBACK;
+-- what a DBA's trigger on notify_event runs while notify_due() and
+-- notify_result() act as the tables' owner resolves no name in the caller's
+-- schemas: search_path is pinned as a SECURITY DEFINER function's SET clause
+-- pins it (an application role's own now() would otherwise run as the owner)
+BEGIN;
+CREATE ROLE regress_nt_app3;
+SELECT count(*) > 0 AS app_granted FROM payidem.grant_app('regress_nt_app3');
+CREATE SCHEMA nt_app3 AUTHORIZATION regress_nt_app3;
+CREATE TABLE public.nt_audit (at timestamptz, status text);
+CREATE FUNCTION public.nt_audit_row() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN INSERT INTO public.nt_audit VALUES (now(), NEW.status); RETURN NEW; END $$;
+CREATE TRIGGER nt_audit AFTER UPDATE ON payidem.notify_event
+  FOR EACH ROW EXECUTE FUNCTION public.nt_audit_row();
+UPDATE payidem.notify_event SET next_attempt_at = now() - interval '1 second' WHERE order_no = :'o2';
+SET LOCAL ROLE regress_nt_app3;
+CREATE FUNCTION nt_app3.now() RETURNS timestamptz LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'hijacked: the caller''s now() ran as the owner'; END $$;
+SET LOCAL search_path = nt_app3, pg_catalog;
+SELECT count(*) AS handed_out, count(payidem.notify_result(event_id, false, 'HTTP 502', attempt)) AS reported
+  FROM payidem.notify_due(100) WHERE order_no OPERATOR(pg_catalog.=) :'o2';
+RESET ROLE;
+RESET search_path;
+-- (the set-up's update, the lease and the report; each trigger run saw pg_catalog's now())
+SELECT count(*) AS audited_updates, bool_and(at = now()) AS at_now FROM public.nt_audit;
+ROLLBACK;
+-- a DBA's BEFORE UPDATE trigger that keeps an event as it is: the report
+-- changes nothing and counts nothing
+BEGIN;
+CREATE FUNCTION public.nt_keep() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+SELECT e.event_id AS kept_event, e.attempts AS kept_attempt FROM payidem.notify_event e
+ WHERE e.order_no = :'o2' AND e.status = 'pending' \gset
+CREATE TEMP TABLE nt_sent_before AS SELECT value FROM payidem.stats() WHERE name = 'notify_sent';
+CREATE TRIGGER nt_keep BEFORE UPDATE ON payidem.notify_event FOR EACH ROW EXECUTE FUNCTION public.nt_keep();
+SELECT count(payidem.notify_result(:kept_event, true)) AS reported;
+SELECT e.status, (SELECT s.value - b.value FROM payidem.stats() s, nt_sent_before b WHERE s.name = 'notify_sent') AS sent_counted
+  FROM payidem.notify_event e WHERE e.event_id = :kept_event;
+ROLLBACK;
 -- a closed merchant's due event is given up, not handed out, and takes no
 -- place in the batch: an older event of a closed merchant ahead of another
 -- merchant's does not stop that one from being handed out with max_rows 1

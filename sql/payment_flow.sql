@@ -851,8 +851,22 @@ SELECT p.proname, p.prosecdef AS security_definer, p.proconfig AS settings
  ORDER BY p.proname;
 SET ROLE flow_app;
 SELECT payidem.create_order(:'m2', 'N-0002', 500, 'Noodles to go') ~ '^PO' AS app_creates_orders;
+SELECT payidem.begin_payment(payidem.create_order(:'m2', 'N-0003', 500, 'Noodles to go'), 'FLOW_FOOD') ~ '^PY'
+       AS app_begins_payments;
 SELECT * FROM pg_temp.try('SELECT count(*) FROM payidem."order"');
 RESET ROLE;
+
+-- a DBA who changed a column's type (a length on body, on channel_no): the
+-- direct writes of create_order and begin_payment leave the row to their
+-- INSERT statement, which casts as it always did
+BEGIN;
+ALTER TABLE payidem."order" ALTER COLUMN body TYPE varchar(2000);
+ALTER TABLE payidem.payment ALTER COLUMN channel_no TYPE varchar(64);
+SELECT payidem.begin_payment(payidem.create_order(:'m2', 'N-0004', 500, 'Noodles', body => 'extra chili'), 'FLOW_FOOD')
+       ~ '^PY' AS still_begins;
+SELECT o.body, p.channel_no FROM payidem."order" o JOIN payidem.payment p USING (order_no)
+ WHERE o.out_trade_no = 'N-0004';
+ROLLBACK;
 REVOKE ALL ON SCHEMA payidem FROM flow_app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM flow_app;
 DROP ROLE flow_app;

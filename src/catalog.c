@@ -25,6 +25,7 @@
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/guc.h"
 #include "utils/syscache.h"
 
 #include "catalog.h"
@@ -186,4 +187,28 @@ payidem_end_as_owner(const PayidemAsOwner *save)
 {
 	PopActiveSnapshot();
 	payidem_become_caller(save);
+}
+
+/*
+ * Pin search_path to pg_catalog, pg_temp, as a SECURITY DEFINER function's
+ * SET clause does, until payidem_unpin_search_path(level) or the
+ * (sub)transaction's end: for a C function that acts as the tables' owner
+ * and writes or reads rows a DBA's trigger or policy may run code for, so
+ * that this code, run as the owner, resolves no name in a schema of the
+ * caller's search_path.  Returns the nest level to give back.
+ */
+int
+payidem_pin_search_path(void)
+{
+	int			level = NewGUCNestLevel();
+
+	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	return level;
+}
+
+void
+payidem_unpin_search_path(int level)
+{
+	AtEOXact_GUC(true, level);
 }

@@ -118,4 +118,8 @@ payidem_become_caller(const PayidemAsOwner *save)
 extern void payidem_begin_as_owner(Oid owner, PayidemAsOwner *save);
 extern void payidem_end_as_owner(const PayidemAsOwner *save);
 
+/* search_path pinned while acting as the owner (catalog.c) */
+extern int	payidem_pin_search_path(void);
+extern void payidem_unpin_search_path(int level);
+
 #endif							/* PAYIDEM_CATALOG_H */

@@ -337,8 +337,14 @@ own_bookkeeping_triggers(Relation rel)
 	return td;
 }
 
-static void
-insert_prepare(PayidemInsert *ins, Relation rel)
+/*
+ * (Re)build what ins keeps from rel.  The columns must be there, of the
+ * types the caller writes; else an error, or with soft (a table others may
+ * change: the caller runs its INSERT statement instead) false, and nothing
+ * kept.
+ */
+static bool
+insert_prepare(PayidemInsert *ins, Relation rel, bool soft)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	MemoryContext oldcxt;
@@ -403,6 +409,12 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 		for (i = 0; i < desc->natts; i++)
 			if (ins->source[i] == v)
 				break;
+		if (soft && (i == desc->natts || getBaseType(TupleDescAttr(desc, i)->atttypid) != ins->types[v] ||
+					 TupleDescAttr(desc, i)->atttypmod != -1))
+		{
+			MemoryContextSwitchTo(oldcxt);
+			return false;
+		}
 		if (i == desc->natts)
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -430,6 +442,7 @@ insert_prepare(PayidemInsert *ins, Relation rel)
 	MemoryContextSwitchTo(oldcxt);
 	exprs_plan(&ins->exprs, rel, ins->context, desc->natts, ins->defaults);
 	ins->relid = RelationGetRelid(rel);
+	return true;
 }
 
 /*
@@ -807,8 +820,12 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 		return -1;
 	}
 	/* the lock above has processed any pending invalidation */
-	if (ins->relid != RelationGetRelid(rel) || ins->natts != desc->natts)
-		insert_prepare(ins, rel);
+	if ((ins->relid != RelationGetRelid(rel) || ins->natts != desc->natts) &&
+		!insert_prepare(ins, rel, checked))
+	{
+		table_close(rel, NoLock);
+		return -1;
+	}
 
 	estate = CreateExecutorState();
 	rri = makeNode(ResultRelInfo);

@@ -499,7 +499,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
  * caller is SPI-connected; the result is in the current memory context.
  */
 static text *
-sign_now(Datum merchant_no, text *payload, TimestampTz now, uint64 *nsecrets)
+sign_now(Datum merchant_no, bool merchant_null, text *payload, TimestampTz now, uint64 *nsecrets)
 {
 	static SPIPlanPtr secrets_plan = NULL;
 	Oid			argtypes[1] = {TEXTOID};
@@ -528,7 +528,7 @@ sign_now(Datum merchant_no, text *payload, TimestampTz now, uint64 *nsecrets)
 					   " s.key_version, s.nonce, s.ciphertext, s.auth_tag"
 					   " FROM payidem._secrets_valid_now($1) s ORDER BY s.secret_version DESC",
 					   1, argtypes);
-	rc = SPI_execute_plan(secrets_plan, &merchant_no, NULL, true, 0);
+	rc = SPI_execute_plan(secrets_plan, &merchant_no, merchant_null ? "n" : NULL, true, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "payidem: reading the secrets of a merchant failed: %s", SPI_result_code_string(rc));
 	for (i = 0; i < SPI_processed; i++)
@@ -551,6 +551,7 @@ sign_now(Datum merchant_no, text *payload, TimestampTz now, uint64 *nsecrets)
 		appendStringInfo(&sig, ",v1=%s,v2=%s", v1, v2);
 	}
 	*nsecrets = SPI_processed;
+	SPI_freetuptable(SPI_tuptable);
 	explicit_bzero(v1, sizeof(v1));
 	explicit_bzero(v2, sizeof(v2));
 	pfree(msg.data);
@@ -575,12 +576,20 @@ payidem_sign_notification(PG_FUNCTION_ARGS)
 	text	   *sig;
 	uint64		n;
 
+	/*
+	 * (as the PL/pgSQL function it was: no merchant has no secret, "t=<t>";
+	 * a NULL payload has no MAC, and a header with one NULL)
+	 */
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	old = MemoryContextSwitchTo(cxt);
-	sig = sign_now(PG_GETARG_DATUM(0), PG_GETARG_TEXT_PP(1), GetCurrentTransactionStartTimestamp(), &n);
+	sig = sign_now(PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0), PG_ARGISNULL(0),
+				   PG_ARGISNULL(1) ? cstring_to_text("") : PG_GETARG_TEXT_PP(1),
+				   GetCurrentTransactionStartTimestamp(), &n);
 	MemoryContextSwitchTo(old);
 	SPI_finish();
+	if (PG_ARGISNULL(1) && n > 0)
+		PG_RETURN_NULL();
 	PG_RETURN_TEXT_P(sig);
 }
 
@@ -633,10 +642,152 @@ merchant_closed(Datum merchant_no)
 					   " WHERE m.merchant_no OPERATOR(pg_catalog.=) $1", 1, types);
 	if (SPI_execute_plan(plan, &merchant_no, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "payidem: the read of a merchant failed");
-	if (SPI_processed == 0)
-		return false;
-	closed = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	return !isnull && closed;
+	closed = SPI_processed > 0 &&
+		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)) && !isnull;
+	SPI_freetuptable(SPI_tuptable);
+	return closed;
+}
+
+/* what became of a due event notify_due() took */
+typedef enum DueOutcome
+{
+	DUE_GIVEN_UP,				/* failed, no place in the batch */
+	DUE_WAITS,					/* unsignable: due again in 5 minutes */
+	DUE_HANDED_OUT				/* leased, a row of the result */
+} DueOutcome;
+
+/*
+ * One due event, locked by the look-up (row, of desc: event_id, order_no,
+ * merchant_no, event, payload, attempts, ctid), read with a new snapshot:
+ * decided and written; a hand-out is put into rsinfo's result.
+ */
+static DueOutcome
+take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rsinfo)
+{
+	static SPIPlanPtr give_up_plan = NULL;
+	static SPIPlanPtr wait_plan = NULL;
+	static SPIPlanPtr lease_plan = NULL;
+	Datum		event_id;
+	Datum		order_no;
+	Datum		merchant_no;
+	Datum		payload;
+	int32		attempts;
+	bool		order_no_null;
+	bool		isnull;
+	text	   *signature;
+	uint64		nsecrets;
+	Datum		values[8];
+	bool		nulls[8] = {false, false, false, false, false, false, false, false};
+	HeapTuple	address = NULL;
+
+	event_id = SPI_getbinval(row, desc, 1, &isnull);
+	order_no = SPI_getbinval(row, desc, 2, &order_no_null);
+	merchant_no = SPI_getbinval(row, desc, 3, &isnull);
+	payload = SPI_getbinval(row, desc, 5, &isnull);
+	attempts = DatumGetInt32(SPI_getbinval(row, desc, 6, &isnull));
+
+	if (attempts >= NOTIFY_MAX_ATTEMPTS)
+	{
+		/* its last attempt went unanswered: given up */
+		Oid			types[2] = {INT8OID, TEXTOID};
+		Datum		args[2];
+
+		args[0] = event_id;
+		args[1] = CStringGetTextDatum(merchant_closed(merchant_no) ? "merchant closed"
+									  : "no answer to the last attempt");
+		notify_update(&give_up_plan, NOTIFY_GIVE_UP_SQL, 2, types, args);
+		pfree(DatumGetPointer(args[1]));
+		return DUE_GIVEN_UP;
+	}
+
+	signature = sign_now(merchant_no, false, DatumGetTextPP(payload), now, &nsecrets);
+	if (nsecrets == 0)
+	{
+		/* nothing signs it: no attempt, never sent unsigned */
+		Oid			types[3] = {INT8OID, TEXTOID, TIMESTAMPTZOID};
+		Datum		args[3];
+		DueOutcome	outcome;
+
+		pfree(signature);
+		args[0] = event_id;
+		if (merchant_closed(merchant_no))
+		{
+			args[1] = CStringGetTextDatum("merchant closed");
+			notify_update(&give_up_plan, NOTIFY_GIVE_UP_SQL, 2, types, args);
+			outcome = DUE_GIVEN_UP;
+		}
+		else
+		{
+			args[1] = CStringGetTextDatum("no valid API secret");
+			args[2] = TimestampTzGetDatum(now + (int64) NOTIFY_UNSIGNED_WAIT_SECONDS * USECS_PER_SEC);
+			notify_update(&wait_plan,
+						  "UPDATE payidem.notify_event e SET next_attempt_at = $3, last_response = $2"
+						  " WHERE e.event_id OPERATOR(pg_catalog.=) $1",
+						  3, types, args);
+			outcome = DUE_WAITS;
+		}
+		pfree(DatumGetPointer(args[1]));
+		return outcome;
+	}
+
+	/*
+	 * handed out: its next attempt, leased; a direct update of the row the
+	 * look-up locked, or the same in SQL where the table has what a
+	 * row-by-row update cannot reproduce (payidem_update())
+	 */
+	{
+		static const char *const columns[] = {"next_attempt_at", "attempts", "last_attempt_at"};
+		static const Oid types[] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+		static const bool set[] = {true, true, true};
+		static PayidemUpdate *lease = NULL;
+		ItemPointer tid = (ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 7, &isnull));
+		Datum		args[3];
+		bool		args_null[3] = {false, false, false};
+
+		args[0] = TimestampTzGetDatum(now + (int64) NOTIFY_LEASE_SECONDS * USECS_PER_SEC);
+		args[1] = Int32GetDatum(attempts + 1);
+		args[2] = TimestampTzGetDatum(now);
+		if (lease == NULL)
+			lease = payidem_update_define(PAYIDEM_NOTIFY_EVENT, "event_id", lengthof(columns), columns);
+		if (!payidem_update(lease, tid, event_id, set, args, args_null, types, NULL, false))
+		{
+			Oid			sql_types[4] = {INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+			Datum		sql_args[4] = {event_id, args[0], args[1], args[2]};
+
+			notify_update(&lease_plan,
+						  "UPDATE payidem.notify_event e SET next_attempt_at = $2, attempts = $3,"
+						  " last_attempt_at = $4 WHERE e.event_id OPERATOR(pg_catalog.=) $1",
+						  4, sql_types, sql_args);
+		}
+	}
+
+	/* its address: the order's notify_url, or the merchant's for a payout's */
+	{
+		Relation	rel = table_open(payidem_relation(order_no_null ? PAYIDEM_MERCHANT : PAYIDEM_ORDER),
+									 AccessShareLock);
+
+		address = payidem_fetch_unique(rel, order_no_null ? PAYIDEM_MERCHANT_PKEY : PAYIDEM_ORDER_PKEY,
+									   1, order_no_null ? &merchant_no : &order_no, GetActiveSnapshot());
+		if (address != NULL)
+			values[3] = payidem_getattr(rel, address, "notify_url", &nulls[3]);
+		else
+			nulls[3] = true;
+		table_close(rel, NoLock);
+	}
+	values[0] = event_id;
+	values[1] = order_no;
+	nulls[1] = order_no_null;
+	values[2] = merchant_no;
+	values[4] = SPI_getbinval(row, desc, 4, &isnull);
+	values[5] = payload;
+	values[6] = PointerGetDatum(signature);
+	values[7] = Int32GetDatum(attempts + 1);
+	/* (the tuplestore copies the row) */
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	pfree(signature);
+	if (address != NULL)
+		heap_freetuple(address);
+	return DUE_HANDED_OUT;
 }
 
 /*
@@ -648,7 +799,8 @@ merchant_closed(Datum merchant_no)
  * Hands out up to max_rows due events, the oldest first, one at a time: each
  * step is one look-up at the head of notify_event_due (FOR UPDATE SKIP
  * LOCKED: the oldest due event no other worker holds), whatever the backlog
- * behind it; then, for that event:
+ * behind it; then, for that event (take_due_event()), read with a new
+ * snapshot as the next statement would:
  *
  *   - its last attempt was handed out and went unanswered (the 16th): given
  *     up (failed, 'merchant closed' for a closed merchant's, else 'no answer
@@ -669,22 +821,24 @@ merchant_closed(Datum merchant_no)
  * so the next step finds the next one.  Each statement is prepared once per
  * session, every name and operator qualified; every value it writes is
  * decided here.  It acts as the tables' owner, as a SECURITY DEFINER
- * function would, switching itself (no search_path saved and restored on
- * every call: nothing it runs is resolved by it).
+ * function would, switching itself, with search_path pinned as such a
+ * function's SET clause pins it (what a DBA's trigger or policy runs as the
+ * owner resolves no name in the caller's schemas).  Each step has an SPI
+ * connection of its own, and what it allocated goes with it: the memory of a
+ * call does not grow with max_rows (the rows handed out are in the result's
+ * tuplestore, which spills to disk past work_mem).
  */
 PG_FUNCTION_INFO_V1(payidem_notify_due);
 Datum
 payidem_notify_due(PG_FUNCTION_ARGS)
 {
 	static SPIPlanPtr head_plan = NULL;
-	static SPIPlanPtr give_up_plan = NULL;
-	static SPIPlanPtr wait_plan = NULL;
-	static SPIPlanPtr lease_plan = NULL;
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	PayidemAsOwner as_owner;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	int32		left;
 	uint64		given_up = 0;
+	int			guc_level;
 
 	if (PG_ARGISNULL(0) || PG_GETARG_INT32(0) <= 0)
 		ereport(ERROR,
@@ -697,28 +851,17 @@ payidem_notify_due(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 
 	payidem_become_owner(payidem_owner(PAYIDEM_NOTIFY_EVENT), 0, &as_owner);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	guc_level = payidem_pin_search_path();
 	while (left > 0)
 	{
 		Oid			head_types[1] = {TIMESTAMPTZOID};
 		Datum		head_args[1];
-		HeapTuple	row;
-		TupleDesc	desc;
-		Datum		event_id;
-		Datum		order_no;
-		Datum		merchant_no;
-		Datum		event;
-		Datum		payload;
-		int32		attempts;
-		bool		order_no_null;
-		bool		isnull;
-		text	   *signature;
-		uint64		nsecrets;
-		Datum		values[8];
-		bool		nulls[8] = {false, false, false, false, false, false, false, false};
+		SPITupleTable *head;
 
 		CHECK_FOR_INTERRUPTS();
+		/* one SPI connection per event: what a step allocates goes with it */
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
 		head_args[0] = TimestampTzGetDatum(now);
 		payidem_saved_plan(&head_plan,
 						   "SELECT e.event_id, e.order_no, e.merchant_no, e.event::pg_catalog.text, e.payload,"
@@ -730,116 +873,28 @@ payidem_notify_due(PG_FUNCTION_ARGS)
 						   1, head_types);
 		if (SPI_execute_plan(head_plan, head_args, NULL, false, 1) != SPI_OK_SELECT)
 			elog(ERROR, "payidem: the look-up of a due notification event failed");
+		head = SPI_tuptable;
 		if (SPI_processed == 0)
+		{
+			SPI_finish();
 			break;
-		row = SPI_tuptable->vals[0];
-		desc = SPI_tuptable->tupdesc;
-		event_id = SPI_getbinval(row, desc, 1, &isnull);
-		order_no = SPI_getbinval(row, desc, 2, &order_no_null);
-		merchant_no = SPI_getbinval(row, desc, 3, &isnull);
-		event = SPI_getbinval(row, desc, 4, &isnull);
-		payload = SPI_getbinval(row, desc, 5, &isnull);
-		attempts = DatumGetInt32(SPI_getbinval(row, desc, 6, &isnull));
-
-		if (attempts >= NOTIFY_MAX_ATTEMPTS)
-		{
-			/* its last attempt went unanswered: given up */
-			Oid			types[2] = {INT8OID, TEXTOID};
-			Datum		args[2];
-
-			args[0] = event_id;
-			args[1] = CStringGetTextDatum(merchant_closed(merchant_no) ? "merchant closed"
-										  : "no answer to the last attempt");
-			notify_update(&give_up_plan, NOTIFY_GIVE_UP_SQL, 2, types, args);
-			given_up++;
-			continue;
 		}
-
-		signature = sign_now(merchant_no, DatumGetTextPP(payload), now, &nsecrets);
-		if (nsecrets == 0)
+		CommandCounterIncrement();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		switch (take_due_event(head->vals[0], head->tupdesc, now, rsinfo))
 		{
-			/* nothing signs it: no attempt, never sent unsigned */
-			Oid			types[3] = {INT8OID, TEXTOID, TIMESTAMPTZOID};
-			Datum		args[3];
-
-			args[0] = event_id;
-			if (merchant_closed(merchant_no))
-			{
-				args[1] = CStringGetTextDatum("merchant closed");
-				notify_update(&give_up_plan, NOTIFY_GIVE_UP_SQL, 2, types, args);
+			case DUE_GIVEN_UP:
 				given_up++;
-			}
-			else
-			{
-				args[1] = CStringGetTextDatum("no valid API secret");
-				args[2] = TimestampTzGetDatum(now + (int64) NOTIFY_UNSIGNED_WAIT_SECONDS * USECS_PER_SEC);
-				notify_update(&wait_plan,
-							  "UPDATE payidem.notify_event e SET next_attempt_at = $3, last_response = $2"
-							  " WHERE e.event_id OPERATOR(pg_catalog.=) $1",
-							  3, types, args);
+				break;
+			case DUE_WAITS:
+			case DUE_HANDED_OUT:
 				left--;
-			}
-			continue;
+				break;
 		}
-
-		/*
-		 * handed out: its next attempt, leased; a direct update of the row
-		 * the look-up locked, or the same in SQL where the table has what a
-		 * row-by-row update cannot reproduce (payidem_update())
-		 */
-		{
-			static const char *const columns[] = {"next_attempt_at", "attempts", "last_attempt_at"};
-			static const Oid types[] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
-			static const bool set[] = {true, true, true};
-			static PayidemUpdate *lease = NULL;
-			ItemPointer tid = (ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 7, &isnull));
-			Datum		args[4];
-			bool		args_null[3] = {false, false, false};
-
-			args[0] = TimestampTzGetDatum(now + (int64) NOTIFY_LEASE_SECONDS * USECS_PER_SEC);
-			args[1] = Int32GetDatum(attempts + 1);
-			args[2] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-			if (lease == NULL)
-				lease = payidem_update_define(PAYIDEM_NOTIFY_EVENT, "event_id", lengthof(columns), columns);
-			if (!payidem_update(lease, tid, event_id, set, args, args_null, types, NULL, false))
-			{
-				Oid			sql_types[4] = {INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
-				Datum		sql_args[4] = {event_id, args[0], args[1], args[2]};
-
-				notify_update(&lease_plan,
-							  "UPDATE payidem.notify_event e SET next_attempt_at = $2, attempts = $3,"
-							  " last_attempt_at = $4 WHERE e.event_id OPERATOR(pg_catalog.=) $1",
-							  4, sql_types, sql_args);
-			}
-		}
-		left--;
-
-		/* its address: the order's notify_url, or the merchant's for a payout's */
-		{
-			Relation	rel = table_open(payidem_relation(order_no_null ? PAYIDEM_MERCHANT : PAYIDEM_ORDER),
-										 AccessShareLock);
-			HeapTuple	tuple = payidem_fetch_unique(rel, order_no_null ? PAYIDEM_MERCHANT_PKEY : PAYIDEM_ORDER_PKEY,
-													 1, order_no_null ? &merchant_no : &order_no,
-													 GetActiveSnapshot());
-
-			if (tuple != NULL)
-				values[3] = payidem_getattr(rel, tuple, "notify_url", &nulls[3]);
-			else
-				nulls[3] = true;
-			table_close(rel, NoLock);
-		}
-		values[0] = event_id;
-		values[1] = order_no;
-		nulls[1] = order_no_null;
-		values[2] = merchant_no;
-		values[4] = event;
-		values[5] = payload;
-		values[6] = PointerGetDatum(signature);
-		values[7] = Int32GetDatum(attempts + 1);
-		/* (the tuplestore copies the row: it outlives the SPI connection) */
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		PopActiveSnapshot();
+		SPI_finish();
 	}
-	SPI_finish();
+	payidem_unpin_search_path(guc_level);
 	payidem_become_caller(&as_owner);
 	if (given_up > 0)
 		payidem_count_n(PAYIDEM_NOTIFY_FAILED, given_up);
@@ -904,15 +959,20 @@ report_decide(const NotifyReport *r, int32 attempts, TimestampTz now,
 }
 
 /*
- * The report through SQL: the row read and locked FOR UPDATE, then updated
- * by key with what report_decide() decided.  For what the direct path does
- * not take (REPEATABLE READ and SERIALIZABLE, row security, rules,
- * statement triggers); the same decision.  Returns false if there is no
- * such event.
+ * The report through SQL, as the one UPDATE it replaces: the event as the
+ * statement's snapshot sees it; if the report applies to that version, the
+ * row locked FOR UPDATE (waiting for a transaction that holds it; under
+ * REPEATABLE READ or SERIALIZABLE, 40001 if it changed since the snapshot)
+ * and the report decided again on it, then an update by key with what
+ * report_decide() decided.  For what the direct path does not take
+ * (REPEATABLE READ and SERIALIZABLE, row security, rules, statement
+ * triggers, BEFORE UPDATE row triggers); the same decision.  Returns false
+ * if there is no such event.
  */
 static bool
 report_in_sql(Datum event_id, const NotifyReport *r, TimestampTz now, PayidemCounter *counter, bool *changed)
 {
+	static SPIPlanPtr look_plan = NULL;
 	static SPIPlanPtr read_plan = NULL;
 	static SPIPlanPtr sent_plan = NULL;
 	static SPIPlanPtr failed_plan = NULL;
@@ -928,19 +988,29 @@ report_in_sql(Datum event_id, const NotifyReport *r, TimestampTz now, PayidemCou
 	bool		isnull;
 	int			rc;
 
-	payidem_saved_plan(&read_plan,
+	payidem_saved_plan(&look_plan,
 					   "SELECT x.status::pg_catalog.text, x.attempts::pg_catalog.int4 FROM payidem.notify_event x"
-					   " WHERE x.event_id OPERATOR(pg_catalog.=) $1 FOR UPDATE", 1, read_types);
-	if (SPI_execute_plan(read_plan, &event_id, NULL, false, 0) != SPI_OK_SELECT)
+					   " WHERE x.event_id OPERATOR(pg_catalog.=) $1", 1, read_types);
+	if (SPI_execute_plan(look_plan, &event_id, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "payidem: the read of a notification event failed");
 	if (SPI_processed == 0)
 		return false;
 	status = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	attempts = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	if (!report_applies(r, status, attempts))
+		return true;			/* nothing to report: no lock taken, as the UPDATE's */
+	payidem_saved_plan(&read_plan,
+					   "SELECT x.status::pg_catalog.text, x.attempts::pg_catalog.int4 FROM payidem.notify_event x"
+					   " WHERE x.event_id OPERATOR(pg_catalog.=) $1 FOR UPDATE", 1, read_types);
+	if (SPI_execute_plan(read_plan, &event_id, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "payidem: the read of a notification event failed");
+	if (SPI_processed == 0)
+		return true;			/* gone meanwhile: nothing to report */
+	status = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	attempts = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	if (!report_applies(r, status, attempts))
 		return true;
 	*counter = report_decide(r, attempts, now, set, values, nulls);
-	*changed = true;
 	args[0] = event_id;
 	args[1] = values[0];
 	args[2] = values[1];
@@ -965,6 +1035,8 @@ report_in_sql(Datum event_id, const NotifyReport *r, TimestampTz now, PayidemCou
 	rc = SPI_execute_plan(r->ok ? sent_plan : failed_plan, args, args_null, false, 0);
 	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "payidem: an update of a notification event failed: %s", SPI_result_code_string(rc));
+	/* (a DBA's BEFORE UPDATE trigger may have said no: then nothing is counted) */
+	*changed = SPI_processed > 0;
 	return true;
 }
 
@@ -978,7 +1050,8 @@ report_in_sql(Datum event_id, const NotifyReport *r, TimestampTz now, PayidemCou
  * (waiting for a worker that holds it) and the report decided again on its
  * latest version, then a direct update by its tid (payidem_update()).
  * Anything else goes through SQL (report_in_sql()).  PI009 for an event that
- * does not exist.  It acts as the tables' owner, switching itself.
+ * does not exist.  It acts as the tables' owner, switching itself, with
+ * search_path pinned as notify_due() pins it.
  */
 PG_FUNCTION_INFO_V1(payidem_notify_result);
 Datum
@@ -995,6 +1068,7 @@ payidem_notify_result(PG_FUNCTION_ARGS)
 	bool		changed = false;
 	bool		exists = true;
 	bool		done = false;
+	int			guc_level;
 	Relation	rel;
 
 	if (PG_ARGISNULL(0) || PG_GETARG_INT64(0) <= 0)
@@ -1017,8 +1091,10 @@ payidem_notify_result(PG_FUNCTION_ARGS)
 	r.attempt = r.attempt_null ? 0 : PG_GETARG_INT32(3);
 
 	payidem_become_owner(payidem_owner(PAYIDEM_NOTIFY_EVENT), 0, &as_owner);
+	guc_level = payidem_pin_search_path();
 	rel = table_open(payidem_relation(PAYIDEM_NOTIFY_EVENT), RowExclusiveLock);
-	if (!IsolationUsesXactSnapshot() && payidem_update_plain(rel))
+	if (!IsolationUsesXactSnapshot() && payidem_update_plain(rel) &&
+		!(rel->trigdesc != NULL && rel->trigdesc->trig_update_before_row))
 	{
 		TupleTableSlot *slot = table_slot_create(rel, NULL);
 		HeapTuple	tuple;
@@ -1094,6 +1170,7 @@ payidem_notify_result(PG_FUNCTION_ARGS)
 		SPI_execute_plan(not_found_plan, &event_id, NULL, false, 0);
 		elog(ERROR, "payidem: notification event " INT64_FORMAT " does not exist", DatumGetInt64(event_id));
 	}
+	payidem_unpin_search_path(guc_level);
 	payidem_become_caller(&as_owner);
 	if (changed)
 		payidem_count(counter);

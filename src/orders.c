@@ -198,8 +198,11 @@ type_admitted(Datum types, const char *merchant_type, char **list)
  *   - the attempt inserted (directly, or by the INSERT statement where the
  *     table needs it).
  *
- * C, acting as the tables' owner itself: the look-ups are by key, without
- * SQL; the SQL helpers are called only on the paths that end in their error.
+ * C, acting as the tables' owner itself, with search_path pinned as a
+ * SECURITY DEFINER function's SET clause pins it (a DBA's trigger on the
+ * payment runs as the owner, and resolves no name in the caller's schemas):
+ * the look-ups are by key, without SQL; the SQL helpers are called only on
+ * the paths that end in their error.
  */
 PG_FUNCTION_INFO_V1(payidem_begin_payment);
 Datum
@@ -209,6 +212,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	static const Oid types[] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID};
 	static PayidemInsert *ins = NULL;
 	PayidemAsOwner as_owner;
+	int			guc_level;
 	Datum		order_no_arg = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
 	Datum		channel_no_arg = PG_ARGISNULL(1) ? (Datum) 0 : PG_GETARG_DATUM(1);
 	Relation	order_rel;
@@ -257,6 +261,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	}
 
 	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
+	guc_level = payidem_pin_search_path();
 	/* as the next statement would: after what came before, a new snapshot */
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -427,6 +432,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 						table_close(order_rel, NoLock);
 						ExecDropSingleTupleTableSlot(oslot);
 						PopActiveSnapshot();
+						payidem_unpin_search_path(guc_level);
 						payidem_become_caller(&as_owner);
 						PG_RETURN_TEXT_P(cstring_to_text(p_payment_no));
 					}
@@ -491,6 +497,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	table_close(order_rel, NoLock);
 	ExecDropSingleTupleTableSlot(oslot);
 	PopActiveSnapshot();
+	payidem_unpin_search_path(guc_level);
 	payidem_become_caller(&as_owner);
 	PG_RETURN_DATUM(payment_no);
 }

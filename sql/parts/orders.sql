@@ -87,11 +87,13 @@ BEGIN
 										v_amount, create_order.notify_url, create_order.return_url,
 										now() + expire_in);
 	IF v_inserted IS NULL THEN
+		-- (the number stored, which a DBA's BEFORE INSERT trigger may have set)
 		INSERT INTO payidem."order" AS x (order_no, merchant_no, out_trade_no, subject, body, amount,
 										  notify_url, return_url, expire_at)
 		VALUES (v_order_no, v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
 				create_order.notify_url, create_order.return_url, now() + expire_in)
-		ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING;
+		ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING
+		RETURNING x.order_no INTO v_order_no;
 		v_inserted := FOUND;
 	END IF;
 	IF v_inserted THEN
