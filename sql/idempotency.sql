@@ -247,6 +247,26 @@ UPDATE payidem.idempotency SET status = 'failed' WHERE idem_key = 'rt:app:1';
 SELECT payidem.idem_purge('0');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 RESET ROLE;
+-- what a DBA's trigger on the table runs while the functions act as its
+-- owner resolves no name in the caller's schemas (search_path is pinned for
+-- the statements they run): the role's own now() is not called as the owner
+BEGIN;
+CREATE SCHEMA rt_app AUTHORIZATION regress_payidem_app;
+CREATE TABLE public.rt_audit (at timestamptz, idem_key text);
+CREATE FUNCTION public.rt_audit_row() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN INSERT INTO public.rt_audit VALUES (now(), NEW.idem_key); RETURN NEW; END $$;
+CREATE TRIGGER rt_audit AFTER INSERT OR UPDATE ON payidem.idempotency
+  FOR EACH ROW EXECUTE FUNCTION public.rt_audit_row();
+SET LOCAL ROLE regress_payidem_app;
+CREATE FUNCTION rt_app.now() RETURNS timestamptz LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'hijacked: the caller''s now() ran as the owner'; END $$;
+SET LOCAL search_path = rt_app, pg_catalog;
+SELECT outcome FROM payidem.idem_claim('rt:app:2', 'pay', 'PO1', NULL, 1);
+SELECT payidem.idem_finish('rt:app:2', 'completed', '{"ok": true}');
+RESET ROLE;
+RESET search_path;
+SELECT count(*) AS audited, bool_and(at = now()) AS at_now FROM public.rt_audit;
+ROLLBACK;
 -- nothing of ours is executable by PUBLIC
 SELECT p.oid::regprocedure AS idem_function, has_function_privilege('public', p.oid, 'EXECUTE') AS public_can_execute
   FROM pg_proc p
@@ -269,10 +289,10 @@ SELECT * FROM payidem.idem_claim('rt:alter:1', 'pay', 'PO-X', NULL, 1);
 ROLLBACK;
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 BEGIN;
-CREATE TABLE rt_seen (idem_key text);
+CREATE TABLE public.rt_seen (idem_key text);
 CREATE FUNCTION rt_note() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	INSERT INTO rt_seen VALUES (NEW.idem_key);
+	INSERT INTO public.rt_seen VALUES (NEW.idem_key);
 	RETURN NEW;
 END $$;
 CREATE TRIGGER rt_note BEFORE INSERT ON payidem.idempotency FOR EACH ROW EXECUTE FUNCTION rt_note();
@@ -335,10 +355,10 @@ ROLLBACK;
 SELECT count(*) AS rolled_back_keys FROM payidem.idempotency WHERE idem_key = 'rt:rec:4';
 -- with a trigger on the table the row goes through the SQL insert, completed as well
 BEGIN;
-CREATE TABLE rt_seen (idem_key text, status text);
+CREATE TABLE public.rt_seen (idem_key text, status text);
 CREATE FUNCTION rt_note() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	INSERT INTO rt_seen VALUES (NEW.idem_key, NEW.status);
+	INSERT INTO public.rt_seen VALUES (NEW.idem_key, NEW.status);
 	RETURN NEW;
 END $$;
 CREATE TRIGGER rt_note BEFORE INSERT ON payidem.idempotency FOR EACH ROW EXECUTE FUNCTION rt_note();

@@ -452,23 +452,33 @@ begin_as_owner(PayidemAsOwner *save)
 	return relid;
 }
 
-/* Connect to SPI once per call, before the first statement. */
+/*
+ * Connect to SPI once per call, before the first statement, with
+ * search_path pinned (payidem_pin_search_path()): a statement may fire a
+ * DBA's trigger on the table, which runs as the owner and must resolve no
+ * name in the caller's schemas.  *level: 0 before, the nest level to give
+ * back after.
+ */
 static void
-connect_spi(bool *connected)
+connect_spi(int *level)
 {
-	if (*connected)
+	if (*level != 0)
 		return;
+	*level = payidem_pin_search_path();
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	*connected = true;
 }
 
 /* Close SPI if it was connected and become the caller again. */
 static void
-end_as_owner(const PayidemAsOwner *save, bool spi_connected)
+end_as_owner(const PayidemAsOwner *save, int spi_level)
 {
-	if (spi_connected && SPI_finish() != SPI_OK_FINISH)
-		elog(ERROR, "SPI_finish failed");
+	if (spi_level != 0)
+	{
+		if (SPI_finish() != SPI_OK_FINISH)
+			elog(ERROR, "SPI_finish failed");
+		payidem_unpin_search_path(spi_level);
+	}
 	payidem_become_caller(save);
 }
 
@@ -712,7 +722,7 @@ claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
 	PayidemAsOwner as_owner;
 	IdemOutcome outcome = IDEM_CLAIMED;
 	Oid			relid;
-	bool		spi = false;
+	int			spi = 0;		/* connected: search_path's nest level */
 	Datum		values[4];
 	bool		nulls[4] = {false, false, false, false};
 	int			tries;
@@ -994,7 +1004,7 @@ payidem_idem_finish(PG_FUNCTION_ARGS)
 	Oid			finish_types[4] = {TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID};
 	Oid			select_types[1] = {TEXTOID};
 	PayidemAsOwner as_owner;
-	bool		spi = false;
+	int			spi = 0;		/* connected: search_path's nest level */
 	int			rc;
 
 	payidem_require_replication("idem_finish()");
@@ -1080,7 +1090,7 @@ purge(FunctionCallInfo fcinfo, int64 max_rows)
 	char		nulls[2] = {' ', ' '};
 	Oid			purge_types[2] = {TIMESTAMPTZOID, INT8OID};
 	PayidemAsOwner as_owner;
-	bool		spi = false;
+	int			spi = 0;		/* connected: search_path's nest level */
 	int			rc;
 	int64		deleted;
 
