@@ -854,6 +854,20 @@ SELECT payidem.create_order(:'m2', 'N-0002', 500, 'Noodles to go') ~ '^PO' AS ap
 SELECT payidem.begin_payment(payidem.create_order(:'m2', 'N-0003', 500, 'Noodles to go'), 'FLOW_FOOD') ~ '^PY'
        AS app_begins_payments;
 SELECT * FROM pg_temp.try('SELECT count(*) FROM payidem."order"');
+-- an application role gets begin_payment's own errors, not the helpers' privileges
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, NULL)',
+							  payidem.create_order(:'m2', 'N-0005', 500, 'Noodles to go')));
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'on1', 'FLOW_FOOD'));
+ROLLBACK;
+-- a read-only transaction (a hot standby's too) refuses each write as its
+-- statement would
+BEGIN READ ONLY;
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 500, %L)', :'m2', 'N-RO', 'Noodles'));
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'on1', 'FLOW_FOOD'));
+SELECT * FROM pg_temp.try('SELECT count(*) FROM payidem.notify_due(10)');
+SELECT * FROM pg_temp.try('SELECT payidem.notify_result(1, true)');
+ROLLBACK;
 RESET ROLE;
 
 -- a DBA who changed a column's type (a length on body, on channel_no): the

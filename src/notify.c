@@ -1083,6 +1083,8 @@ payidem_notify_result(PG_FUNCTION_ARGS)
 				 errmsg("notification result must not be NULL"),
 				 errdetail("ok was NULL."),
 				 errhint("Pass true if the merchant acknowledged the notification, false otherwise.")));
+	/* a report is an UPDATE: refused where one is (a read-only transaction, a standby) */
+	PreventCommandIfReadOnly("UPDATE");
 	event_id = PG_GETARG_DATUM(0);
 	r.ok = PG_GETARG_BOOL(1);
 	r.response_null = PG_ARGISNULL(2);

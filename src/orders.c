@@ -3,11 +3,11 @@
  * orders.c
  *		The rows create_order() and begin_payment() write, written directly.
  *
- *   payidem._insert_order(...) RETURNS boolean — create_order()'s new
- *     order, as INSERT ... ON CONFLICT ON CONSTRAINT order_out_trade_no_key
- *     DO NOTHING writes it (the unique constraint decides between
- *     concurrent first calls; the loser waits for the winner and finds its
- *     row): true if inserted, false if the merchant's out_trade_no is taken.
+ *   payidem._insert_order(...) RETURNS text — create_order()'s new order,
+ *     as INSERT ... ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO
+ *     NOTHING writes it (the unique constraint decides between concurrent
+ *     first calls; the loser waits for the winner and finds its row): its
+ *     number, or NULL if the merchant's out_trade_no is taken.
  *
  *   payidem.begin_payment(order_no, channel_no) RETURNS text — the pending
  *     payment attempt of an order (below).
@@ -19,9 +19,9 @@
  * session instead of read back from the catalog at every row (direct.c).
  * Where the table has what a direct insert cannot reproduce (a rule, a
  * trigger with a transition table, a BEFORE row trigger before a conflict
- * check, row-level security that applies, no INSERT privilege), they write
- * nothing and return NULL, and the caller runs its INSERT statement: the
- * same row either way.  Everything the row holds is decided by the caller.
+ * check, row-level security that applies, no INSERT privilege, a column of
+ * another type), the INSERT statement writes the row: the same row either
+ * way.  Everything the row holds is decided by the caller.
  * _insert_order is internal: nobody is granted it; create_order() calls it
  * as the tables' owner.
  *
@@ -50,9 +50,15 @@
 #include "util.h"
 
 /*
- * payidem._insert_order(order_no text, merchant_no text, out_trade_no text,
- *		subject text, body text, amount bigint, notify_url text,
- *		return_url text, expire_at timestamptz) RETURNS boolean
+ * payidem._insert_order(merchant_no text, out_trade_no text, subject text,
+ *		body text, amount bigint, notify_url text, return_url text,
+ *		expire_at timestamptz) RETURNS text
+ *
+ * The new order's number (gen_order_no('PO'), taken after the read-only
+ * check an INSERT makes first), or NULL if the merchant's out_trade_no is
+ * taken.  Written directly, or by the INSERT ... ON CONFLICT statement
+ * where the table has what a direct insert cannot reproduce (its RETURNING
+ * then says the number stored, which a BEFORE INSERT trigger may have set).
  */
 PG_FUNCTION_INFO_V1(payidem_insert_order);
 Datum
@@ -71,19 +77,47 @@ payidem_insert_order(PG_FUNCTION_ARGS)
 	int			i;
 	int			result;
 
-	for (i = 0; i < lengthof(columns); i++)
+	PreventCommandIfReadOnly("INSERT");
+	values[0] = DirectFunctionCall1(payidem_gen_order_no, CStringGetTextDatum("PO"));
+	nulls[0] = false;
+	for (i = 1; i < lengthof(columns); i++)
 	{
-		nulls[i] = PG_ARGISNULL(i);
-		values[i] = nulls[i] ? (Datum) 0 : PG_GETARG_DATUM(i);
+		nulls[i] = PG_ARGISNULL(i - 1);
+		values[i] = nulls[i] ? (Datum) 0 : PG_GETARG_DATUM(i - 1);
 	}
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_ORDER, lengthof(columns), columns, types);
 	result = payidem_insert_row(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY);
-	if (result < 0)
+	if (result == 1)
+		PG_RETURN_DATUM(values[0]);
+	if (result == 0)
 		PG_RETURN_NULL();
-	PG_RETURN_BOOL(result == 1);
-}
+	{
+		char		n[lengthof(columns)];
+		Datum		stored = (Datum) 0;
+		bool		isnull = true;
 
+		for (i = 0; i < lengthof(columns); i++)
+			n[i] = nulls[i] ? 'n' : ' ';
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute_with_args("INSERT INTO payidem.\"order\" AS x (order_no, merchant_no, out_trade_no, subject,"
+								  " body, amount, notify_url, return_url, expire_at)"
+								  " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+								  " ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING"
+								  " RETURNING x.order_no", lengthof(columns), (Oid *) types, values, n,
+								  false, 0) != SPI_OK_INSERT_RETURNING)
+			elog(ERROR, "payidem: the insert of an order failed");
+		if (SPI_processed == 1)
+			stored = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		if (!isnull)
+			stored = SPI_datumTransfer(stored, false, -1);
+		SPI_finish();
+		if (isnull)
+			PG_RETURN_NULL();
+		PG_RETURN_DATUM(stored);
+	}
+}
 
 /*
  * Raise the error an SQL helper of payidem makes (the one place its message
@@ -244,6 +278,9 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	Datum		values[lengthof(columns)];
 	bool		nulls[lengthof(columns)] = {false, false, false, false, false};
 
+	/* the owner from the start: the SQL helpers are not the caller's to run */
+	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
+	guc_level = payidem_pin_search_path();
 	if (XactIsoLevel == XACT_REPEATABLE_READ)
 	{
 		Oid			t[2] = {TEXTOID, TEXTOID};
@@ -260,8 +297,8 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 		raise_by_sql("SELECT payidem._require($1, $2)", 2, t, v, " n");
 	}
 
-	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
-	guc_level = payidem_pin_search_path();
+	/* the order's lock is a write: refused where a SELECT ... FOR NO KEY UPDATE is */
+	PreventCommandIfReadOnly("SELECT FOR NO KEY UPDATE");
 	/* as the next statement would: after what came before, a new snapshot */
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetTransactionSnapshot());

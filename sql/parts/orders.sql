@@ -8,16 +8,16 @@
 
 -- The row create_order() writes: src/orders.c, without an INSERT statement
 -- (no executor per row; the CHECKs, defaults and index predicates compiled
--- once per session).  NULL: the table has what a direct insert cannot
--- reproduce (a rule, a transition-table or BEFORE row trigger, row-level
--- security, no INSERT privilege), and create_order() runs its INSERT.
-CREATE FUNCTION payidem._insert_order(order_no text, merchant_no text, out_trade_no text, subject text,
+-- once per session), or with it where the table has what a direct insert
+-- cannot reproduce (a rule, a transition-table or BEFORE row trigger,
+-- row-level security, no INSERT privilege, a column of another type).
+CREATE FUNCTION payidem._insert_order(merchant_no text, out_trade_no text, subject text,
 	body text, amount bigint, notify_url text, return_url text, expire_at timestamptz)
-RETURNS boolean
+RETURNS text
 AS 'MODULE_PATHNAME', 'payidem_insert_order'
 LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION payidem._insert_order(text, text, text, text, text, bigint, text, text, timestamptz) IS
-	'Internal to create_order(): the new order, as INSERT ... ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING writes it: true if inserted, false if the out_trade_no is taken, NULL if the statement must write it.';
+COMMENT ON FUNCTION payidem._insert_order(text, text, text, text, bigint, text, text, timestamptz) IS
+	'Internal to create_order(): the new order (its number from gen_order_no(''PO'')), as INSERT ... ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING writes it: its number, or NULL if the out_trade_no is taken.';
 
 CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
 	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
@@ -31,7 +31,6 @@ DECLARE
 	v_subject text := create_order.subject;
 	v_status text;
 	v_order_no text;
-	v_inserted boolean;
 	o payidem."order";
 BEGIN
 	IF v_merchant_no IS NULL THEN	-- (the check only where it fails: a call per order costs)
@@ -81,22 +80,10 @@ BEGIN
 
 	-- the unique constraint decides between concurrent first calls; the loser
 	-- waits for the winner's commit, then reads its row below.  Written
-	-- directly (_insert_order), or by the statement where the table needs it.
-	v_order_no := payidem.gen_order_no('PO');
-	v_inserted := payidem._insert_order(v_order_no, v_merchant_no, v_out_trade_no, v_subject, create_order.body,
-										v_amount, create_order.notify_url, create_order.return_url,
-										now() + expire_in);
-	IF v_inserted IS NULL THEN
-		-- (the number stored, which a DBA's BEFORE INSERT trigger may have set)
-		INSERT INTO payidem."order" AS x (order_no, merchant_no, out_trade_no, subject, body, amount,
-										  notify_url, return_url, expire_at)
-		VALUES (v_order_no, v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
-				create_order.notify_url, create_order.return_url, now() + expire_in)
-		ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING
-		RETURNING x.order_no INTO v_order_no;
-		v_inserted := FOUND;
-	END IF;
-	IF v_inserted THEN
+	-- directly where the table allows (_insert_order)
+	v_order_no := payidem._insert_order(v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
+										create_order.notify_url, create_order.return_url, now() + expire_in);
+	IF v_order_no IS NOT NULL THEN
 		RETURN v_order_no;
 	END IF;
 
