@@ -1137,11 +1137,10 @@ payidem_notify_result(PG_FUNCTION_ARGS)
 						if (report == NULL)
 							report = payidem_update_define(PAYIDEM_NOTIFY_EVENT, "event_id", lengthof(columns),
 														   columns);
-						if (payidem_update(report, &slot->tts_tid, event_id, set, values, nulls, types, NULL,
-										   true))
-							changed = true;
-						else
-							done = false;	/* (cannot happen: checked above) */
+						/* (checked: payidem_update_plain() above) */
+						(void) payidem_update(report, &slot->tts_tid, event_id, set, values, nulls, types, NULL,
+											  true);
+						changed = true;
 					}
 				}
 				/* else gone, or changed by this transaction: SQL says which */

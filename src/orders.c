@@ -72,6 +72,7 @@ payidem_insert_order(PG_FUNCTION_ARGS)
 		TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID
 	};
 	static PayidemInsert *ins = NULL;
+	static SPIPlanPtr insert_plan = NULL;
 	Datum		values[lengthof(columns)];
 	bool		nulls[lengthof(columns)];
 	int			i;
@@ -101,12 +102,13 @@ payidem_insert_order(PG_FUNCTION_ARGS)
 			n[i] = nulls[i] ? 'n' : ' ';
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		if (SPI_execute_with_args("INSERT INTO payidem.\"order\" AS x (order_no, merchant_no, out_trade_no, subject,"
-								  " body, amount, notify_url, return_url, expire_at)"
-								  " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-								  " ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING"
-								  " RETURNING x.order_no", lengthof(columns), (Oid *) types, values, n,
-								  false, 0) != SPI_OK_INSERT_RETURNING)
+		payidem_saved_plan(&insert_plan,
+						   "INSERT INTO payidem.\"order\" AS x (order_no, merchant_no, out_trade_no, subject,"
+						   " body, amount, notify_url, return_url, expire_at)"
+						   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+						   " ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING"
+						   " RETURNING x.order_no", lengthof(columns), (Oid *) types);
+		if (SPI_execute_plan(insert_plan, values, n, false, 0) != SPI_OK_INSERT_RETURNING)
 			elog(ERROR, "payidem: the insert of an order failed");
 		if (SPI_processed == 1)
 			stored = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
@@ -245,6 +247,8 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	static const char *const columns[] = {"payment_no", "order_no", "merchant_no", "channel_no", "amount"};
 	static const Oid types[] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID};
 	static PayidemInsert *ins = NULL;
+	static SPIPlanPtr daily_plan = NULL;
+	static SPIPlanPtr insert_plan = NULL;
 	PayidemAsOwner as_owner;
 	int			guc_level;
 	Datum		order_no_arg = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
@@ -505,8 +509,8 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		if (SPI_execute_with_args("SELECT payidem._check_daily_limit($1, $2, $3, $4, $5)", 5, t, v, n, false, 0)
-			!= SPI_OK_SELECT)
+		payidem_saved_plan(&daily_plan, "SELECT payidem._check_daily_limit($1, $2, $3, $4, $5)", 5, t);
+		if (SPI_execute_plan(daily_plan, v, n, false, 0) != SPI_OK_SELECT)
 			elog(ERROR, "payidem: the check of a daily limit failed");
 		SPI_finish();
 	}
@@ -526,8 +530,10 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		if (SPI_execute_with_args("INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)"
-								  " VALUES ($1, $2, $3, $4, $5)", 5, t, values, NULL, false, 0) != SPI_OK_INSERT)
+		payidem_saved_plan(&insert_plan,
+						   "INSERT INTO payidem.payment (payment_no, order_no, merchant_no, channel_no, amount)"
+						   " VALUES ($1, $2, $3, $4, $5)", 5, t);
+		if (SPI_execute_plan(insert_plan, values, NULL, false, 0) != SPI_OK_INSERT)
 			elog(ERROR, "payidem: the insert of a payment attempt failed");
 		SPI_finish();
 	}
