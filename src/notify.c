@@ -935,6 +935,7 @@ report_decide(const NotifyReport *r, int32 attempts, TimestampTz now,
 {
 	bool		last = attempts > (int32) lengthof(notify_waits);
 
+	memset(values, 0, sizeof(Datum) * NOTIFY_REPORT_COLUMNS);
 	memset(nulls, 0, sizeof(bool) * NOTIFY_REPORT_COLUMNS);
 	set[0] = set[1] = true;
 	set[2] = r->ok;
