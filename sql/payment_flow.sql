@@ -860,6 +860,12 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, NULL)',
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'on1', 'FLOW_FOOD'));
 ROLLBACK;
+-- and create_order's (a missing merchant_no, a bad out_trade_no, an unknown
+-- merchant, another amount for a taken out_trade_no)
+SELECT * FROM pg_temp.try('SELECT payidem.create_order(NULL, ''N-9'', 500, ''Noodles'')');
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 500, %L)', :'m2', 'N 9', 'Noodles'));
+SELECT * FROM pg_temp.try('SELECT payidem.create_order(''M_NONE'', ''N-9'', 500, ''Noodles'')');
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 501, %L)', :'m2', 'N-0002', 'Noodles to go'));
 -- a read-only transaction (a hot standby's too) refuses each write as its
 -- statement would
 BEGIN READ ONLY;
@@ -881,6 +887,13 @@ SELECT payidem.begin_payment(payidem.create_order(:'m2', 'N-0004', 500, 'Noodles
 SELECT o.body, p.channel_no FROM payidem."order" o JOIN payidem.payment p USING (order_no)
  WHERE o.out_trade_no = 'N-0004';
 ROLLBACK;
+-- a DBA's new rule on a format is create_order's rule for the argument at
+-- once, with its own message, and is gone with its rollback
+BEGIN;
+ALTER DOMAIN payidem.merchant_ref ADD CONSTRAINT merchant_ref_no_z CHECK (VALUE !~ 'Z') NOT VALID;
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 500, %L)', :'m2', 'NZ-1', 'Noodles'));
+ROLLBACK;
+SELECT payidem.create_order(:'m2', 'NZ-1', 500, 'Noodles') ~ '^PO' AS created_after_the_rollback;
 REVOKE ALL ON SCHEMA payidem FROM flow_app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM flow_app;
 DROP ROLE flow_app;

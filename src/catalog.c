@@ -19,6 +19,7 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -54,6 +55,46 @@ static void
 catalog_namespace_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
 	catalog_relcache_callback(arg, InvalidOid);
+}
+
+#define PAYIDEM_TYPE_NAME(id, name) name,
+static const char *const type_names[PAYIDEM_NUM_TYPES] = {
+	PAYIDEM_TYPES(PAYIDEM_TYPE_NAME)
+};
+
+Oid			payidem_typids[PAYIDEM_NUM_TYPES];
+static bool type_callbacks_registered = false;
+
+static void
+catalog_type_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	memset(payidem_typids, 0, sizeof(payidem_typids));
+}
+
+/* OID of the type payidem.<type>, found by name and kept; a clear error if missing */
+Oid
+payidem_lookup_type(PayidemType type)
+{
+	Oid			nsp;
+	Oid			typid = InvalidOid;
+
+	if (!type_callbacks_registered)
+	{
+		payidem_register_syscache_callback(TYPEOID, catalog_type_callback, (Datum) 0);
+		payidem_register_syscache_callback(NAMESPACEOID, catalog_type_callback, (Datum) 0);
+		type_callbacks_registered = true;
+	}
+	nsp = get_namespace_oid("payidem", true);
+	if (OidIsValid(nsp))
+		typid = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+								CStringGetDatum(type_names[type]), ObjectIdGetDatum(nsp));
+	if (!OidIsValid(typid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("type payidem.%s does not exist", type_names[type]),
+				 errhint("Run CREATE EXTENSION payidem in this database.")));
+	payidem_typids[type] = typid;
+	return typid;
 }
 
 const char *

@@ -78,6 +78,35 @@ payidem_owner(PayidemRelation rel)
 	return OidIsValid(owner) ? owner : payidem_lookup_owner(rel);
 }
 
+/*
+ * The domains of payidem's schema that C checks an argument against (the
+ * format is written once, in the domain): payidem_type(PAYIDEM_TYPE_x),
+ * found by name and kept, forgotten when a type or a schema changes.
+ */
+#define PAYIDEM_TYPES(X) \
+	X(MERCHANT_REF, "merchant_ref") \
+	X(ORDER_SUBJECT, "order_subject") \
+	X(ORDER_BODY, "order_body") \
+	X(HTTP_URL, "http_url")
+
+#define PAYIDEM_TYPE_ENUM(id, name) PAYIDEM_TYPE_##id,
+typedef enum PayidemType
+{
+	PAYIDEM_TYPES(PAYIDEM_TYPE_ENUM)
+	PAYIDEM_NUM_TYPES
+} PayidemType;
+
+extern Oid	payidem_typids[PAYIDEM_NUM_TYPES];
+extern Oid	payidem_lookup_type(PayidemType type);
+
+static inline Oid
+payidem_type(PayidemType type)
+{
+	Oid			typid = payidem_typids[type];
+
+	return OidIsValid(typid) ? typid : payidem_lookup_type(type);
+}
+
 extern int	payidem_attnum(TupleDesc desc, const char *name);
 extern int	payidem_column(Relation rel, const char *name);
 

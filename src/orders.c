@@ -1,18 +1,19 @@
 /*-------------------------------------------------------------------------
  *
  * orders.c
- *		The rows create_order() and begin_payment() write, written directly.
+ *		create_order() and begin_payment(), in C: their rows written
+ *		directly.
  *
- *   payidem._insert_order(...) RETURNS text — create_order()'s new order,
- *     as INSERT ... ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO
- *     NOTHING writes it (the unique constraint decides between concurrent
- *     first calls; the loser waits for the winner and finds its row): its
- *     number, or NULL if the merchant's out_trade_no is taken.
+ *   payidem.create_order(merchant_no, out_trade_no, amount, subject, ...)
+ *     RETURNS text — a new pending order, or the one an earlier call with
+ *     the same out_trade_no made (below).
  *
  *   payidem.begin_payment(order_no, channel_no) RETURNS text — the pending
  *     payment attempt of an order (below).
  *
- * The rows are written as the statement would — constraints, domains, defaults,
+ * Each acts as the tables' owner itself, with search_path pinned as a SET
+ * clause would pin it.  Reads are by key, without SQL.  The rows are
+ * written as the statement would — constraints, domains, defaults,
  * indexes, the triggers (status_guard's history row, the expiry queue, the
  * foreign keys) — without a statement: no executor started and stopped, and
  * the CHECK constraints, defaults and index predicates compiled once per
@@ -21,9 +22,9 @@
  * trigger with a transition table, a BEFORE row trigger before a conflict
  * check, row-level security that applies, no INSERT privilege, a column of
  * another type), the INSERT statement writes the row: the same row either
- * way.  Everything the row holds is decided by the caller.
- * _insert_order is internal: nobody is granted it; create_order() calls it
- * as the tables' owner.
+ * way.  The errors SQL helpers of payidem make (_require(),
+ * _invalid_format(), _raise_not_found(), ...) are made by them, called only
+ * on the paths that end there.
  *
  *-------------------------------------------------------------------------
  */
@@ -36,6 +37,7 @@
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -48,78 +50,6 @@
 #include "errcodes.h"
 #include "order_no.h"
 #include "util.h"
-
-/*
- * payidem._insert_order(merchant_no text, out_trade_no text, subject text,
- *		body text, amount bigint, notify_url text, return_url text,
- *		expire_at timestamptz) RETURNS text
- *
- * The new order's number (gen_order_no('PO'), taken after the read-only
- * check an INSERT makes first), or NULL if the merchant's out_trade_no is
- * taken.  Written directly, or by the INSERT ... ON CONFLICT statement
- * where the table has what a direct insert cannot reproduce (its RETURNING
- * then says the number stored, which a BEFORE INSERT trigger may have set).
- */
-PG_FUNCTION_INFO_V1(payidem_insert_order);
-Datum
-payidem_insert_order(PG_FUNCTION_ARGS)
-{
-	static const char *const columns[] = {
-		"order_no", "merchant_no", "out_trade_no", "subject", "body", "amount",
-		"notify_url", "return_url", "expire_at"
-	};
-	static const Oid types[] = {
-		TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID
-	};
-	static PayidemInsert *ins = NULL;
-	static SPIPlanPtr insert_plan = NULL;
-	Datum		values[lengthof(columns)];
-	bool		nulls[lengthof(columns)];
-	int			i;
-	int			result;
-
-	PreventCommandIfReadOnly("INSERT");
-	values[0] = DirectFunctionCall1(payidem_gen_order_no, CStringGetTextDatum("PO"));
-	nulls[0] = false;
-	for (i = 1; i < lengthof(columns); i++)
-	{
-		nulls[i] = PG_ARGISNULL(i - 1);
-		values[i] = nulls[i] ? (Datum) 0 : PG_GETARG_DATUM(i - 1);
-	}
-	if (ins == NULL)
-		ins = payidem_insert_define(PAYIDEM_ORDER, lengthof(columns), columns, types);
-	result = payidem_insert_row(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY);
-	if (result == 1)
-		PG_RETURN_DATUM(values[0]);
-	if (result == 0)
-		PG_RETURN_NULL();
-	{
-		char		n[lengthof(columns)];
-		Datum		stored = (Datum) 0;
-		bool		isnull = true;
-
-		for (i = 0; i < lengthof(columns); i++)
-			n[i] = nulls[i] ? 'n' : ' ';
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		payidem_saved_plan(&insert_plan,
-						   "INSERT INTO payidem.\"order\" AS x (order_no, merchant_no, out_trade_no, subject,"
-						   " body, amount, notify_url, return_url, expire_at)"
-						   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-						   " ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING"
-						   " RETURNING x.order_no", lengthof(columns), (Oid *) types);
-		if (SPI_execute_plan(insert_plan, values, n, false, 0) != SPI_OK_INSERT_RETURNING)
-			elog(ERROR, "payidem: the insert of an order failed");
-		if (SPI_processed == 1)
-			stored = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-		if (!isnull)
-			stored = SPI_datumTransfer(stored, false, -1);
-		SPI_finish();
-		if (isnull)
-			PG_RETURN_NULL();
-		PG_RETURN_DATUM(stored);
-	}
-}
 
 /*
  * Raise the error an SQL helper of payidem makes (the one place its message
@@ -207,6 +137,284 @@ type_admitted(Datum types, const char *merchant_type, char **list)
 	}
 	*list = buf.data;
 	return found || any_null;
+}
+
+/*
+ * create_order()'s new order, as INSERT ... ON CONFLICT ON CONSTRAINT
+ * order_out_trade_no_key DO NOTHING writes it (the unique constraint decides
+ * between concurrent first calls; the loser waits for the winner and finds
+ * its row): its number (gen_order_no('PO'), taken after the read-only check
+ * an INSERT makes first), or NULL if the merchant's out_trade_no is taken.
+ * Written directly, or by the statement where the table has what a direct
+ * insert cannot reproduce (its RETURNING then says the number stored, which
+ * a BEFORE INSERT trigger may have set).  args: merchant_no, out_trade_no,
+ * subject, body, amount, notify_url, return_url, expire_at.
+ */
+#define ORDER_COLUMNS 9
+
+static Datum
+insert_order(const Datum *args, const bool *args_null, bool *conflict)
+{
+	static const char *const columns[ORDER_COLUMNS] = {
+		"order_no", "merchant_no", "out_trade_no", "subject", "body", "amount",
+		"notify_url", "return_url", "expire_at"
+	};
+	static const Oid types[ORDER_COLUMNS] = {
+		TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID
+	};
+	static PayidemInsert *ins = NULL;
+	static SPIPlanPtr insert_plan = NULL;
+	Datum		values[ORDER_COLUMNS];
+	bool		nulls[ORDER_COLUMNS];
+	char		n[ORDER_COLUMNS];
+	Datum		stored = (Datum) 0;
+	bool		isnull = true;
+	int			i;
+	int			result;
+
+	PreventCommandIfReadOnly("INSERT");
+	values[0] = DirectFunctionCall1(payidem_gen_order_no, CStringGetTextDatum("PO"));
+	nulls[0] = false;
+	for (i = 1; i < ORDER_COLUMNS; i++)
+	{
+		nulls[i] = args_null[i - 1];
+		values[i] = nulls[i] ? (Datum) 0 : args[i - 1];
+	}
+	if (ins == NULL)
+		ins = payidem_insert_define(PAYIDEM_ORDER, ORDER_COLUMNS, columns, types);
+	result = payidem_insert_row(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY);
+	*conflict = result == 0;
+	if (result >= 0)
+		return values[0];
+	for (i = 0; i < ORDER_COLUMNS; i++)
+		n[i] = nulls[i] ? 'n' : ' ';
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	payidem_saved_plan(&insert_plan,
+					   "INSERT INTO payidem.\"order\" AS x (order_no, merchant_no, out_trade_no, subject,"
+					   " body, amount, notify_url, return_url, expire_at)"
+					   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+					   " ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING"
+					   " RETURNING x.order_no", ORDER_COLUMNS, (Oid *) types);
+	if (SPI_execute_plan(insert_plan, values, n, false, 0) != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "payidem: the insert of an order failed");
+	if (SPI_processed == 1)
+		stored = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+		stored = SPI_datumTransfer(stored, false, -1);
+	SPI_finish();
+	*conflict = isnull;
+	return stored;
+}
+
+/* a text value as quote_literal(left(value, 64)) shows it in a message */
+static char *
+quoted_start(Datum value)
+{
+	return TextDatumGetCString(DirectFunctionCall1(quote_literal,
+												   DirectFunctionCall2(text_left, value, Int32GetDatum(64))));
+}
+
+/* whether value fits payidem.<type> (payidem_domain_fits(), its checks kept per session) */
+static bool
+fits(PayidemType type, Datum value)
+{
+	static void *cache[PAYIDEM_NUM_TYPES];
+
+	return payidem_domain_fits(&cache[type], TopMemoryContext, payidem_type(type), value);
+}
+
+/* 22023 "invalid <what>" for a value not of its format (_invalid_format()) */
+static void
+invalid_format(const char *what, Datum value, bool isnull, const char *domain, const char *hint)
+{
+	Oid			t[4] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID};
+	Datum		v[4] = {CStringGetTextDatum(what), value, CStringGetTextDatum(domain), CStringGetTextDatum(hint)};
+
+	raise_by_sql("SELECT payidem._invalid_format($1, $2, $3::pg_catalog.regtype, $4)", 4, t, v,
+				 isnull ? " n  " : "    ");
+}
+
+/*
+ * payidem.create_order(merchant_no text, out_trade_no text, amount bigint,
+ *		subject text, notify_url text, return_url text, expire_in interval,
+ *		body text) RETURNS text
+ *
+ * A new pending order, or (the same merchant_no and out_trade_no again) the
+ * order an earlier call made.  In this order, the first that fails is the
+ * error:
+ *
+ *   - 22023 for a bad argument, each named: merchant_no NULL (_require()),
+ *     the amount, the subject (its domain, then no control character), the
+ *     out_trade_no (its domain, _invalid_format()), expire_in
+ *     (payidem_check_interval()), notify_url and return_url (their domain),
+ *     the body (its domain); a format is its domain's CHECK
+ *     (payidem_domain_fits()), written once;
+ *   - PI009 an unknown merchant (_raise_not_found()), PI004 one not active;
+ *   - the order inserted (insert_order()); if the out_trade_no is taken, the
+ *     merchant's order with it is read: the same amount and subject return
+ *     its number, another amount or subject is PI001.
+ *
+ * C, acting as the tables' owner itself, with search_path pinned as a
+ * SECURITY DEFINER function's SET clause pins it; each read with a new
+ * snapshot, as the statements it replaces had; the SQL helpers called only
+ * on the paths that end in their error.
+ */
+PG_FUNCTION_INFO_V1(payidem_create_order);
+Datum
+payidem_create_order(PG_FUNCTION_ARGS)
+{
+	PayidemAsOwner as_owner;
+	int			guc_level;
+	Datum		merchant_no = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
+	Datum		out_trade_no = PG_ARGISNULL(1) ? (Datum) 0 : PG_GETARG_DATUM(1);
+	Datum		subject = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+	int64		amount = PG_ARGISNULL(2) ? 0 : PG_GETARG_INT64(2);
+	Datum		args[8];
+	bool		args_null[8];
+	Relation	rel;
+	HeapTuple	tuple;
+	Datum		keys[2];
+	bool		isnull;
+	bool		conflict;
+	Datum		order_no;
+
+	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
+	guc_level = payidem_pin_search_path();
+
+	/* the arguments, in the order their errors come */
+	if (PG_ARGISNULL(0))
+	{
+		Oid			t[2] = {TEXTOID, TEXTOID};
+		Datum		v[2] = {CStringGetTextDatum("merchant_no"), (Datum) 0};
+
+		raise_by_sql("SELECT payidem._require($1, $2)", 2, t, v, " n");
+	}
+	if (PG_ARGISNULL(2) || amount <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid order amount"),
+				 errdetail("The amount was %s; it must be a positive number of minor units (fen, cents).",
+						   PG_ARGISNULL(2) ? "NULL" : psprintf(INT64_FORMAT, amount)),
+				 errhint("Pass 12.50 CNY as 1250.")));
+	if (PG_ARGISNULL(3) || !fits(PAYIDEM_TYPE_ORDER_SUBJECT, subject))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid order subject"),
+				 errdetail("The subject was %s; it must have 1 to 256 characters (not only spaces).",
+						   PG_ARGISNULL(3) ? "NULL" : quoted_start(subject)),
+				 errhint("Describe what is being paid for, e.g. 'Green tea 250 g'.")));
+	payidem_check_no_controls_text("invalid order subject", "The subject", DatumGetTextPP(subject));
+	if (PG_ARGISNULL(1) || !fits(PAYIDEM_TYPE_MERCHANT_REF, out_trade_no))
+		invalid_format("out_trade_no", out_trade_no, PG_ARGISNULL(1), "payidem.merchant_ref",
+					   "Use the merchant's own order number, e.g. SHOP-20261129-0001.");
+	payidem_check_interval("invalid expiry", "expire_in", PG_ARGISNULL(6) ? NULL : PG_GETARG_INTERVAL_P(6),
+						   false, 100, "The default is '2 hours'.");
+	if (!PG_ARGISNULL(4) && !fits(PAYIDEM_TYPE_HTTP_URL, PG_GETARG_DATUM(4)))
+		invalid_format("notify_url", PG_GETARG_DATUM(4), false, "payidem.http_url",
+					   "Pass NULL for no merchant notification.");
+	if (!PG_ARGISNULL(5) && !fits(PAYIDEM_TYPE_HTTP_URL, PG_GETARG_DATUM(5)))
+		invalid_format("return_url", PG_GETARG_DATUM(5), false, "payidem.http_url", "Pass NULL for none.");
+	if (!PG_ARGISNULL(7) && !fits(PAYIDEM_TYPE_ORDER_BODY, PG_GETARG_DATUM(7)))
+	{
+		text	   *body = PG_GETARG_TEXT_PP(7);
+
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid order body"),
+				 errdetail("The body has %d characters; at most 1024 are allowed.",
+						   pg_mbstrlen_with_len(VARDATA_ANY(body), VARSIZE_ANY_EXHDR(body)))));
+	}
+
+	/* the merchant, as the next statement would read it: a new snapshot */
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	rel = table_open(payidem_relation(PAYIDEM_MERCHANT), AccessShareLock);
+	keys[0] = merchant_no;
+	tuple = fetch_by(rel, PAYIDEM_MERCHANT_PKEY, 1, keys);
+	if (tuple == NULL)
+	{
+		Oid			t[1] = {TEXTOID};
+		Datum		v[1] = {merchant_no};
+
+		raise_by_sql("SELECT payidem._raise_not_found('merchant', $1, 'payidem.merchant', 'merchant_no')",
+					 1, t, v, NULL);
+	}
+	{
+		char	   *status = text_column(rel, tuple, "status");
+		char	   *m = TextDatumGetCString(merchant_no);
+
+		if (status != NULL && strcmp(status, "active") != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
+					 errmsg("merchant %s is %s", m, status),
+					 errdetail("Merchant %s has status %s.", m, status),
+					 errhint("Only active merchants take orders.")));
+	}
+	table_close(rel, NoLock);
+
+	/* the order */
+	args[0] = merchant_no;
+	args[1] = out_trade_no;
+	args[2] = subject;
+	args[3] = PG_ARGISNULL(7) ? (Datum) 0 : PG_GETARG_DATUM(7);
+	args[4] = Int64GetDatum(amount);
+	args[5] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
+	args[6] = PG_ARGISNULL(5) ? (Datum) 0 : PG_GETARG_DATUM(5);
+	args[7] = DirectFunctionCall2(timestamptz_pl_interval, TimestampTzGetDatum(GetCurrentTransactionStartTimestamp()),
+								  PG_GETARG_DATUM(6));
+	memset(args_null, 0, sizeof(args_null));
+	args_null[3] = PG_ARGISNULL(7);
+	args_null[5] = PG_ARGISNULL(4);
+	args_null[6] = PG_ARGISNULL(5);
+	order_no = insert_order(args, args_null, &conflict);
+	PopActiveSnapshot();
+
+	/*
+	 * the out_trade_no is taken (a committed row: the insert waited for its
+	 * transaction): the merchant's order with it, as the next statement reads
+	 */
+	if (conflict)
+	{
+		char	   *o_order_no;
+		int64		o_amount = 0;
+		Datum		o_subject;
+
+		CommandCounterIncrement();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		rel = table_open(payidem_relation(PAYIDEM_ORDER), AccessShareLock);
+		keys[0] = merchant_no;
+		keys[1] = out_trade_no;
+		tuple = fetch_by(rel, PAYIDEM_ORDER_OUT_TRADE_NO_KEY, 2, keys);
+		if (tuple == NULL)		/* cannot happen: the row is committed and never deleted */
+			elog(ERROR, "order %s of merchant %s vanished", TextDatumGetCString(out_trade_no),
+				 TextDatumGetCString(merchant_no));
+		o_order_no = text_column(rel, tuple, "order_no");
+		(void) int8_column(rel, tuple, "amount", &o_amount);
+		o_subject = payidem_getattr(rel, tuple, "subject", &isnull);
+		if (o_amount != amount)
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_IDEMPOTENCY_MISMATCH),
+					 errmsg("out_trade_no %s was already used with another amount", TextDatumGetCString(out_trade_no)),
+					 errdetail("Order %s of merchant %s (out_trade_no %s) has amount " INT64_FORMAT "; this call asked for " INT64_FORMAT ".",
+							   o_order_no, TextDatumGetCString(merchant_no), TextDatumGetCString(out_trade_no),
+							   o_amount, amount),
+					 errhint("A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.")));
+		if (!isnull && !payidem_text_equal(o_subject, subject))
+			ereport(ERROR,
+					(errcode(ERRCODE_PAYIDEM_IDEMPOTENCY_MISMATCH),
+					 errmsg("out_trade_no %s was already used with another subject", TextDatumGetCString(out_trade_no)),
+					 errdetail("Order %s of merchant %s (out_trade_no %s) has subject %s; this call asked for %s.",
+							   o_order_no, TextDatumGetCString(merchant_no), TextDatumGetCString(out_trade_no),
+							   quoted_start(o_subject), quoted_start(subject)),
+					 errhint("A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.")));
+		order_no = CStringGetTextDatum(o_order_no);
+		table_close(rel, NoLock);
+		PopActiveSnapshot();
+	}
+	payidem_unpin_search_path(guc_level);
+	payidem_become_caller(&as_owner);
+	PG_RETURN_DATUM(order_no);
 }
 
 /*

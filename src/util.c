@@ -100,13 +100,12 @@ payidem_quote_value(const char *value, int len)
  *		merchant's name, an order's subject): no control character (tab,
  *		line break, U+0000 to U+001F, DEL), which would break the lines of a
  *		report, a log or a bill.  22023, the value escaped in DETAIL; the
- *		value itself otherwise.  Every caller checks through this.
+ *		value itself otherwise.  Every caller checks through this (C
+ *		callers through payidem_check_no_controls_text()).
  */
-PG_FUNCTION_INFO_V1(payidem_check_no_controls);
-Datum
-payidem_check_no_controls(PG_FUNCTION_ARGS)
+void
+payidem_check_no_controls_text(const char *message, const char *what, text *value)
 {
-	text	   *value = PG_GETARG_TEXT_PP(2);
 	const char *p = VARDATA_ANY(value);
 	int			len = VARSIZE_ANY_EXHDR(value);
 	int			i;
@@ -115,10 +114,20 @@ payidem_check_no_controls(PG_FUNCTION_ARGS)
 		if (is_control_byte((unsigned char) p[i]))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("%s", text_to_cstring(PG_GETARG_TEXT_PP(0))),
+					 errmsg("%s", message),
 					 errdetail("%s was %s; it must not contain control characters (tabs, line breaks and the like).",
-							   text_to_cstring(PG_GETARG_TEXT_PP(1)), payidem_quote_value(p, len)),
+							   what, payidem_quote_value(p, len)),
 					 errhint("Write it on one line, with spaces in place of tabs and line breaks.")));
+}
+
+PG_FUNCTION_INFO_V1(payidem_check_no_controls);
+Datum
+payidem_check_no_controls(PG_FUNCTION_ARGS)
+{
+	text	   *value = PG_GETARG_TEXT_PP(2);
+
+	payidem_check_no_controls_text(text_to_cstring(PG_GETARG_TEXT_PP(0)), text_to_cstring(PG_GETARG_TEXT_PP(1)),
+								   value);
 	PG_RETURN_TEXT_P(value);
 }
 
@@ -194,16 +203,16 @@ payidem_check_duration(PG_FUNCTION_ARGS)
 }
 
 /*
- * payidem._fits(value text, domain regtype) RETURNS boolean, STABLE STRICT
- *		Whether value satisfies every CHECK of a text domain (and of the
- *		domains it is made from), without raising: the flow functions test
- *		an argument with the domain of the column it is written to, so a
- *		format's pattern is written once, in its domain, and they can still
- *		say which argument is wrong (docs/schema.md, "Formats as domains").
- *		Kept per call site (fn_extra, freed with it): the type cache's
- *		current constraints of the domain, and their checks compiled once
- *		for that set; a change of the domain's constraints (the type cache
- *		gives a new set) compiles them again in place of the old ones.
+ * Whether a text value satisfies every CHECK of a domain over text (and of
+ * the domains it is made from), without raising: the flow functions test an
+ * argument with the domain of the column it is written to, so a format's
+ * pattern is written once, in its domain, and they can still say which
+ * argument is wrong (docs/schema.md, "Formats as domains").  *cache keeps,
+ * in mcxt, the type cache's current constraints of the domain and their
+ * checks compiled once for that set; a change of the domain's constraints
+ * (the type cache gives a new set) compiles them again in place of the old
+ * ones.  The one test of a value against a domain: _fits() in SQL, and the
+ * C flow functions (create_order()).
  */
 typedef struct DomainFit
 {
@@ -217,9 +226,9 @@ typedef struct DomainFit
 } DomainFit;
 
 static DomainFit *
-domain_fit(FmgrInfo *flinfo, Oid typid)
+domain_fit(void **cache, MemoryContext mcxt, Oid typid)
 {
-	DomainFit  *fit = (DomainFit *) flinfo->fn_extra;
+	DomainFit  *fit = (DomainFit *) *cache;
 	MemoryContext oldcxt;
 	ListCell   *lc;
 	int			n;
@@ -230,15 +239,15 @@ domain_fit(FmgrInfo *flinfo, Oid typid)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("%s is not a domain over text", format_type_be(typid))));
-		oldcxt = MemoryContextSwitchTo(flinfo->fn_mcxt);
+		oldcxt = MemoryContextSwitchTo(mcxt);
 		fit = palloc0(sizeof(DomainFit));
 		fit->typid = typid;
-		InitDomainConstraintRef(typid, &fit->ref, flinfo->fn_mcxt, false);
-		fit->checks_context = AllocSetContextCreate(flinfo->fn_mcxt, "payidem domain checks",
+		InitDomainConstraintRef(typid, &fit->ref, mcxt, false);
+		fit->checks_context = AllocSetContextCreate(mcxt, "payidem domain checks",
 													ALLOCSET_SMALL_SIZES);
 		fit->econtext = CreateStandaloneExprContext();
 		MemoryContextSwitchTo(oldcxt);
-		flinfo->fn_extra = fit;		/* a previous one is left to fn_mcxt */
+		*cache = fit;			/* a previous one is left to mcxt */
 	}
 	UpdateDomainConstraintRef(&fit->ref);
 	if (fit->checks != NULL && fit->compiled_for == (void *) fit->ref.constraints)
@@ -253,12 +262,38 @@ domain_fit(FmgrInfo *flinfo, Oid typid)
 
 		if (con->constrainttype == DOM_CONSTRAINT_CHECK)
 			fit->checks[n++] = ExecInitExpr(con->check_expr, NULL);
-		/* NOT NULL: the value is not NULL (STRICT) */
+		/* NOT NULL: the value is not NULL (the callers test NULL themselves) */
 	}
 	fit->nchecks = n;
 	fit->compiled_for = (void *) fit->ref.constraints;
 	MemoryContextSwitchTo(oldcxt);
 	return fit;
+}
+
+bool
+payidem_domain_fits(void **cache, MemoryContext mcxt, Oid typid, Datum value)
+{
+	DomainFit  *fit = domain_fit(cache, mcxt, typid);
+	ExprContext *econtext = fit->econtext;
+	bool		fits = true;
+	int			i;
+
+	econtext->domainValue_datum = value;
+	econtext->domainValue_isNull = false;
+	for (i = 0; i < fit->nchecks; i++)
+	{
+		bool		isnull;
+		Datum		ok = ExecEvalExprSwitchContext(fit->checks[i], econtext, &isnull);
+
+		/* as a CHECK: NULL passes */
+		if (!isnull && !DatumGetBool(ok))
+		{
+			fits = false;
+			break;
+		}
+	}
+	ResetExprContext(econtext);
+	return fits;
 }
 
 /*
@@ -279,31 +314,17 @@ payidem_library_version(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(PAYIDEM_VERSION));
 }
 
+/*
+ * payidem._fits(value text, domain regtype) RETURNS boolean, STABLE STRICT
+ *		payidem_domain_fits() for SQL, kept per call site (fn_extra, freed
+ *		with it).
+ */
 PG_FUNCTION_INFO_V1(payidem_fits);
 Datum
 payidem_fits(PG_FUNCTION_ARGS)
 {
-	DomainFit  *fit = domain_fit(fcinfo->flinfo, PG_GETARG_OID(1));
-	ExprContext *econtext = fit->econtext;
-	bool		fits = true;
-	int			i;
-
-	econtext->domainValue_datum = PG_GETARG_DATUM(0);
-	econtext->domainValue_isNull = false;
-	for (i = 0; i < fit->nchecks; i++)
-	{
-		bool		isnull;
-		Datum		ok = ExecEvalExprSwitchContext(fit->checks[i], econtext, &isnull);
-
-		/* as a CHECK: NULL passes */
-		if (!isnull && !DatumGetBool(ok))
-		{
-			fits = false;
-			break;
-		}
-	}
-	ResetExprContext(econtext);
-	PG_RETURN_BOOL(fits);
+	PG_RETURN_BOOL(payidem_domain_fits(&fcinfo->flinfo->fn_extra, fcinfo->flinfo->fn_mcxt,
+									   PG_GETARG_OID(1), PG_GETARG_DATUM(0)));
 }
 
 /*

@@ -11,14 +11,17 @@
 #include "access/htup_details.h"	/* the varlena macros (varatt.h from 16 on) */
 #include "datatype/timestamp.h"
 #include "fmgr.h"
+#include "utils/palloc.h"
 
 struct _SPI_plan;
 struct RelationData;
 
 extern bool payidem_restoring(struct RelationData *rel, bool *copying);
 extern char *payidem_quote_value(const char *value, int len);
+extern void payidem_check_no_controls_text(const char *message, const char *what, text *value);
 extern void payidem_check_interval(const char *message, const char *what, const Interval *value,
 								   bool allow_zero, int max_years, const char *hint);
+extern bool payidem_domain_fits(void **cache, MemoryContext mcxt, Oid typid, Datum value);
 extern struct _SPI_plan *payidem_saved_plan(struct _SPI_plan **cache, const char *sql, int nargs,
 											Oid *argtypes);
 

@@ -2,113 +2,28 @@
 -- Orders and their payment attempts: create_order, begin_payment,
 -- close_payment, close_order.  The lock order of every flow function
 -- (docs/payment-flow.md): the order, then its payments, then refunds.  The API
--- functions run as the extension owner (SECURITY DEFINER): an application role
--- needs only EXECUTE (grant_app); no table is granted.
+-- functions run as the extension owner (SECURITY DEFINER, or those in C as the
+-- owner themselves): an application role needs only EXECUTE (grant_app); no
+-- table is granted.
 ------------------------------------------------------------------------------
 
--- The row create_order() writes: src/orders.c, without an INSERT statement
--- (no executor per row; the CHECKs, defaults and index predicates compiled
--- once per session), or with it where the table has what a direct insert
--- cannot reproduce (a rule, a transition-table or BEFORE row trigger,
--- row-level security, no INSERT privilege, a column of another type).
-CREATE FUNCTION payidem._insert_order(merchant_no text, out_trade_no text, subject text,
-	body text, amount bigint, notify_url text, return_url text, expire_at timestamptz)
-RETURNS text
-AS 'MODULE_PATHNAME', 'payidem_insert_order'
-LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION payidem._insert_order(text, text, text, text, bigint, text, text, timestamptz) IS
-	'Internal to create_order(): the new order (its number from gen_order_no(''PO'')), as INSERT ... ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING writes it: its number, or NULL if the out_trade_no is taken.';
-
+-- create_order(): src/orders.c, the arguments checked against the domains of
+-- their columns (payidem_domain_fits(), as _fits()), the merchant read by key
+-- and the order written without an INSERT statement (no executor per row; the
+-- CHECKs, defaults and index predicates compiled once per session), or with
+-- it where the table has what a direct insert cannot reproduce (a rule, a
+-- transition-table or BEFORE row trigger, row-level security, no INSERT
+-- privilege, a column of another type); the unique constraint on
+-- (merchant_no, out_trade_no) decides between concurrent first calls: the
+-- loser waits for the winner's commit, then reads its row.  The errors of the
+-- checks above (_require, _invalid_format, _raise_not_found) made by them, on
+-- the paths that end there.
 CREATE FUNCTION payidem.create_order(merchant_no text, out_trade_no text, amount bigint, subject text,
 	notify_url text DEFAULT NULL, return_url text DEFAULT NULL,
 	expire_in interval DEFAULT '2 hours', body text DEFAULT NULL)
 RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-	v_merchant_no text := create_order.merchant_no;
-	v_out_trade_no text := create_order.out_trade_no;
-	v_amount bigint := create_order.amount;
-	v_subject text := create_order.subject;
-	v_status text;
-	v_order_no text;
-	o payidem."order";
-BEGIN
-	IF v_merchant_no IS NULL THEN	-- (the check only where it fails: a call per order costs)
-		PERFORM payidem._require('merchant_no', v_merchant_no);
-	END IF;
-	IF v_amount IS NULL OR v_amount <= 0 THEN
-		PERFORM payidem._raise_invalid('invalid order amount',
-			format('The amount was %s; it must be a positive number of minor units (fen, cents).',
-				coalesce(v_amount::text, 'NULL')),
-			'Pass 12.50 CNY as 1250.');
-	END IF;
-	IF v_subject IS NULL OR NOT payidem._fits(v_subject, 'payidem.order_subject') THEN
-		PERFORM payidem._raise_invalid('invalid order subject',
-			format('The subject was %s; it must have 1 to 256 characters (not only spaces).',
-				coalesce(quote_literal(left(v_subject, 64)), 'NULL')),
-			'Describe what is being paid for, e.g. ''Green tea 250 g''.');
-	END IF;
-	PERFORM payidem._check_no_controls('invalid order subject', 'The subject', v_subject);
-	IF v_out_trade_no IS NULL OR NOT payidem._fits(v_out_trade_no, 'payidem.merchant_ref') THEN
-		PERFORM payidem._invalid_format('out_trade_no', v_out_trade_no, 'payidem.merchant_ref',
-										'Use the merchant''s own order number, e.g. SHOP-20261129-0001.');
-	END IF;
-	PERFORM payidem._check_duration('invalid expiry', 'expire_in', expire_in, false,
-									'The default is ''2 hours''.');
-	IF NOT payidem._fits(notify_url, 'payidem.http_url') THEN
-		PERFORM payidem._invalid_format('notify_url', notify_url, 'payidem.http_url',
-										'Pass NULL for no merchant notification.');
-	END IF;
-	IF NOT payidem._fits(return_url, 'payidem.http_url') THEN
-		PERFORM payidem._invalid_format('return_url', return_url, 'payidem.http_url', 'Pass NULL for none.');
-	END IF;
-	IF NOT payidem._fits(body, 'payidem.order_body') THEN
-		PERFORM payidem._raise_invalid('invalid order body',
-			format('The body has %s characters; at most 1024 are allowed.', length(body)));
-	END IF;
-
-	SELECT m.status INTO v_status FROM payidem.merchant m WHERE m.merchant_no = v_merchant_no;
-	IF NOT FOUND THEN
-		PERFORM payidem._raise_not_found('merchant', v_merchant_no, 'payidem.merchant', 'merchant_no');
-	END IF;
-	IF v_status <> 'active' THEN
-		RAISE EXCEPTION 'merchant % is %', v_merchant_no, v_status USING
-			ERRCODE = 'PI004',
-			DETAIL = format('Merchant %s has status %s.', v_merchant_no, v_status),
-			HINT = 'Only active merchants take orders.';
-	END IF;
-
-	-- the unique constraint decides between concurrent first calls; the loser
-	-- waits for the winner's commit, then reads its row below.  Written
-	-- directly where the table allows (_insert_order)
-	v_order_no := payidem._insert_order(v_merchant_no, v_out_trade_no, v_subject, create_order.body, v_amount,
-										create_order.notify_url, create_order.return_url, now() + expire_in);
-	IF v_order_no IS NOT NULL THEN
-		RETURN v_order_no;
-	END IF;
-
-	SELECT * INTO o FROM payidem."order" x
-	 WHERE x.merchant_no = v_merchant_no AND x.out_trade_no = v_out_trade_no;
-	IF NOT FOUND THEN	-- cannot happen: the conflicting row is committed and never deleted
-		RAISE EXCEPTION 'order % of merchant % vanished', v_out_trade_no, v_merchant_no;
-	END IF;
-	IF o.amount <> v_amount THEN
-		RAISE EXCEPTION 'out_trade_no % was already used with another amount', v_out_trade_no USING
-			ERRCODE = 'PI001',
-			DETAIL = format('Order %s of merchant %s (out_trade_no %s) has amount %s; this call asked for %s.',
-							o.order_no, v_merchant_no, v_out_trade_no, o.amount, v_amount),
-			HINT = 'A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.';
-	END IF;
-	IF o.subject <> v_subject THEN
-		RAISE EXCEPTION 'out_trade_no % was already used with another subject', v_out_trade_no USING
-			ERRCODE = 'PI001',
-			DETAIL = format('Order %s of merchant %s (out_trade_no %s) has subject %L; this call asked for %L.',
-							o.order_no, v_merchant_no, v_out_trade_no, left(o.subject, 64), left(v_subject, 64)),
-			HINT = 'A repeated create_order must carry the same amount and subject; use a new out_trade_no for a new order.';
-	END IF;
-	RETURN o.order_no;
-END
-$$;
+AS 'MODULE_PATHNAME', 'payidem_create_order'
+LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION payidem.create_order(text, text, bigint, text, text, text, interval, text) IS
 	'New pending order (order_no = gen_order_no(''PO'')). Idempotent on (merchant_no, out_trade_no): the same amount and subject return the existing order_no, others raise PI001. PI009 unknown merchant, PI004 merchant not active, 22023 bad input.';
 -- A merchant's sum of a day on a channel against its daily limits (the
