@@ -894,6 +894,23 @@ ALTER DOMAIN payidem.merchant_ref ADD CONSTRAINT merchant_ref_no_z CHECK (VALUE 
 SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 500, %L)', :'m2', 'NZ-1', 'Noodles'));
 ROLLBACK;
 SELECT payidem.create_order(:'m2', 'NZ-1', 500, 'Noodles') ~ '^PO' AS created_after_the_rollback;
+-- create_order and begin_payment lock the rows their foreign keys reference
+-- and leave those keys' checks out (test/specs/order_fkey_meanwhile.spec); a
+-- DBA's own foreign key from the same columns is still checked
+BEGIN;
+CREATE TABLE public.allowed_merchant (merchant_no text PRIMARY KEY);
+CREATE TABLE public.allowed_channel (channel_no text PRIMARY KEY);
+ALTER TABLE payidem."order" ADD CONSTRAINT order_allowed_fkey
+	FOREIGN KEY (merchant_no) REFERENCES public.allowed_merchant NOT VALID;
+ALTER TABLE payidem.payment ADD CONSTRAINT payment_allowed_fkey
+	FOREIGN KEY (channel_no) REFERENCES public.allowed_channel NOT VALID;
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 500, %L)', :'m2', 'FK-DBA-1', 'Noodles'));
+INSERT INTO public.allowed_merchant VALUES (:'m2');
+SELECT payidem.create_order(:'m2', 'FK-DBA-1', 500, 'Noodles') AS fk_order \gset
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'fk_order', 'FLOW_FOOD'));
+INSERT INTO public.allowed_channel VALUES ('FLOW_FOOD');
+SELECT payidem.begin_payment(:'fk_order', 'FLOW_FOOD') ~ '^PY' AS begins_once_allowed;
+ROLLBACK;
 REVOKE ALL ON SCHEMA payidem FROM flow_app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM flow_app;
 DROP ROLE flow_app;

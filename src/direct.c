@@ -83,9 +83,11 @@
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/rls.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
@@ -791,6 +793,81 @@ insert_speculative(ResultRelInfo *rri, EState *estate, TupleTableSlot *slot, Pay
 }
 
 /*
+ * Whether foreign key conoid of rel (its check of an inserted row) goes from
+ * exactly the columns of one of refs to exactly that ref's columns of its
+ * table, pairwise.
+ */
+static bool
+fkey_locked(Relation rel, Oid conoid, const PayidemLockedRef *refs, int nrefs)
+{
+	ListCell   *lc;
+
+	foreach(lc, RelationGetFKeyList(rel))
+	{
+		ForeignKeyCacheInfo *fk = lfirst_node(ForeignKeyCacheInfo, lc);
+		int			r;
+
+		if (fk->conoid != conoid)
+			continue;
+		for (r = 0; r < nrefs; r++)
+		{
+			const PayidemLockedRef *ref = &refs[r];
+			int			k;
+			int			matched = 0;
+
+			if (fk->confrelid != payidem_relation(ref->table) || fk->nkeys != ref->ncolumns)
+				continue;
+			for (k = 0; k < fk->nkeys; k++)
+			{
+				const char *col = NameStr(TupleDescAttr(RelationGetDescr(rel), fk->conkey[k] - 1)->attname);
+				char	   *refcol = get_attname(fk->confrelid, fk->confkey[k], true);
+				int			j;
+
+				for (j = 0; j < ref->ncolumns; j++)
+					if (strcmp(ref->columns[j], col) == 0)
+						break;
+				if (j < ref->ncolumns && refcol != NULL && strcmp(ref->ref_columns[j], refcol) == 0)
+					matched++;
+			}
+			if (matched == fk->nkeys)
+				return true;
+		}
+		return false;
+	}
+	return false;
+}
+
+/*
+ * rri's triggers (InitResultRelInfo()'s copy) without the checks of the
+ * foreign keys whose referenced row the caller holds locked (refs): the
+ * check would lock that row FOR KEY SHARE, which this transaction already
+ * holds it in.  Every other trigger stays, the flags too (each trigger's own
+ * type is what the executor goes by).
+ */
+static void
+drop_locked_fkey_checks(ResultRelInfo *rri, const PayidemLockedRef *refs, int nrefs)
+{
+	TriggerDesc *td = rri->ri_TrigDesc;
+	int			i;
+	int			n = 0;
+
+	if (td == NULL || nrefs == 0)
+		return;
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Trigger    *tg = &td->triggers[i];
+
+		if (tg->tgfoid == F_RI_FKEY_CHECK_INS && OidIsValid(tg->tgconstraint) &&
+			fkey_locked(rri->ri_RelationDesc, tg->tgconstraint, refs, nrefs))
+			continue;
+		if (n != i)
+			td->triggers[n] = *tg;
+		n++;
+	}
+	td->numtriggers = n;
+}
+
+/*
  * Insert one row: values[i] (NULL if nulls[i]) into column columns[i], every
  * other column its default.  As the executor's INSERT would, but for the
  * privileges: constraints, domains, indexes, generated columns, triggers.
@@ -801,7 +878,8 @@ insert_speculative(ResultRelInfo *rri, EState *estate, TupleTableSlot *slot, Pay
  * row holds the arbiter's key.
  */
 static int
-insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter, bool checked)
+insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter, bool checked,
+		   const PayidemLockedRef *refs, int nrefs)
 {
 	Relation	rel = table_open(payidem_relation(ins->table), RowExclusiveLock);
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -831,6 +909,7 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 	rri = makeNode(ResultRelInfo);
 	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL, NULL);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	drop_locked_fkey_checks(rri, refs, nrefs);
 	estate->es_output_cid = GetCurrentCommandId(true);
 	if (arbiter >= 0)
 		estate->es_snapshot = RegisterSnapshot(GetTransactionSnapshot());
@@ -902,7 +981,7 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 void
 payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 {
-	(void) insert_row(ins, values, nulls, -1, false);
+	(void) insert_row(ins, values, nulls, -1, false, NULL, 0);
 }
 
 /*
@@ -915,7 +994,18 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 int
 payidem_insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter)
 {
-	return insert_row(ins, values, nulls, arbiter, true);
+	return insert_row(ins, values, nulls, arbiter, true, NULL, 0);
+}
+
+/*
+ * payidem_insert_row(), the caller holding locked the rows refs name: the
+ * foreign keys to them are not checked again (drop_locked_fkey_checks()).
+ */
+int
+payidem_insert_row_refs(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter,
+						const PayidemLockedRef *refs, int nrefs)
+{
+	return insert_row(ins, values, nulls, arbiter, true, refs, nrefs);
 }
 
 /*

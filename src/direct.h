@@ -33,6 +33,25 @@ extern PayidemInsert *payidem_insert_define(PayidemRelation table, int ncols, co
 											 const Oid *types);
 extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls);
 extern int	payidem_insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter);
+
+/*
+ * A row of table that the caller's transaction holds locked, FOR KEY SHARE
+ * or stronger, at its latest version, whose key columns ref_columns hold the
+ * values the insert writes into columns (pairwise): the inserting table's
+ * foreign keys from exactly those columns to exactly those need no check of
+ * their own for the row (the check would take the same lock on the same
+ * row, and it cannot go away before the transaction ends).
+ */
+typedef struct PayidemLockedRef
+{
+	PayidemRelation table;
+	int			ncolumns;
+	const char *const *columns;
+	const char *const *ref_columns;
+} PayidemLockedRef;
+
+extern int	payidem_insert_row_refs(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter,
+									const PayidemLockedRef *refs, int nrefs);
 extern void payidem_delete_row(Relation rel, ItemPointer tid);
 
 /*

@@ -39,6 +39,7 @@
 #include "fmgr.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -143,18 +144,22 @@ type_admitted(Datum types, const char *merchant_type, char **list)
  * create_order()'s new order, as INSERT ... ON CONFLICT ON CONSTRAINT
  * order_out_trade_no_key DO NOTHING writes it (the unique constraint decides
  * between concurrent first calls; the loser waits for the winner and finds
- * its row): its number (gen_order_no('PO'), taken after the read-only check
- * an INSERT makes first), or NULL if the merchant's out_trade_no is taken.
- * Written directly, or by the statement where the table has what a direct
- * insert cannot reproduce (its RETURNING then says the number stored, which
- * a BEFORE INSERT trigger may have set).  args: merchant_no, out_trade_no,
- * subject, body, amount, notify_url, return_url, expire_at.
+ * its row): its number (gen_order_no('PO'); the caller made the read-only
+ * check an INSERT makes first), or NULL if the merchant's out_trade_no is
+ * taken.  Written directly, or by the statement where the table has what a
+ * direct insert cannot reproduce (its RETURNING then says the number stored,
+ * which a BEFORE INSERT trigger may have set).  args: merchant_no,
+ * out_trade_no, subject, body, amount, notify_url, return_url, expire_at;
+ * merchant_locked: the caller holds the merchant's row locked (its foreign
+ * key is then not checked again).
  */
 #define ORDER_COLUMNS 9
 
 static Datum
-insert_order(const Datum *args, const bool *args_null, bool *conflict)
+insert_order(const Datum *args, const bool *args_null, bool merchant_locked, bool *conflict)
 {
+	static const char *const merchant_key[] = {"merchant_no"};
+	static const PayidemLockedRef merchant_ref = {PAYIDEM_MERCHANT, 1, merchant_key, merchant_key};
 	static const char *const columns[ORDER_COLUMNS] = {
 		"order_no", "merchant_no", "out_trade_no", "subject", "body", "amount",
 		"notify_url", "return_url", "expire_at"
@@ -172,7 +177,6 @@ insert_order(const Datum *args, const bool *args_null, bool *conflict)
 	int			i;
 	int			result;
 
-	PreventCommandIfReadOnly("INSERT");
 	values[0] = DirectFunctionCall1(payidem_gen_order_no, CStringGetTextDatum("PO"));
 	nulls[0] = false;
 	for (i = 1; i < ORDER_COLUMNS; i++)
@@ -182,7 +186,8 @@ insert_order(const Datum *args, const bool *args_null, bool *conflict)
 	}
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_ORDER, ORDER_COLUMNS, columns, types);
-	result = payidem_insert_row(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY);
+	result = payidem_insert_row_refs(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY,
+									 &merchant_ref, merchant_locked ? 1 : 0);
 	*conflict = result == 0;
 	if (result >= 0)
 		return values[0];
@@ -277,6 +282,7 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	Datum		keys[2];
 	bool		isnull;
 	bool		conflict;
+	bool		merchant_locked = false;
 	Datum		order_no;
 
 	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
@@ -351,6 +357,32 @@ payidem_create_order(PG_FUNCTION_ARGS)
 					 errdetail("Merchant %s has status %s.", m, status),
 					 errhint("Only active merchants take orders.")));
 	}
+
+	/*
+	 * the order's foreign key to its merchant, checked as its check would
+	 * (once the INSERT's read-only check passed): the merchant's row locked
+	 * FOR KEY SHARE, its latest version, which keeps it until the
+	 * transaction ends; if it is gone or its key changed meanwhile, the
+	 * foreign key's own check decides (and refuses)
+	 */
+	PreventCommandIfReadOnly("INSERT");
+	LockRelationOid(RelationGetRelid(rel), RowShareLock);
+	{
+		TupleTableSlot *mslot = table_slot_create(rel, NULL);
+
+		mslot->tts_tid = tuple->t_self;
+		if (payidem_lock_row_as_select(rel, mslot, GetActiveSnapshot(), LockTupleKeyShare))
+		{
+			bool		should_free;
+			HeapTuple	locked = ExecFetchSlotHeapTuple(mslot, false, &should_free);
+			Datum		key = payidem_getattr(rel, locked, "merchant_no", &isnull);
+
+			merchant_locked = !isnull && payidem_text_equal(key, merchant_no);
+			if (should_free)
+				heap_freetuple(locked);
+		}
+		ExecDropSingleTupleTableSlot(mslot);
+	}
 	table_close(rel, NoLock);
 
 	/* the order */
@@ -367,7 +399,7 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	args_null[3] = PG_ARGISNULL(7);
 	args_null[5] = PG_ARGISNULL(4);
 	args_null[6] = PG_ARGISNULL(5);
-	order_no = insert_order(args, args_null, &conflict);
+	order_no = insert_order(args, args_null, merchant_locked, &conflict);
 	PopActiveSnapshot();
 
 	/*
@@ -457,6 +489,13 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	static PayidemInsert *ins = NULL;
 	static SPIPlanPtr daily_plan = NULL;
 	static SPIPlanPtr insert_plan = NULL;
+	static const char *const order_key[] = {"order_no", "merchant_no"};
+	static const char *const channel_key[] = {"channel_no"};
+	static const PayidemLockedRef order_ref = {PAYIDEM_ORDER, 2, order_key, order_key};
+	static const PayidemLockedRef channel_ref = {PAYIDEM_CHANNEL, 1, channel_key, channel_key};
+	PayidemLockedRef refs[2];
+	int			nrefs;
+	ItemPointerData c_tid;
 	PayidemAsOwner as_owner;
 	int			guc_level;
 	Datum		order_no_arg = PG_ARGISNULL(0) ? (Datum) 0 : PG_GETARG_DATUM(0);
@@ -609,6 +648,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 		}
 		c_channel_no = text_column(rel, c, "channel_no");
 		c_status = text_column(rel, c, "status");
+		c_tid = c->t_self;
 		if (strcmp(c_status, "active") != 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
@@ -723,6 +763,35 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 		SPI_finish();
 	}
 
+	/*
+	 * the attempt's foreign keys, checked as their checks would: the order's
+	 * row this call holds locked (FOR NO KEY UPDATE, its latest version, the
+	 * values written are that version's); the channel's row locked FOR KEY
+	 * SHARE, its latest version.  Where that row is gone or its key changed
+	 * meanwhile, the foreign key's own check decides (and refuses).
+	 */
+	nrefs = 0;
+	refs[nrefs++] = order_ref;
+	{
+		Relation	crel = table_open(payidem_relation(PAYIDEM_CHANNEL), RowShareLock);
+		TupleTableSlot *cslot = table_slot_create(crel, NULL);
+
+		cslot->tts_tid = c_tid;
+		if (payidem_lock_row_as_select(crel, cslot, GetActiveSnapshot(), LockTupleKeyShare))
+		{
+			bool		should_free;
+			HeapTuple	locked = ExecFetchSlotHeapTuple(cslot, false, &should_free);
+			Datum		key = payidem_getattr(crel, locked, "channel_no", &isnull);
+
+			if (!isnull && payidem_text_is(key, c_channel_no))
+				refs[nrefs++] = channel_ref;
+			if (should_free)
+				heap_freetuple(locked);
+		}
+		ExecDropSingleTupleTableSlot(cslot);
+		table_close(crel, NoLock);
+	}
+
 	/* the attempt */
 	payment_no = DirectFunctionCall1(payidem_gen_order_no, CStringGetTextDatum("PY"));
 	values[0] = payment_no;
@@ -732,7 +801,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	values[4] = Int64GetDatum(o_amount);
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_PAYMENT, lengthof(columns), columns, types);
-	if (payidem_insert_row(ins, values, nulls, -1) < 0)
+	if (payidem_insert_row_refs(ins, values, nulls, -1, refs, nrefs) < 0)
 	{
 		Oid			t[5] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID};
 
