@@ -88,11 +88,10 @@ payidem_lookup_type(PayidemType type)
 	if (OidIsValid(nsp))
 		typid = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
 								CStringGetDatum(type_names[type]), ObjectIdGetDatum(nsp));
-	if (!OidIsValid(typid))
+	if (!OidIsValid(typid))		/* as a cast to the type by name would say */
 		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("type payidem.%s does not exist", type_names[type]),
-				 errhint("Run CREATE EXTENSION payidem in this database.")));
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("type \"payidem.%s\" does not exist", type_names[type])));
 	payidem_typids[type] = typid;
 	return typid;
 }

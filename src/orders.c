@@ -418,9 +418,15 @@ payidem_create_order(PG_FUNCTION_ARGS)
 		keys[0] = merchant_no;
 		keys[1] = out_trade_no;
 		tuple = fetch_by(rel, PAYIDEM_ORDER_OUT_TRADE_NO_KEY, 2, keys);
-		if (tuple == NULL)		/* cannot happen: the row is committed and never deleted */
-			elog(ERROR, "order %s of merchant %s vanished", TextDatumGetCString(out_trade_no),
-				 TextDatumGetCString(merchant_no));
+		/*
+		 * (a row that holds the key is committed and never deleted; none is
+		 * there if a DBA's BEFORE INSERT trigger dropped or changed the row)
+		 */
+		if (tuple == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_RAISE_EXCEPTION),
+					 errmsg("order %s of merchant %s vanished", TextDatumGetCString(out_trade_no),
+							TextDatumGetCString(merchant_no))));
 		o_order_no = text_column(rel, tuple, "order_no");
 		(void) int8_column(rel, tuple, "amount", &o_amount);
 		o_subject = payidem_getattr(rel, tuple, "subject", &isnull);

@@ -208,7 +208,8 @@ payidem_check_duration(PG_FUNCTION_ARGS)
  * argument with the domain of the column it is written to, so a format's
  * pattern is written once, in its domain, and they can still say which
  * argument is wrong (docs/schema.md, "Formats as domains").  *cache keeps,
- * in mcxt, the type cache's current constraints of the domain and their
+ * in a context of its own under mcxt (deleted when another domain takes its
+ * place: the extension made again), the type cache's current constraints of the domain and their
  * checks compiled once for that set; a change of the domain's constraints
  * (the type cache gives a new set) compiles them again in place of the old
  * ones.  The one test of a value against a domain: _fits() in SQL, and the
@@ -216,6 +217,7 @@ payidem_check_duration(PG_FUNCTION_ARGS)
  */
 typedef struct DomainFit
 {
+	MemoryContext context;		/* everything below, and the constraints' pin */
 	Oid			typid;
 	DomainConstraintRef ref;	/* the type cache's constraints, not compiled */
 	void	   *compiled_for;	/* ref.constraints when checks were compiled */
@@ -229,6 +231,7 @@ static DomainFit *
 domain_fit(void **cache, MemoryContext mcxt, Oid typid)
 {
 	DomainFit  *fit = (DomainFit *) *cache;
+	MemoryContext context;
 	MemoryContext oldcxt;
 	ListCell   *lc;
 	int			n;
@@ -239,15 +242,21 @@ domain_fit(void **cache, MemoryContext mcxt, Oid typid)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("%s is not a domain over text", format_type_be(typid))));
-		oldcxt = MemoryContextSwitchTo(mcxt);
+		context = AllocSetContextCreate(mcxt, "payidem domain fit", ALLOCSET_SMALL_SIZES);
+		/* another domain in this place (the extension made again): the old one goes */
+		if (fit != NULL)
+			MemoryContextDelete(fit->context);	/* its constraints unpinned too */
+		*cache = NULL;
+		oldcxt = MemoryContextSwitchTo(context);
 		fit = palloc0(sizeof(DomainFit));
+		fit->context = context;
 		fit->typid = typid;
-		InitDomainConstraintRef(typid, &fit->ref, mcxt, false);
-		fit->checks_context = AllocSetContextCreate(mcxt, "payidem domain checks",
+		InitDomainConstraintRef(typid, &fit->ref, context, false);
+		fit->checks_context = AllocSetContextCreate(context, "payidem domain checks",
 													ALLOCSET_SMALL_SIZES);
 		fit->econtext = CreateStandaloneExprContext();
 		MemoryContextSwitchTo(oldcxt);
-		*cache = fit;			/* a previous one is left to mcxt */
+		*cache = fit;
 	}
 	UpdateDomainConstraintRef(&fit->ref);
 	if (fit->checks != NULL && fit->compiled_for == (void *) fit->ref.constraints)
