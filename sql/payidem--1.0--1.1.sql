@@ -2259,12 +2259,12 @@ ALTER TYPE payidem._recon_leftover ADD ATTRIBUTE b_fee bigint;
 -- The payout and adjustment numbers, as the order-number domains
 -- (order_tables): PT / AJ + 24 digits, MOD 97-10 check digits valid.
 CREATE DOMAIN payidem.payout_number AS text
-	CONSTRAINT payout_number_format CHECK (CASE WHEN VALUE !~ '^PT[0-9]{24}$' THEN false
+	CONSTRAINT payout_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^PT[0-9]+$' THEN false
 		ELSE ('2529' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 COMMENT ON DOMAIN payidem.payout_number IS
 	'A payout number: PT + 24 digits, MOD 97-10 check digits valid.';
 CREATE DOMAIN payidem.adjust_number AS text
-	CONSTRAINT adjust_number_format CHECK (CASE WHEN VALUE !~ '^AJ[0-9]{24}$' THEN false
+	CONSTRAINT adjust_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^AJ[0-9]+$' THEN false
 		ELSE ('1019' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 COMMENT ON DOMAIN payidem.adjust_number IS
 	'An adjustment number: AJ + 24 digits, MOD 97-10 check digits valid.';
@@ -5134,6 +5134,19 @@ REVOKE ALL ON FUNCTION payidem._apply_payment_result(text, text, text, text, big
 -- row directly, call a check only where it fails, and begin_payment() reads
 -- merchant, channel and binding at once.
 ------------------------------------------------------------------------------
+-- the number domains without a counted repetition (order_tables): the same
+-- rule, about 15,000 instructions less for each number written; adding the
+-- constraint checks the numbers already stored once (order, payment, refund)
+ALTER DOMAIN payidem.order_number DROP CONSTRAINT order_number_format;
+ALTER DOMAIN payidem.order_number ADD CONSTRAINT order_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^PO[0-9]+$' THEN false
+		ELSE ('2524' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
+ALTER DOMAIN payidem.payment_number DROP CONSTRAINT payment_number_format;
+ALTER DOMAIN payidem.payment_number ADD CONSTRAINT payment_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^PY[0-9]+$' THEN false
+		ELSE ('2534' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
+ALTER DOMAIN payidem.refund_number DROP CONSTRAINT refund_number_format;
+ALTER DOMAIN payidem.refund_number ADD CONSTRAINT refund_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^RF[0-9]+$' THEN false
+		ELSE ('2715' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
+
 -- associated data binding a sealed record to its row
 -- (no SET clause: its body is bound when it is created, and without one it is
 -- inlined into the expression that calls it, not called as a function)

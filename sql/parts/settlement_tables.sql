@@ -6,12 +6,12 @@
 -- The payout and adjustment numbers, as the order-number domains
 -- (order_tables): PT / AJ + 24 digits, MOD 97-10 check digits valid.
 CREATE DOMAIN payidem.payout_number AS text
-	CONSTRAINT payout_number_format CHECK (CASE WHEN VALUE !~ '^PT[0-9]{24}$' THEN false
+	CONSTRAINT payout_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^PT[0-9]+$' THEN false
 		ELSE ('2529' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 COMMENT ON DOMAIN payidem.payout_number IS
 	'A payout number: PT + 24 digits, MOD 97-10 check digits valid.';
 CREATE DOMAIN payidem.adjust_number AS text
-	CONSTRAINT adjust_number_format CHECK (CASE WHEN VALUE !~ '^AJ[0-9]{24}$' THEN false
+	CONSTRAINT adjust_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^AJ[0-9]+$' THEN false
 		ELSE ('1019' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 COMMENT ON DOMAIN payidem.adjust_number IS
 	'An adjustment number: AJ + 24 digits, MOD 97-10 check digits valid.';
