@@ -894,6 +894,15 @@ ALTER DOMAIN payidem.merchant_ref ADD CONSTRAINT merchant_ref_no_z CHECK (VALUE 
 SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 500, %L)', :'m2', 'NZ-1', 'Noodles'));
 ROLLBACK;
 SELECT payidem.create_order(:'m2', 'NZ-1', 500, 'Noodles') ~ '^PO' AS created_after_the_rollback;
+-- the order's defaults are compiled once and kept (currency's is a cast to a
+-- domain): a DBA's new rule on that domain holds for the next order at once,
+-- and goes with its rollback (from another session:
+-- test/specs/flow_domain_change.spec)
+BEGIN;
+ALTER DOMAIN payidem.currency_code ADD CONSTRAINT currency_code_not_cny CHECK (VALUE <> 'CNY') NOT VALID;
+SELECT * FROM pg_temp.try(format('SELECT payidem.create_order(%L, %L, 500, %L)', :'m2', 'CUR-1', 'Noodles'));
+ROLLBACK;
+SELECT payidem.create_order(:'m2', 'CUR-1', 500, 'Noodles') ~ '^PO' AS created_in_cny_again;
 -- create_order and begin_payment lock the rows their foreign keys reference
 -- and leave those keys' checks out (test/specs/order_fkey_meanwhile.spec); a
 -- DBA's own foreign key from the same columns is still checked

@@ -72,6 +72,7 @@
 #include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
@@ -91,6 +92,7 @@
 #include "utils/rls.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
+#include "utils/typcache.h"
 
 #include "catalog.h"
 #include "direct.h"
@@ -204,7 +206,11 @@ direct_relcache_callback(Datum arg, Oid relid)
 		}
 }
 
-/* a changed function: a default or CHECK may have inlined or folded it */
+/*
+ * a changed function (a default or CHECK may have inlined or folded it), a
+ * changed constraint (it may be a domain's, which a compiled cast took in),
+ * or a changed domain (direct_type_callback())
+ */
 static void
 direct_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
@@ -218,6 +224,12 @@ direct_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 	update_inval_count++;
 }
 
+/*
+ * a changed type: if it is a domain a kept compiled cast took in the
+ * constraints of (remember_kept_domain()), all is dropped
+ */
+static void direct_type_callback(Datum arg, int cacheid, uint32 hashvalue);
+
 static void
 register_callbacks(void)
 {
@@ -225,6 +237,9 @@ register_callbacks(void)
 		return;
 	payidem_register_relcache_callback(direct_relcache_callback, (Datum) 0);
 	payidem_register_syscache_callback(PROCOID, direct_proc_callback, (Datum) 0);
+	payidem_register_syscache_callback(TYPEOID, direct_type_callback, (Datum) 0);
+	/* (a domain's constraint dropped changes no pg_type row: any constraint's change) */
+	payidem_register_syscache_callback(CONSTROID, direct_proc_callback, (Datum) 0);
 	callbacks_registered = true;
 }
 
@@ -459,11 +474,11 @@ insert_prepare(PayidemInsert *ins, Relation rel, bool soft)
  * evaluates it (its results go in that query's expression context).
  *
  * What planning and compiling decide is kept only where it holds for every
- * later write, whoever writes, until the table or a function changes
- * (not_keepable): a CHECK or default with a cast to a domain, or a call of
- * a function that is not a built-in one PUBLIC may run, is planned and
- * compiled at every use, as an INSERT does per statement, and so are all of
- * its table's.  A compilation is made in the writing query's memory and
+ * later write, whoever writes, until the table, a function or a domain it
+ * casts to changes (not_keepable): a CHECK or default that calls a function
+ * other than a built-in one PUBLIC may run (itself or in the checks of a
+ * domain it casts to) is planned and compiled at every use, as an INSERT
+ * does per statement, and so are all of its table's.  A compilation is made in the writing query's memory and
  * kept only once complete, so one that fails leaves nothing behind.  One
  * write uses them at a time: a write further down the stack while one is
  * under way (a trigger or a function in a CHECK writing the same table)
@@ -506,21 +521,116 @@ func_not_keepable(Oid funcid, void *context)
 	return !public_may;
 }
 
+static bool not_keepable(Node *node, void *context);
+
+/*
+ * The domains whose casts compiled expressions kept (their pg_type rows'
+ * hash values, and those of the domains they are made from): a change of
+ * one's pg_type row (ALTER DOMAIN ... NOT NULL, ADD CONSTRAINT) drops what
+ * was kept; past the array's size, any type's change does.  A constraint
+ * added, dropped or validated changes a pg_constraint row: any such change
+ * drops it too (direct_proc_callback()).
+ */
+#define KEPT_DOMAINS 16
+static uint32 kept_domain_hashes[KEPT_DOMAINS];
+static int	n_kept_domains = 0;
+static bool kept_domains_overflow = false;
+
+static void
+direct_type_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	int			i;
+
+	if (hashvalue == 0 || kept_domains_overflow)
+	{
+		direct_proc_callback(arg, cacheid, hashvalue);
+		return;
+	}
+	for (i = 0; i < n_kept_domains; i++)
+		if (kept_domain_hashes[i] == hashvalue)
+		{
+			direct_proc_callback(arg, cacheid, hashvalue);
+			return;
+		}
+}
+
+static void
+remember_kept_domain(Oid typid)
+{
+	while (OidIsValid(typid) && get_typtype(typid) == TYPTYPE_DOMAIN)
+	{
+		uint32		hash = GetSysCacheHashValue1(TYPEOID, ObjectIdGetDatum(typid));
+		int			i;
+
+		for (i = 0; i < n_kept_domains; i++)
+			if (kept_domain_hashes[i] == hash)
+				break;
+		if (i == n_kept_domains)
+		{
+			if (n_kept_domains < KEPT_DOMAINS)
+				kept_domain_hashes[n_kept_domains++] = hash;
+			else
+				kept_domains_overflow = true;
+		}
+		{
+			HeapTuple	tup = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
+
+			typid = InvalidOid;
+			if (HeapTupleIsValid(tup))
+			{
+				typid = ((Form_pg_type) GETSTRUCT(tup))->typbasetype;	/* the domain it is made from */
+				ReleaseSysCache(tup);
+			}
+		}
+	}
+}
+
+/*
+ * Whether a cast to domain typid compiles in a check that cannot be kept:
+ * one of the domain's CHECK constraints (as the type cache has them now)
+ * calls a function other than a built-in one PUBLIC may run.
+ */
+static bool
+domain_not_keepable(Oid typid)
+{
+	MemoryContext tmp = AllocSetContextCreate(CurrentMemoryContext, "payidem domain walk",
+											  ALLOCSET_SMALL_SIZES);
+	MemoryContext oldcxt = MemoryContextSwitchTo(tmp);
+	DomainConstraintRef ref;
+	ListCell   *lc;
+	bool		result = false;
+
+	InitDomainConstraintRef(typid, &ref, tmp, false);
+	foreach(lc, ref.constraints)
+	{
+		DomainConstraintState *con = (DomainConstraintState *) lfirst(lc);
+
+		if (con->check_expr != NULL && not_keepable((Node *) con->check_expr, NULL))
+			result = true;
+	}
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextDelete(tmp);	/* (which lets the type cache's constraints go) */
+	if (!result)
+		remember_kept_domain(typid);
+	return result;
+}
+
 /*
  * May node, compiled once, be kept for every later write, whoever writes?
- * Not if it casts to a domain (ALTER DOMAIN changes the constraints the
- * cast takes in when compiled, without touching the table), nor if it calls
- * a function other than a built-in one PUBLIC may run: compiling checks the
- * EXECUTE right for the current role, planning inlines a SQL function (and
- * folds an immutable call) with only the planning role's right checked, and
- * an inlined body may hide a cast to a domain.
+ * Not if it calls a function other than a built-in one PUBLIC may run:
+ * compiling checks the EXECUTE right for the current role, planning inlines
+ * a SQL function (and folds an immutable call) with only the planning role's
+ * right checked, and an inlined body may hide anything.  A cast to a domain
+ * is kept if the domain's checks could be (domain_not_keepable()): compiling
+ * takes in the constraints the domain has then, and an ALTER DOMAIN (a
+ * change of a type or a constraint) drops what was kept (the callbacks).
  */
 static bool
 not_keepable(Node *node, void *context)
 {
 	if (node == NULL)
 		return false;
-	if (IsA(node, CoerceToDomain))
+	if (IsA(node, CoerceToDomain) && domain_not_keepable(((CoerceToDomain *) node)->resulttype))
 		return true;
 	if (check_functions_in_node(node, func_not_keepable, context))
 		return true;

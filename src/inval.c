@@ -18,7 +18,7 @@
 #include "inval.h"
 
 #define PAYIDEM_MAX_CALLBACKS 12
-#define PAYIDEM_MAX_SYSCACHES 6
+#define PAYIDEM_MAX_SYSCACHES 8
 
 typedef struct RelcacheEntry
 {
