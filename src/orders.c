@@ -103,6 +103,59 @@ fetch_by(Relation rel, PayidemRelation index, int nkeys, Datum *keys)
 }
 
 /*
+ * The row of rel (open) by the one-column key of its unique index, as the
+ * active snapshot sees it; if there is none, _raise_not_found()'s PI009 for
+ * <what> key, naming table and column.
+ */
+static HeapTuple
+fetch_or_not_found(Relation rel, PayidemRelation index, Datum key, const char *what, const char *column)
+{
+	HeapTuple	tuple = fetch_by(rel, index, 1, &key);
+
+	if (tuple == NULL)
+	{
+		Oid			t[4] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID};
+		Datum		v[4] = {CStringGetTextDatum(what), key,
+			CStringGetTextDatum(psprintf("payidem.%s", RelationGetRelationName(rel))),
+		CStringGetTextDatum(column)};
+
+		raise_by_sql("SELECT payidem._raise_not_found($1, $2, $3, $4)", 4, t, v, NULL);
+	}
+	return tuple;
+}
+
+/*
+ * The row of rel at tid (found with the active snapshot) locked FOR KEY
+ * SHARE as a foreign key's check locks it (the table RowShareLock'ed, the
+ * latest version under READ COMMITTED): whether it is then held with column
+ * keycol equal to key, so that a foreign key to it from key needs no check
+ * of its own (PayidemLockedRef).  False if the row is gone or its key
+ * changed: the foreign key's check then runs and decides.
+ */
+static bool
+lock_referenced_row(Relation rel, ItemPointer tid, const char *keycol, Datum key)
+{
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	bool		held = false;
+
+	LockRelationOid(RelationGetRelid(rel), RowShareLock);
+	slot->tts_tid = *tid;
+	if (payidem_lock_row_as_select(rel, slot, GetActiveSnapshot(), LockTupleKeyShare))
+	{
+		bool		should_free;
+		bool		isnull;
+		HeapTuple	locked = ExecFetchSlotHeapTuple(slot, false, &should_free);
+		Datum		d = payidem_getattr(rel, locked, keycol, &isnull);
+
+		held = !isnull && payidem_text_equal(d, key);
+		if (should_free)
+			heap_freetuple(locked);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	return held;
+}
+
+/*
  * Whether merchant_type is in a channel's allowed_merchant_types, as
  * `merchant_type = ANY (types)` says it: true, false, or (no element equal
  * and one is NULL) unknown, which admits as the PL/pgSQL IF did.  The list
@@ -336,16 +389,7 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	rel = table_open(payidem_relation(PAYIDEM_MERCHANT), AccessShareLock);
-	keys[0] = merchant_no;
-	tuple = fetch_by(rel, PAYIDEM_MERCHANT_PKEY, 1, keys);
-	if (tuple == NULL)
-	{
-		Oid			t[1] = {TEXTOID};
-		Datum		v[1] = {merchant_no};
-
-		raise_by_sql("SELECT payidem._raise_not_found('merchant', $1, 'payidem.merchant', 'merchant_no')",
-					 1, t, v, NULL);
-	}
+	tuple = fetch_or_not_found(rel, PAYIDEM_MERCHANT_PKEY, merchant_no, "merchant", "merchant_no");
 	{
 		char	   *status = text_column(rel, tuple, "status");
 		char	   *m = TextDatumGetCString(merchant_no);
@@ -366,23 +410,7 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	 * foreign key's own check decides (and refuses)
 	 */
 	PreventCommandIfReadOnly("INSERT");
-	LockRelationOid(RelationGetRelid(rel), RowShareLock);
-	{
-		TupleTableSlot *mslot = table_slot_create(rel, NULL);
-
-		mslot->tts_tid = tuple->t_self;
-		if (payidem_lock_row_as_select(rel, mslot, GetActiveSnapshot(), LockTupleKeyShare))
-		{
-			bool		should_free;
-			HeapTuple	locked = ExecFetchSlotHeapTuple(mslot, false, &should_free);
-			Datum		key = payidem_getattr(rel, locked, "merchant_no", &isnull);
-
-			merchant_locked = !isnull && payidem_text_equal(key, merchant_no);
-			if (should_free)
-				heap_freetuple(locked);
-		}
-		ExecDropSingleTupleTableSlot(mslot);
-	}
+	merchant_locked = lock_referenced_row(rel, &tuple->t_self, "merchant_no", merchant_no);
 	table_close(rel, NoLock);
 
 	/* the order */
@@ -642,16 +670,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 
 		table_close(rel, NoLock);
 		rel = table_open(payidem_relation(PAYIDEM_CHANNEL), AccessShareLock);
-		keys[0] = channel_no_arg;
-		c = fetch_by(rel, PAYIDEM_CHANNEL_PKEY, 1, keys);
-		if (c == NULL)
-		{
-			Oid			t[1] = {TEXTOID};
-			Datum		v[1] = {channel_no_arg};
-
-			raise_by_sql("SELECT payidem._raise_not_found('channel', $1, 'payidem.channel', 'channel_no')",
-						 1, t, v, NULL);
-		}
+		c = fetch_or_not_found(rel, PAYIDEM_CHANNEL_PKEY, channel_no_arg, "channel", "channel_no");
 		c_channel_no = text_column(rel, c, "channel_no");
 		c_status = text_column(rel, c, "status");
 		c_tid = c->t_self;
@@ -779,22 +798,10 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	nrefs = 0;
 	refs[nrefs++] = order_ref;
 	{
-		Relation	crel = table_open(payidem_relation(PAYIDEM_CHANNEL), RowShareLock);
-		TupleTableSlot *cslot = table_slot_create(crel, NULL);
+		Relation	crel = table_open(payidem_relation(PAYIDEM_CHANNEL), AccessShareLock);
 
-		cslot->tts_tid = c_tid;
-		if (payidem_lock_row_as_select(crel, cslot, GetActiveSnapshot(), LockTupleKeyShare))
-		{
-			bool		should_free;
-			HeapTuple	locked = ExecFetchSlotHeapTuple(cslot, false, &should_free);
-			Datum		key = payidem_getattr(crel, locked, "channel_no", &isnull);
-
-			if (!isnull && payidem_text_is(key, c_channel_no))
-				refs[nrefs++] = channel_ref;
-			if (should_free)
-				heap_freetuple(locked);
-		}
-		ExecDropSingleTupleTableSlot(cslot);
+		if (lock_referenced_row(crel, &c_tid, "channel_no", CStringGetTextDatum(c_channel_no)))
+			refs[nrefs++] = channel_ref;
 		table_close(crel, NoLock);
 	}
 
