@@ -590,45 +590,6 @@ check_same_request(text *key, Datum *args, bool *argnulls, HeapTuple row, TupleD
 	}
 }
 
-/*
- * Set up idem_claim()'s one-row result in materialize mode, as
- * InitMaterializedSRF() does, but with the row descriptor cached: working it
- * out from the catalog entry on every call costs more than the rest of a
- * replay.  The executor frees setDesc after the call, so it gets a copy.
- */
-static void
-begin_claim_result(FunctionCallInfo fcinfo)
-{
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	MemoryContext old;
-
-	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("set-valued function called in context that cannot accept a set")));
-	if (!(rsinfo->allowedModes & SFRM_Materialize))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("materialize mode required, but it is not allowed in this context")));
-	if (claim_desc == NULL)
-	{
-		TupleDesc	desc;
-
-		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-			elog(ERROR, "return type must be a row type");
-		old = MemoryContextSwitchTo(TopMemoryContext);
-		claim_desc = CreateTupleDescCopy(desc);
-		MemoryContextSwitchTo(old);
-	}
-
-	old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	rsinfo->setDesc = CreateTupleDescCopy(claim_desc);
-	rsinfo->setResult = tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0,
-											  false, work_mem);
-	rsinfo->returnMode = SFRM_Materialize;
-	MemoryContextSwitchTo(old);
-}
-
 /* A jsonb value fetched from SPI, flattened so it outlives the row. */
 static Datum
 flat_jsonb(Datum d)
@@ -705,7 +666,7 @@ get_claim_args(FunctionCallInfo fcinfo, int fingerprint_argno, Datum *args, bool
  * with the lease, or — complete — as completed with result and no lease; a
  * key taken over (failed, or its lease expired) is likewise left processing,
  * or completed at once.  Returns the outcome and, if rsinfo is not NULL, puts
- * the one result row in its tuplestore (set up by begin_claim_result()).
+ * the one result row in its tuplestore (set up by payidem_materialized_result()).
  */
 static IdemOutcome
 claim_key(ReturnSetInfo *rsinfo, Datum *args, bool *argnulls, Interval *lease,
@@ -949,7 +910,7 @@ payidem_idem_claim(PG_FUNCTION_ARGS)
 	payidem_check_interval("invalid lease", "The lease", lease, false, IDEM_MAX_LEASE_YEARS,
 						   "Pass how long the claim is held before another caller may reclaim it, e.g. '30 seconds'.");
 
-	begin_claim_result(fcinfo);
+	payidem_materialized_result(fcinfo, &claim_desc);
 	claim_key((ReturnSetInfo *) fcinfo->resultinfo, args, argnulls, lease, false, (Datum) 0, true);
 	return (Datum) 0;
 }
@@ -979,7 +940,7 @@ payidem_idem_record(PG_FUNCTION_ARGS)
 	payidem_require_replication("idem_record()");
 
 	get_claim_args(fcinfo, 6, args, argnulls);
-	begin_claim_result(fcinfo);
+	payidem_materialized_result(fcinfo, &claim_desc);
 	claim_key((ReturnSetInfo *) fcinfo->resultinfo, args, argnulls, NULL, true, result, result_isnull);
 	return (Datum) 0;
 }

@@ -828,6 +828,9 @@ take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rs
  * call does not grow with max_rows (the rows handed out are in the result's
  * tuplestore, which spills to disk past work_mem).
  */
+/* notify_due()'s rows as its declaration says them (payidem_materialized_result()) */
+static TupleDesc due_desc = NULL;
+
 PG_FUNCTION_INFO_V1(payidem_notify_due);
 Datum
 payidem_notify_due(PG_FUNCTION_ARGS)
@@ -848,7 +851,7 @@ payidem_notify_due(PG_FUNCTION_ARGS)
 						   PG_ARGISNULL(0) ? "NULL" : psprintf("%d", PG_GETARG_INT32(0))),
 				 errhint("Pass how many events one worker takes at a time, e.g. 100.")));
 	left = PG_GETARG_INT32(0);
-	InitMaterializedSRF(fcinfo, 0);
+	payidem_materialized_result(fcinfo, &due_desc);
 
 	payidem_become_owner(payidem_owner(PAYIDEM_NOTIFY_EVENT), 0, &as_owner);
 	guc_level = payidem_pin_search_path();

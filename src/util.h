@@ -10,6 +10,7 @@
 
 #include "access/htup_details.h"	/* the varlena macros (varatt.h from 16 on) */
 #include "datatype/timestamp.h"
+#include "access/tupdesc.h"
 #include "fmgr.h"
 #include "utils/palloc.h"
 
@@ -22,6 +23,7 @@ extern void payidem_check_no_controls_text(const char *message, const char *what
 extern void payidem_check_interval(const char *message, const char *what, const Interval *value,
 								   bool allow_zero, int max_years, const char *hint);
 extern bool payidem_domain_fits(void **cache, MemoryContext mcxt, Oid typid, Datum value);
+extern void payidem_materialized_result(FunctionCallInfo fcinfo, TupleDesc *cache);
 extern struct _SPI_plan *payidem_saved_plan(struct _SPI_plan **cache, const char *sql, int nargs,
 											Oid *argtypes);
 
