@@ -258,6 +258,25 @@ master_key_for(int32 version)
 	return NULL;				/* keep compiler quiet */
 }
 
+/*
+ * The AES-256-GCM implementation, fetched from OpenSSL's providers once per
+ * backend: OpenSSL 3 otherwise looks it up again at every EVP_CipherInit_ex()
+ * of EVP_aes_256_gcm() (about 9,000 instructions per sealed secret opened).
+ */
+static const EVP_CIPHER *
+gcm_cipher(void)
+{
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+	static EVP_CIPHER *fetched = NULL;
+
+	if (fetched == NULL)
+		fetched = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
+	if (fetched != NULL)
+		return fetched;
+#endif
+	return EVP_aes_256_gcm();
+}
+
 /* AES-256-GCM; returns false on authentication failure when decrypting */
 static bool
 gcm(bool encrypt, const uint8 *key, const uint8 *nonce,
@@ -270,7 +289,7 @@ gcm(bool encrypt, const uint8 *key, const uint8 *nonce,
 
 	if (ctx == NULL)
 		elog(ERROR, "out of memory creating cipher context");
-	ok = EVP_CipherInit_ex(ctx, EVP_aes_256_gcm(), NULL, NULL, NULL, encrypt ? 1 : 0) == 1 &&
+	ok = EVP_CipherInit_ex(ctx, gcm_cipher(), NULL, NULL, NULL, encrypt ? 1 : 0) == 1 &&
 		EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, GCM_NONCE_LEN, NULL) == 1 &&
 		EVP_CipherInit_ex(ctx, NULL, NULL, key, nonce, encrypt ? 1 : 0) == 1 &&
 		EVP_CipherUpdate(ctx, NULL, &len, aad, aadlen) == 1 &&
