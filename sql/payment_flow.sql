@@ -920,6 +920,16 @@ SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)', :'fk_or
 INSERT INTO public.allowed_channel VALUES ('FLOW_FOOD');
 SELECT payidem.begin_payment(:'fk_order', 'FLOW_FOOD') ~ '^PY' AS begins_once_allowed;
 ROLLBACK;
+-- ... and a DBA's BEFORE INSERT trigger that writes another channel than the
+-- one begin_payment locked: payidem's own foreign key is checked on the row
+-- as written
+BEGIN;
+CREATE FUNCTION public.reroute() RETURNS trigger LANGUAGE plpgsql AS
+	$$ BEGIN NEW.channel_no := 'NO_SUCH_CHANNEL'; RETURN NEW; END $$;
+CREATE TRIGGER reroute BEFORE INSERT ON payidem.payment FOR EACH ROW EXECUTE FUNCTION public.reroute();
+SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)',
+							  payidem.create_order(:'m2', 'FK-DBA-2', 500, 'Noodles'), 'FLOW_FOOD'));
+ROLLBACK;
 REVOKE ALL ON SCHEMA payidem FROM flow_app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM flow_app;
 DROP ROLE flow_app;

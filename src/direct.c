@@ -85,6 +85,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -961,7 +962,11 @@ drop_locked_fkey_checks(ResultRelInfo *rri, const PayidemLockedRef *refs, int nr
 	int			i;
 	int			n = 0;
 
-	if (td == NULL || nrefs == 0)
+	/*
+	 * (not with a BEFORE INSERT row trigger: it may write other keys than
+	 * the caller locked, which only the checks themselves would see)
+	 */
+	if (td == NULL || nrefs == 0 || td->trig_insert_before_row)
 		return;
 	for (i = 0; i < td->numtriggers; i++)
 	{
@@ -1002,12 +1007,18 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 	int			result = 1;
 	int			i;
 
+	/*
+	 * what other sessions committed meanwhile (an ALTER DOMAIN): the lock
+	 * above processes it only when this transaction did not hold it yet, and
+	 * a statement would see it; what this insert keeps compiled may depend
+	 * on it (a cast to a domain)
+	 */
+	AcceptInvalidationMessages();
 	if (checked && !insert_plain(rel, arbiter >= 0))
 	{
 		table_close(rel, NoLock);
 		return -1;
 	}
-	/* the lock above has processed any pending invalidation */
 	if ((ins->relid != RelationGetRelid(rel) || ins->natts != desc->natts) &&
 		!insert_prepare(ins, rel, checked))
 	{
@@ -1578,11 +1589,11 @@ payidem_lock_row_as_select(Relation rel, TupleTableSlot *slot, Snapshot snapshot
 			return false;
 		case TM_Updated:
 		case TM_Deleted:
+			/* (as the executor's row lock says it, for a row changed or removed) */
 			if (IsolationUsesXactSnapshot())
 				ereport(ERROR,
 						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent %s",
-								result == TM_Updated ? "update" : "delete")));
+						 errmsg("could not serialize access due to concurrent update")));
 			return false;
 		default:
 			elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result,
@@ -1739,7 +1750,8 @@ payidem_update(PayidemUpdate *t, ItemPointer tid, Datum key,
 	if (!t->valid)
 		t->relid = payidem_relation(t->table);
 	rel = table_open(t->relid, RowExclusiveLock);
-	/* the lock has processed any pending invalidation */
+	/* what others committed meanwhile, as in insert_row() */
+	AcceptInvalidationMessages();
 	if (!t->valid || t->natts != RelationGetDescr(rel)->natts)
 		update_prepare(t, rel);
 	desc = RelationGetDescr(rel);

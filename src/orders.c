@@ -34,6 +34,7 @@
 #include "access/xact.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -202,17 +203,13 @@ type_admitted(Datum types, const char *merchant_type, char **list)
  * taken.  Written directly, or by the statement where the table has what a
  * direct insert cannot reproduce (its RETURNING then says the number stored,
  * which a BEFORE INSERT trigger may have set).  args: merchant_no,
- * out_trade_no, subject, body, amount, notify_url, return_url, expire_at;
- * merchant_locked: the caller holds the merchant's row locked (its foreign
- * key is then not checked again).
+ * out_trade_no, subject, body, amount, notify_url, return_url, expire_at.
  */
 #define ORDER_COLUMNS 9
 
 static Datum
-insert_order(const Datum *args, const bool *args_null, bool merchant_locked, bool *conflict)
+insert_order(const Datum *args, const bool *args_null, bool *conflict)
 {
-	static const char *const merchant_key[] = {"merchant_no"};
-	static const PayidemLockedRef merchant_ref = {PAYIDEM_MERCHANT, 1, merchant_key, merchant_key};
 	static const char *const columns[ORDER_COLUMNS] = {
 		"order_no", "merchant_no", "out_trade_no", "subject", "body", "amount",
 		"notify_url", "return_url", "expire_at"
@@ -239,8 +236,7 @@ insert_order(const Datum *args, const bool *args_null, bool merchant_locked, boo
 	}
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_ORDER, ORDER_COLUMNS, columns, types);
-	result = payidem_insert_row_refs(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY,
-									 &merchant_ref, merchant_locked ? 1 : 0);
+	result = payidem_insert_row(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY);
 	*conflict = result == 0;
 	if (result >= 0)
 		return values[0];
@@ -335,7 +331,6 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	Datum		keys[2];
 	bool		isnull;
 	bool		conflict;
-	bool		merchant_locked = false;
 	Datum		order_no;
 
 	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
@@ -401,17 +396,16 @@ payidem_create_order(PG_FUNCTION_ARGS)
 					 errdetail("Merchant %s has status %s.", m, status),
 					 errhint("Only active merchants take orders.")));
 	}
+	table_close(rel, NoLock);
 
 	/*
-	 * the order's foreign key to its merchant, checked as its check would
-	 * (once the INSERT's read-only check passed): the merchant's row locked
-	 * FOR KEY SHARE, its latest version, which keeps it until the
-	 * transaction ends; if it is gone or its key changed meanwhile, the
-	 * foreign key's own check decides (and refuses)
+	 * (the order's foreign key to its merchant is checked by its own trigger,
+	 * at the end of the insert: locking the merchant's row before it would
+	 * hold that lock while the insert waits for another call's order of the
+	 * same out_trade_no, which a DBA's FOR UPDATE of the merchant then
+	 * deadlocks with)
 	 */
 	PreventCommandIfReadOnly("INSERT");
-	merchant_locked = lock_referenced_row(rel, &tuple->t_self, "merchant_no", merchant_no);
-	table_close(rel, NoLock);
 
 	/* the order */
 	args[0] = merchant_no;
@@ -427,7 +421,7 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	args_null[3] = PG_ARGISNULL(7);
 	args_null[5] = PG_ARGISNULL(4);
 	args_null[6] = PG_ARGISNULL(5);
-	order_no = insert_order(args, args_null, merchant_locked, &conflict);
+	order_no = insert_order(args, args_null, &conflict);
 	PopActiveSnapshot();
 
 	/*
@@ -800,7 +794,9 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	{
 		Relation	crel = table_open(payidem_relation(PAYIDEM_CHANNEL), AccessShareLock);
 
-		if (lock_referenced_row(crel, &c_tid, "channel_no", CStringGetTextDatum(c_channel_no)))
+		/* (in replica mode the foreign keys' checks do not fire: nothing to lock for) */
+		if (SessionReplicationRole != SESSION_REPLICATION_ROLE_REPLICA &&
+			lock_referenced_row(crel, &c_tid, "channel_no", CStringGetTextDatum(c_channel_no)))
 			refs[nrefs++] = channel_ref;
 		table_close(crel, NoLock);
 	}
