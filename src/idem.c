@@ -115,7 +115,7 @@ static SPIPlanPtr finish_plan = NULL;
 static SPIPlanPtr purge_plan = NULL;
 
 /* idem_claim()'s result row, built once per backend from its OUT parameters */
-static TupleDesc claim_desc = NULL;
+static PayidemResultDesc claim_desc;
 
 /* payidem.idempotency as last used; reset by the relcache callback */
 static Oid	idem_relid = InvalidOid;

@@ -829,7 +829,7 @@ take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rs
  * tuplestore, which spills to disk past work_mem).
  */
 /* notify_due()'s rows as its declaration says them (payidem_materialized_result()) */
-static TupleDesc due_desc = NULL;
+static PayidemResultDesc due_desc;
 
 PG_FUNCTION_INFO_V1(payidem_notify_due);
 Datum

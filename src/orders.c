@@ -43,6 +43,7 @@
 #include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -333,6 +334,11 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	bool		conflict;
 	Datum		order_no;
 
+	/*
+	 * what other sessions committed (an ALTER DOMAIN of a format), as a
+	 * statement would see it: the checks below and the insert go by the same
+	 */
+	AcceptInvalidationMessages();
 	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
 	guc_level = payidem_pin_search_path();
 

@@ -344,14 +344,23 @@ payidem_fits(PG_FUNCTION_ARGS)
  * A set-returning function's result in materialize mode, as
  * InitMaterializedSRF() sets it up, but with the row descriptor read from
  * the function's catalog entry once per session (*cache, kept in
- * TopMemoryContext) rather than at every call, where working it out costs
+ * TopMemoryContext, for the SQL function last called) rather than at every call, where working it out costs
  * about 18,000 instructions.  Every cache is forgotten when any function
  * changes (its OUT parameters may have).  The executor frees setDesc after
  * the call, so it gets a copy.
  */
 #define RESULT_DESC_CACHES 4
-static TupleDesc *result_desc_caches[RESULT_DESC_CACHES];
+static PayidemResultDesc *result_desc_caches[RESULT_DESC_CACHES];
 static int	n_result_desc_caches = 0;
+
+static void
+forget_result_desc(PayidemResultDesc *cache)
+{
+	if (cache->desc != NULL)
+		FreeTupleDesc(cache->desc);
+	cache->desc = NULL;
+	cache->fn_oid = InvalidOid;
+}
 
 static void
 result_desc_callback(Datum arg, int cacheid, uint32 hashvalue)
@@ -359,15 +368,11 @@ result_desc_callback(Datum arg, int cacheid, uint32 hashvalue)
 	int			i;
 
 	for (i = 0; i < n_result_desc_caches; i++)
-		if (*result_desc_caches[i] != NULL)
-		{
-			FreeTupleDesc(*result_desc_caches[i]);
-			*result_desc_caches[i] = NULL;
-		}
+		forget_result_desc(result_desc_caches[i]);
 }
 
 void
-payidem_materialized_result(FunctionCallInfo fcinfo, TupleDesc *cache)
+payidem_materialized_result(FunctionCallInfo fcinfo, PayidemResultDesc *cache)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	MemoryContext oldcxt;
@@ -380,7 +385,10 @@ payidem_materialized_result(FunctionCallInfo fcinfo, TupleDesc *cache)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("materialize mode required, but it is not allowed in this context")));
-	if (*cache == NULL)
+	/* (kept for the SQL function called: another may declare other columns) */
+	if (cache->desc != NULL && cache->fn_oid != fcinfo->flinfo->fn_oid)
+		forget_result_desc(cache);
+	if (cache->desc == NULL)
 	{
 		TupleDesc	desc;
 		int			i;
@@ -399,11 +407,12 @@ payidem_materialized_result(FunctionCallInfo fcinfo, TupleDesc *cache)
 		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 			elog(ERROR, "return type must be a row type");
 		oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-		*cache = CreateTupleDescCopy(desc);
+		cache->desc = CreateTupleDescCopy(desc);
+		cache->fn_oid = fcinfo->flinfo->fn_oid;
 		MemoryContextSwitchTo(oldcxt);
 	}
 	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	rsinfo->setDesc = CreateTupleDescCopy(*cache);
+	rsinfo->setDesc = CreateTupleDescCopy(cache->desc);
 	rsinfo->setResult = tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0,
 											  false, work_mem);
 	rsinfo->returnMode = SFRM_Materialize;

@@ -23,7 +23,14 @@ extern void payidem_check_no_controls_text(const char *message, const char *what
 extern void payidem_check_interval(const char *message, const char *what, const Interval *value,
 								   bool allow_zero, int max_years, const char *hint);
 extern bool payidem_domain_fits(void **cache, MemoryContext mcxt, Oid typid, Datum value);
-extern void payidem_materialized_result(FunctionCallInfo fcinfo, TupleDesc *cache);
+/* a set-returning function's cached row descriptor (payidem_materialized_result()) */
+typedef struct PayidemResultDesc
+{
+	Oid			fn_oid;			/* the SQL function it is the result of */
+	TupleDesc	desc;
+} PayidemResultDesc;
+
+extern void payidem_materialized_result(FunctionCallInfo fcinfo, PayidemResultDesc *cache);
 extern struct _SPI_plan *payidem_saved_plan(struct _SPI_plan **cache, const char *sql, int nargs,
 											Oid *argtypes);
 
