@@ -479,11 +479,11 @@ insert_prepare(PayidemInsert *ins, Relation rel, bool soft)
  * casts to changes (not_keepable): a CHECK or default that calls a function
  * other than a built-in one PUBLIC may run (itself or in the checks of a
  * domain it casts to) is planned and compiled at every use, as an INSERT
- * does per statement, and so are all of its table's.  A compilation is made in the writing query's memory and
- * kept only once complete, so one that fails leaves nothing behind.  One
- * write uses them at a time: a write further down the stack while one is
- * under way (a trigger or a function in a CHECK writing the same table)
- * compiles its own.
+ * does per statement, and so are all of its table's.  A compilation is
+ * made in the writing query's memory and kept only once complete, so one
+ * that fails leaves nothing behind.  One write uses them at a time: a write
+ * further down the stack while one is under way (a trigger or a function in
+ * a CHECK writing the same table) compiles its own.
  */
 
 /*
