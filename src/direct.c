@@ -116,6 +116,7 @@ typedef struct PayidemExprs
 	Expr	  **defaults;		/* per column, of the holder: planned here, or NULL */
 	bool	   *default_replan;	/* or raw, as for the CHECKs */
 	bool		keepable;		/* none to plan at each use */
+	bool		casts_domain;	/* one casts to a domain: dropped when one may change */
 	/* the compiled ones, in compiled (under context) */
 	MemoryContext compiled;
 	ExprState **check_states;
@@ -207,11 +208,7 @@ direct_relcache_callback(Datum arg, Oid relid)
 		}
 }
 
-/*
- * a changed function (a default or CHECK may have inlined or folded it), a
- * changed constraint (it may be a domain's, which a compiled cast took in),
- * or a changed domain (direct_type_callback())
- */
+/* a changed function: a default or CHECK may have inlined or folded it */
 static void
 direct_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
@@ -226,8 +223,29 @@ direct_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 }
 
 /*
+ * a domain that may have changed (a constraint's change, or its type's:
+ * direct_type_callback()): what casts to a domain is dropped
+ */
+static void
+direct_domain_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	PayidemInsert *ins;
+	PayidemUpdate *t;
+
+	for (ins = inserts; ins != NULL; ins = ins->next)
+		if (ins->exprs.casts_domain)
+			ins->relid = InvalidOid;
+	for (t = updates; t != NULL; t = t->next)
+		if (t->exprs.casts_domain)
+		{
+			t->valid = false;
+			update_inval_count++;
+		}
+}
+
+/*
  * a changed type: if it is a domain a kept compiled cast took in the
- * constraints of (remember_kept_domain()), all is dropped
+ * constraints of (remember_kept_domain()), what casts to a domain is dropped
  */
 static void direct_type_callback(Datum arg, int cacheid, uint32 hashvalue);
 
@@ -240,7 +258,7 @@ register_callbacks(void)
 	payidem_register_syscache_callback(PROCOID, direct_proc_callback, (Datum) 0);
 	payidem_register_syscache_callback(TYPEOID, direct_type_callback, (Datum) 0);
 	/* (a domain's constraint dropped changes no pg_type row: any constraint's change) */
-	payidem_register_syscache_callback(CONSTROID, direct_proc_callback, (Datum) 0);
+	payidem_register_syscache_callback(CONSTROID, direct_domain_callback, (Datum) 0);
 	callbacks_registered = true;
 }
 
@@ -530,7 +548,8 @@ static bool not_keepable(Node *node, void *context);
  * one's pg_type row (ALTER DOMAIN ... NOT NULL, ADD CONSTRAINT) drops what
  * was kept; past the array's size, any type's change does.  A constraint
  * added, dropped or validated changes a pg_constraint row: any such change
- * drops it too (direct_proc_callback()).
+ * drops it too.  Only what casts to a domain is dropped
+ * (direct_domain_callback()): the other writes keep theirs.
  */
 #define KEPT_DOMAINS 16
 static uint32 kept_domain_hashes[KEPT_DOMAINS];
@@ -544,13 +563,13 @@ direct_type_callback(Datum arg, int cacheid, uint32 hashvalue)
 
 	if (hashvalue == 0 || kept_domains_overflow)
 	{
-		direct_proc_callback(arg, cacheid, hashvalue);
+		direct_domain_callback(arg, cacheid, hashvalue);
 		return;
 	}
 	for (i = 0; i < n_kept_domains; i++)
 		if (kept_domain_hashes[i] == hashvalue)
 		{
-			direct_proc_callback(arg, cacheid, hashvalue);
+			direct_domain_callback(arg, cacheid, hashvalue);
 			return;
 		}
 }
@@ -638,6 +657,17 @@ not_keepable(Node *node, void *context)
 	return expression_tree_walker(node, not_keepable, context);
 }
 
+/* Does node cast to a domain (before planning, which may drop the cast)? */
+static bool
+has_domain_cast(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, CoerceToDomain))
+		return true;
+	return expression_tree_walker(node, has_domain_cast, context);
+}
+
 /*
  * expr planned, unless it cannot be kept (not_keepable, before or after
  * planning): then as it is (raw), to be planned at each use, as an INSERT
@@ -681,16 +711,25 @@ exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int ndefault, E
 		x->checks = palloc(sizeof(Expr *) * x->ncheck);
 		x->check_replan = palloc0(sizeof(bool) * x->ncheck);
 		for (i = 0; i < x->ncheck; i++)
-			x->checks[i] = ConstrCheckIsEnforced(&check[i]) ?
-				plan_if_keepable((Expr *) CheckConstraintExprCompat(rel, &check[i]),
-								 &x->check_replan[i]) : NULL;
+		{
+			Expr	   *raw = ConstrCheckIsEnforced(&check[i]) ?
+				(Expr *) CheckConstraintExprCompat(rel, &check[i]) : NULL;
+
+			if (raw != NULL && has_domain_cast((Node *) raw, NULL))
+				x->casts_domain = true;
+			x->checks[i] = raw != NULL ? plan_if_keepable(raw, &x->check_replan[i]) : NULL;
+		}
 	}
 	x->ndefault = ndefault;
 	x->defaults = defaults;
 	x->default_replan = palloc0(sizeof(bool) * Max(ndefault, 1));
 	for (i = 0; i < ndefault; i++)
 		if (defaults[i] != NULL)
+		{
+			if (has_domain_cast((Node *) defaults[i], NULL))
+				x->casts_domain = true;
 			defaults[i] = plan_if_keepable(defaults[i], &x->default_replan[i]);
+		}
 	for (i = 0; i < x->ncheck; i++)
 		if (x->check_replan[i])
 			x->keepable = false;
@@ -784,6 +823,8 @@ exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached
 			 * ExecPrepareQual(); from a copy, as the planner's copy of a
 			 * constant points into the original, the executor's memory
 			 */
+			if (has_domain_cast((Node *) ii->ii_Predicate, NULL))
+				x->casts_domain = true;
 			pred = expression_planner((Expr *) copyObject(ii->ii_Predicate));
 			if (not_keepable((Node *) pred, NULL))
 				keep = false;
