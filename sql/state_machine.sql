@@ -465,6 +465,16 @@ SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
 ALTER DOMAIN public.log_note DROP CONSTRAINT log_note_not_x;
 SELECT pg_temp.try($$INSERT INTO ticket (ticket_no) VALUES ('T-4')$$);
 ROLLBACK;
+-- ... and its default: a column of a domain the insert leaves NULL takes the
+-- default the domain is given later
+BEGIN;
+CREATE DOMAIN public.log_tag AS text;
+ALTER TABLE payidem.status_log ADD COLUMN tag public.log_tag;
+INSERT INTO ticket (ticket_no) VALUES ('T-5');
+ALTER DOMAIN public.log_tag SET DEFAULT 'tagged';
+INSERT INTO ticket (ticket_no) VALUES ('T-6');
+SELECT entity_no, tag FROM payidem.status_log WHERE entity_no IN ('T-5', 'T-6') ORDER BY entity_no;
+ROLLBACK;
 -- ... and the right to run a function in them, which is the writing role's
 BEGIN;
 CREATE FUNCTION public.log_allowed(text) RETURNS boolean LANGUAGE plpgsql AS $$BEGIN RETURN true; END$$;

@@ -157,6 +157,7 @@ static void exprs_plan(PayidemExprs *x, Relation rel, MemoryContext context, int
 					   Expr **defaults);
 static ExprState **exprs_attach(PayidemExprs *x, ResultRelInfo *rri, EState *estate, bool *attached);
 static void exprs_detach(PayidemExprs *x, bool attached);
+static void remember_kept_domain(Oid typid);
 static bool indexes_lazy_ok(Relation rel);
 static void check_conflict_visible(Relation rel, ItemPointer tid, Snapshot snapshot);
 static void update_index_entries(ResultRelInfo *rri, TupleTableSlot *slot, EState *estate);
@@ -477,6 +478,16 @@ insert_prepare(PayidemInsert *ins, Relation rel, bool soft)
 				 errhint("Use a FOR EACH ROW trigger without a REFERENCING clause.")));
 	MemoryContextSwitchTo(oldcxt);
 	exprs_plan(&ins->exprs, rel, ins->context, desc->natts, ins->defaults);
+	/*
+	 * a column of a domain left NULL: NULL because the domain has no default
+	 * now, which an ALTER DOMAIN ... SET DEFAULT changes (its pg_type row)
+	 */
+	for (i = 0; i < desc->natts; i++)
+		if (OidIsValid(ins->null_domain[i]))
+		{
+			remember_kept_domain(ins->null_domain[i]);
+			ins->exprs.casts_domain = true;
+		}
 	ins->relid = RelationGetRelid(rel);
 	return true;
 }
