@@ -105,6 +105,20 @@ fetch_by(Relation rel, PayidemRelation index, int nkeys, Datum *keys)
 }
 
 /*
+ * PI004 for a merchant or a channel (what, and What capitalised) whose
+ * status is not active: the one wording of that refusal, with hint.
+ */
+static void
+refuse_not_active(const char *what, const char *What, const char *no, const char *status, const char *hint)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
+			 errmsg("%s %s is %s", what, no, status),
+			 errdetail("%s %s has status %s.", What, no, status),
+			 errhint("%s", hint)));
+}
+
+/*
  * The row of rel (open) by the one-column key of its unique index, as the
  * active snapshot sees it; if there is none, _raise_not_found()'s PI009 for
  * <what> key, naming table and column.
@@ -396,11 +410,7 @@ payidem_create_order(PG_FUNCTION_ARGS)
 		char	   *m = TextDatumGetCString(merchant_no);
 
 		if (status != NULL && strcmp(status, "active") != 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
-					 errmsg("merchant %s is %s", m, status),
-					 errdetail("Merchant %s has status %s.", m, status),
-					 errhint("Only active merchants take orders.")));
+			refuse_not_active("merchant", "Merchant", m, status, "Only active merchants take orders.");
 	}
 	table_close(rel, NoLock);
 
@@ -660,11 +670,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 		elog(ERROR, "payidem: merchant %s of order %s is missing", o_merchant_no, o_order_no);
 	m_status = text_column(rel, m, "status");
 	if (strcmp(m_status, "active") != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
-				 errmsg("merchant %s is %s", o_merchant_no, m_status),
-				 errdetail("Merchant %s has status %s.", o_merchant_no, m_status),
-				 errhint("Only active merchants take payments.")));
+		refuse_not_active("merchant", "Merchant", o_merchant_no, m_status, "Only active merchants take payments.");
 	{
 		char	   *merchant_type = text_column(rel, m, "merchant_type");
 
@@ -675,11 +681,8 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 		c_status = text_column(rel, c, "status");
 		c_tid = c->t_self;
 		if (strcmp(c_status, "active") != 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_PAYIDEM_NOT_PERMITTED),
-					 errmsg("channel %s is %s", c_channel_no, c_status),
-					 errdetail("Channel %s has status %s.", c_channel_no, c_status),
-					 errhint("Route the payment to an active channel (payidem.route_channel()).")));
+			refuse_not_active("channel", "Channel", c_channel_no, c_status,
+							  "Route the payment to an active channel (payidem.route_channel()).");
 		c_single_set = int8_column(rel, c, "single_limit", &c_single);
 		c_daily_set = int8_column(rel, c, "daily_limit", &c_daily);
 		{
