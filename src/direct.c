@@ -75,6 +75,7 @@
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
+#include "executor/spi.h"
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
@@ -956,11 +957,11 @@ insert_speculative(ResultRelInfo *rri, EState *estate, TupleTableSlot *slot, Pay
 }
 
 /*
- * Whether foreign key conoid of rel (its check of an inserted row) goes from
- * exactly the columns of one of refs to exactly that ref's columns of its
- * table, pairwise.
+ * Which of refs foreign key conoid of rel (its check of an inserted row)
+ * goes from exactly the columns of, to exactly that ref's columns of its
+ * table, pairwise: its index, or -1.
  */
-static bool
+static int
 fkey_locked(Relation rel, Oid conoid, const PayidemLockedRef *refs, int nrefs)
 {
 	ListCell   *lc;
@@ -993,27 +994,43 @@ fkey_locked(Relation rel, Oid conoid, const PayidemLockedRef *refs, int nrefs)
 					matched++;
 			}
 			if (matched == fk->nkeys)
-				return true;
+				return r;
 		}
-		return false;
+		return -1;
 	}
-	return false;
+	return -1;
+}
+
+/* whether trigger tg fires in this session (session_replication_role), as the trigger manager decides */
+static bool
+trigger_fires(const Trigger *tg)
+{
+	if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA)
+		return tg->tgenabled == TRIGGER_FIRES_ON_REPLICA || tg->tgenabled == TRIGGER_FIRES_ALWAYS;
+	return tg->tgenabled == TRIGGER_FIRES_ON_ORIGIN || tg->tgenabled == TRIGGER_FIRES_ALWAYS;
 }
 
 /*
  * rri's triggers (InitResultRelInfo()'s copy) without the checks of the
- * foreign keys whose referenced row the caller holds locked (refs): the
- * check would lock that row FOR KEY SHARE, which this transaction already
- * holds it in.  Every other trigger stays, the flags too (each trigger's own
- * type is what the executor goes by).
+ * foreign keys to the rows refs name (PayidemLockedRef), for the row in slot:
+ * the check would lock that row FOR KEY SHARE, which this transaction holds
+ * it in already, or (a ref's lock_after) will right after writing the row.
+ * A ref to lock after is taken only where its check fires in this session
+ * and the row's key has no NULL (which the check would not look up).  Every
+ * other trigger stays, the flags too (each trigger's own type is what the
+ * executor goes by).  dropped[r]: the constraint whose check was left out
+ * for refs[r], or InvalidOid.
  */
 static void
-drop_locked_fkey_checks(ResultRelInfo *rri, const PayidemLockedRef *refs, int nrefs)
+drop_locked_fkey_checks(ResultRelInfo *rri, TupleTableSlot *slot, const PayidemLockedRef *refs, int nrefs,
+						Oid *dropped)
 {
 	TriggerDesc *td = rri->ri_TrigDesc;
 	int			i;
 	int			n = 0;
 
+	for (i = 0; i < nrefs; i++)
+		dropped[i] = InvalidOid;
 	/*
 	 * (not with a BEFORE INSERT row trigger: it may write other keys than
 	 * the caller locked, which only the checks themselves would see)
@@ -1024,14 +1041,129 @@ drop_locked_fkey_checks(ResultRelInfo *rri, const PayidemLockedRef *refs, int nr
 	{
 		Trigger    *tg = &td->triggers[i];
 
-		if (tg->tgfoid == F_RI_FKEY_CHECK_INS && OidIsValid(tg->tgconstraint) &&
-			fkey_locked(rri->ri_RelationDesc, tg->tgconstraint, refs, nrefs))
-			continue;
+		if (tg->tgfoid == F_RI_FKEY_CHECK_INS && OidIsValid(tg->tgconstraint))
+		{
+			int			r = fkey_locked(rri->ri_RelationDesc, tg->tgconstraint, refs, nrefs);
+			bool		drop = r >= 0;
+
+			if (drop && refs[r].lock_after != NULL)
+			{
+				int			k;
+
+				drop = trigger_fires(tg);
+				for (k = 0; drop && k < refs[r].ncolumns; k++)
+					drop = !slot_attisnull(slot, payidem_attnum(RelationGetDescr(rri->ri_RelationDesc), refs[r].columns[k]));
+			}
+			if (drop)
+			{
+				dropped[r] = tg->tgconstraint;
+				continue;
+			}
+		}
 		if (n != i)
 			td->triggers[n] = *tg;
 		n++;
 	}
 	td->numtriggers = n;
+}
+
+/*
+ * The referenced row of ref (its lock_after) locked FOR KEY SHARE for the
+ * row just written into rel (slot), in place of foreign key conoid's check:
+ * at its latest version under READ COMMITTED, with the key the row writes.
+ * Where it is gone or its key changed, the key is looked up as the check
+ * looks it up, with the snapshot the check would have taken before waiting
+ * (another row may hold the key in it); if none does, the row is refused as
+ * the check refuses it (23503, its message).
+ */
+static void
+lock_ref_after(Relation rel, TupleTableSlot *slot, const PayidemLockedRef *ref, Oid conoid)
+{
+	Relation	refrel = table_open(payidem_relation(ref->table), RowShareLock);
+	TupleTableSlot *rslot = table_slot_create(refrel, NULL);
+	Datum		values[INDEX_MAX_KEYS];
+	Oid			types[INDEX_MAX_KEYS];
+	bool		held = false;
+	int			k;
+	Snapshot	check_snapshot = RegisterSnapshot(IsolationUsesXactSnapshot() ? GetTransactionSnapshot()
+												  : GetLatestSnapshot());
+
+	Assert(ref->ncolumns <= INDEX_MAX_KEYS);
+	for (k = 0; k < ref->ncolumns; k++)
+	{
+		AttrNumber	att = payidem_attnum(RelationGetDescr(rel), ref->columns[k]);
+		bool		isnull;
+
+		values[k] = slot_getattr(slot, att, &isnull);
+		types[k] = getBaseType(TupleDescAttr(RelationGetDescr(rel), att - 1)->atttypid);
+		if (types[k] != TEXTOID)
+			elog(ERROR, "payidem: a foreign key locked after the insert must be of text columns");
+	}
+	rslot->tts_tid = *ref->lock_after;
+	if (payidem_lock_row_as_select(refrel, rslot, GetActiveSnapshot(), LockTupleKeyShare))
+	{
+		bool		should_free;
+		HeapTuple	locked = ExecFetchSlotHeapTuple(rslot, false, &should_free);
+
+		held = true;
+		for (k = 0; held && k < ref->ncolumns; k++)
+		{
+			bool		isnull;
+			Datum		d = payidem_getattr(refrel, locked, ref->ref_columns[k], &isnull);
+
+			held = !isnull && payidem_text_equal(d, values[k]);
+		}
+		if (should_free)
+			heap_freetuple(locked);
+	}
+	ExecDropSingleTupleTableSlot(rslot);
+	if (!held)
+	{
+		/* the check's own query: SELECT 1 FROM ONLY <table> x WHERE <key> = $n ... FOR KEY SHARE OF x */
+		StringInfoData sql;
+		SPIPlanPtr	plan;
+		uint64		found;
+
+		initStringInfo(&sql);
+		appendStringInfo(&sql, "SELECT 1 FROM ONLY %s x WHERE ",
+						 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(refrel)),
+													RelationGetRelationName(refrel)));
+		for (k = 0; k < ref->ncolumns; k++)
+			appendStringInfo(&sql, "%s%s OPERATOR(pg_catalog.=) $%d", k > 0 ? " AND " : "",
+							 quote_identifier(ref->ref_columns[k]), k + 1);
+		appendStringInfoString(&sql, " FOR KEY SHARE OF x");
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		plan = SPI_prepare(sql.data, ref->ncolumns, types);
+		if (plan == NULL ||
+			SPI_execute_snapshot(plan, values, NULL, check_snapshot, InvalidSnapshot, false, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "payidem: the look-up of a referenced key failed");
+		found = SPI_processed;
+		SPI_finish();
+		if (found == 0)
+		{
+			StringInfoData cols;
+			StringInfoData vals;
+			char	   *conname = get_constraint_name(conoid);
+
+			initStringInfo(&cols);
+			initStringInfo(&vals);
+			for (k = 0; k < ref->ncolumns; k++)
+			{
+				appendStringInfo(&cols, "%s%s", k > 0 ? ", " : "", ref->columns[k]);
+				appendStringInfo(&vals, "%s%s", k > 0 ? ", " : "", TextDatumGetCString(values[k]));
+			}
+			ereport(ERROR,
+					(errcode(ERRCODE_FOREIGN_KEY_VIOLATION),
+					 errmsg("insert or update on table \"%s\" violates foreign key constraint \"%s\"",
+							RelationGetRelationName(rel), conname),
+					 errdetail("Key (%s)=(%s) is not present in table \"%s\".", cols.data, vals.data,
+							   RelationGetRelationName(refrel)),
+					 errtableconstraint(rel, conname)));
+		}
+	}
+	UnregisterSnapshot(check_snapshot);
+	table_close(refrel, NoLock);
 }
 
 /*
@@ -1046,7 +1178,7 @@ drop_locked_fkey_checks(ResultRelInfo *rri, const PayidemLockedRef *refs, int nr
  */
 static int
 insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter, bool checked,
-		   const PayidemLockedRef *refs, int nrefs)
+		   const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked)
 {
 	Relation	rel = table_open(payidem_relation(ins->table), RowExclusiveLock);
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -1058,6 +1190,10 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 	bool		attached;
 	int			result = 1;
 	int			i;
+	Oid			dropped[PAYIDEM_MAX_LOCKED_REFS];
+
+	if (nrefs > PAYIDEM_MAX_LOCKED_REFS)
+		elog(ERROR, "payidem: too many locked references");
 
 	/*
 	 * what other sessions committed meanwhile (an ALTER DOMAIN): the lock
@@ -1082,7 +1218,6 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 	rri = makeNode(ResultRelInfo);
 	ExecInitRangeTableOneRelationCompat(estate, rel, RowExclusiveLock, ACL_INSERT, NULL, NULL, NULL);
 	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	drop_locked_fkey_checks(rri, refs, nrefs);
 	estate->es_output_cid = GetCurrentCommandId(true);
 	if (arbiter >= 0)
 		estate->es_snapshot = RegisterSnapshot(GetTransactionSnapshot());
@@ -1092,9 +1227,14 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 	default_states = exprs_attach(&ins->exprs, rri, estate, &attached);
 	PG_TRY();
 	{
-		/* the domains of the values written, as a cast to the column's type checks them */
+		/*
+		 * the domains of the values written, as a cast to the column's type
+		 * checks them; but for a value the caller checked against the
+		 * column's domain itself, holding the table's lock
+		 */
 		for (i = 0; i < ins->ncols; i++)
-			if (OidIsValid(ins->domain[i]))
+			if (OidIsValid(ins->domain[i]) &&
+				!(domain_checked != NULL && domain_checked[i] == ins->domain[i] && !nulls[i]))
 				domain_check(values[i], nulls[i], ins->domain[i], &ins->domain_extra[i], ins->context);
 
 		oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
@@ -1120,6 +1260,7 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 		}
 		MemoryContextSwitchTo(oldcxt);
 		ExecStoreVirtualTuple(slot);
+		drop_locked_fkey_checks(rri, slot, refs, nrefs, dropped);
 
 		/* the table's own triggers, statement and row, as for a one-row INSERT */
 		AfterTriggerBeginQuery();
@@ -1128,6 +1269,10 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 			result = insert_speculative(rri, estate, slot, (PayidemRelation) arbiter);
 		else
 			ExecSimpleRelationInsert(rri, estate, slot);
+		/* the rows to lock after the write, where the checks left out would (first of the AFTER triggers) */
+		for (i = 0; result == 1 && i < nrefs; i++)
+			if (refs[i].lock_after != NULL && OidIsValid(dropped[i]))
+				lock_ref_after(rel, slot, &refs[i], dropped[i]);
 		ExecASInsertTriggers(estate, rri, NULL);
 		AfterTriggerEndQuery(estate);
 	}
@@ -1154,7 +1299,7 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 void
 payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 {
-	(void) insert_row(ins, values, nulls, -1, false, NULL, 0);
+	(void) insert_row(ins, values, nulls, -1, false, NULL, 0, NULL);
 }
 
 /*
@@ -1167,18 +1312,26 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 int
 payidem_insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter)
 {
-	return insert_row(ins, values, nulls, arbiter, true, NULL, 0);
+	return insert_row(ins, values, nulls, arbiter, true, NULL, 0, NULL);
 }
 
 /*
- * payidem_insert_row(), the caller holding locked the rows refs name: the
- * foreign keys to them are not checked again (drop_locked_fkey_checks()).
+ * payidem_insert_row(), the caller holding locked the rows refs name (or
+ * having them locked right after the write: their lock_after): the foreign
+ * keys to them are not checked again (drop_locked_fkey_checks()).  And
+ * domain_checked (NULL, or one per value): the domain the caller checked
+ * values[i] against itself (payidem_domain_fits()), or InvalidOid; where
+ * that is the column's domain and the value is not NULL, it is not checked
+ * again.  The caller held the table's RowExclusiveLock when it checked and
+ * had taken in the invalidations committed before it: so the domain's rules
+ * are those the insert would use (a new validated rule needs a ShareLock on
+ * the table, a new column type its AccessExclusiveLock).
  */
 int
 payidem_insert_row_refs(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter,
-						const PayidemLockedRef *refs, int nrefs)
+						const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked)
 {
-	return insert_row(ins, values, nulls, arbiter, true, refs, nrefs);
+	return insert_row(ins, values, nulls, arbiter, true, refs, nrefs, domain_checked);
 }
 
 /*

@@ -35,12 +35,17 @@ extern void payidem_insert(PayidemInsert *ins, const Datum *values, const bool *
 extern int	payidem_insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter);
 
 /*
- * A row of table that the caller's transaction holds locked, FOR KEY SHARE
- * or stronger, at its latest version, whose key columns ref_columns hold the
- * values the insert writes into columns (pairwise): the inserting table's
- * foreign keys from exactly those columns to exactly those need no check of
- * their own for the row (the check would take the same lock on the same
- * row, and it cannot go away before the transaction ends).
+ * A row of table whose key columns ref_columns hold the values the insert
+ * writes into columns (pairwise): the inserting table's foreign keys from
+ * exactly those columns to exactly those need no check of their own for the
+ * row.  Either the caller's transaction holds it locked, FOR KEY SHARE or
+ * stronger, at its latest version (lock_after NULL: the check would take the
+ * same lock on the same row, and it cannot go away before the transaction
+ * ends); or lock_after is where the caller found it (with the active
+ * snapshot), not locked: the insert locks it FOR KEY SHARE right after
+ * writing its row, where the check would, and where it is gone or its key
+ * changed, looks the key up as the check does and refuses the row as the
+ * check would (23503).
  */
 typedef struct PayidemLockedRef
 {
@@ -48,10 +53,12 @@ typedef struct PayidemLockedRef
 	int			ncolumns;
 	const char *const *columns;
 	const char *const *ref_columns;
+	ItemPointer lock_after;
 } PayidemLockedRef;
+#define PAYIDEM_MAX_LOCKED_REFS 4
 
 extern int	payidem_insert_row_refs(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter,
-									const PayidemLockedRef *refs, int nrefs);
+									const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked);
 extern void payidem_delete_row(Relation rel, ItemPointer tid);
 
 /*

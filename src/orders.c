@@ -218,13 +218,19 @@ type_admitted(Datum types, const char *merchant_type, char **list)
  * taken.  Written directly, or by the statement where the table has what a
  * direct insert cannot reproduce (its RETURNING then says the number stored,
  * which a BEFORE INSERT trigger may have set).  args: merchant_no,
- * out_trade_no, subject, body, amount, notify_url, return_url, expire_at.
+ * out_trade_no, subject, body, amount, notify_url, return_url, expire_at;
+ * args_checked: the domain the caller checked each against, holding the
+ * table's lock, or InvalidOid (payidem_insert_row_refs()); merchant_tid:
+ * the merchant's row as the caller read it, locked once the order is
+ * written (the order's foreign key, PayidemLockedRef).
  */
 #define ORDER_COLUMNS 9
 
 static Datum
-insert_order(const Datum *args, const bool *args_null, bool *conflict)
+insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, ItemPointer merchant_tid,
+			 bool *conflict)
 {
+	static const char *const merchant_key[1] = {"merchant_no"};
 	static const char *const columns[ORDER_COLUMNS] = {
 		"order_no", "merchant_no", "out_trade_no", "subject", "body", "amount",
 		"notify_url", "return_url", "expire_at"
@@ -234,8 +240,10 @@ insert_order(const Datum *args, const bool *args_null, bool *conflict)
 	};
 	static PayidemInsert *ins = NULL;
 	static SPIPlanPtr insert_plan = NULL;
+	PayidemLockedRef merchant_ref = {PAYIDEM_MERCHANT, 1, merchant_key, merchant_key, merchant_tid};
 	Datum		values[ORDER_COLUMNS];
 	bool		nulls[ORDER_COLUMNS];
+	Oid			checked[ORDER_COLUMNS];
 	char		n[ORDER_COLUMNS];
 	Datum		stored = (Datum) 0;
 	bool		isnull = true;
@@ -244,14 +252,17 @@ insert_order(const Datum *args, const bool *args_null, bool *conflict)
 
 	values[0] = DirectFunctionCall1(payidem_gen_order_no, CStringGetTextDatum("PO"));
 	nulls[0] = false;
+	checked[0] = InvalidOid;
 	for (i = 1; i < ORDER_COLUMNS; i++)
 	{
 		nulls[i] = args_null[i - 1];
 		values[i] = nulls[i] ? (Datum) 0 : args[i - 1];
+		checked[i] = args_checked[i - 1];
 	}
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_ORDER, ORDER_COLUMNS, columns, types);
-	result = payidem_insert_row(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY);
+	result = payidem_insert_row_refs(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY, &merchant_ref, 1,
+									 checked);
 	*conflict = result == 0;
 	if (result >= 0)
 		return values[0];
@@ -341,13 +352,26 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	int64		amount = PG_ARGISNULL(2) ? 0 : PG_GETARG_INT64(2);
 	Datum		args[8];
 	bool		args_null[8];
+	Oid			args_checked[8];
+	bool		table_locked = !XactReadOnly;
 	Relation	rel;
 	HeapTuple	tuple;
+	ItemPointerData merchant_tid;
 	Datum		keys[2];
 	bool		isnull;
 	bool		conflict;
 	Datum		order_no;
 
+	/*
+	 * the table's lock first, as the insert takes it: while it is held no
+	 * domain of its columns gets a new validated rule (which takes a
+	 * ShareLock on the table) nor a column a new type, so a value checked
+	 * below needs no second check as the insert writes it
+	 * (payidem_insert_row_refs()).  Not in a read-only transaction, which
+	 * the arguments' errors come before.
+	 */
+	if (table_locked)
+		LockRelationOid(payidem_relation(PAYIDEM_ORDER), RowExclusiveLock);
 	/*
 	 * what other sessions committed (an ALTER DOMAIN of a format), as a
 	 * statement would see it: the checks below and the insert go by the same
@@ -405,6 +429,7 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	rel = table_open(payidem_relation(PAYIDEM_MERCHANT), AccessShareLock);
 	tuple = fetch_or_not_found(rel, PAYIDEM_MERCHANT_PKEY, merchant_no, "merchant", "merchant_no");
+	merchant_tid = tuple->t_self;
 	{
 		char	   *status = text_column(rel, tuple, "status");
 		char	   *m = TextDatumGetCString(merchant_no);
@@ -415,11 +440,12 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	table_close(rel, NoLock);
 
 	/*
-	 * (the order's foreign key to its merchant is checked by its own trigger,
-	 * at the end of the insert: locking the merchant's row before it would
-	 * hold that lock while the insert waits for another call's order of the
-	 * same out_trade_no, which a DBA's FOR UPDATE of the merchant then
-	 * deadlocks with)
+	 * (the order's foreign key to its merchant: the insert locks the row read
+	 * above FOR KEY SHARE right after writing the order, where the key's
+	 * check would lock it, and leaves the check out: locking it before the
+	 * insert would hold that lock while the insert waits for another call's
+	 * order of the same out_trade_no, which a DBA's FOR UPDATE of the
+	 * merchant then deadlocks with)
 	 */
 	PreventCommandIfReadOnly("INSERT");
 
@@ -437,7 +463,17 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	args_null[3] = PG_ARGISNULL(7);
 	args_null[5] = PG_ARGISNULL(4);
 	args_null[6] = PG_ARGISNULL(5);
-	order_no = insert_order(args, args_null, &conflict);
+	/* what fits() checked above, under the table's lock */
+	memset(args_checked, 0, sizeof(args_checked));
+	if (table_locked)
+	{
+		args_checked[1] = payidem_type(PAYIDEM_TYPE_MERCHANT_REF);
+		args_checked[2] = payidem_type(PAYIDEM_TYPE_ORDER_SUBJECT);
+		args_checked[3] = payidem_type(PAYIDEM_TYPE_ORDER_BODY);
+		args_checked[5] = payidem_type(PAYIDEM_TYPE_HTTP_URL);
+		args_checked[6] = payidem_type(PAYIDEM_TYPE_HTTP_URL);
+	}
+	order_no = insert_order(args, args_null, args_checked, &merchant_tid, &conflict);
 	PopActiveSnapshot();
 
 	/*
@@ -819,7 +855,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	values[4] = Int64GetDatum(o_amount);
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_PAYMENT, lengthof(columns), columns, types);
-	if (payidem_insert_row_refs(ins, values, nulls, -1, refs, nrefs) < 0)
+	if (payidem_insert_row_refs(ins, values, nulls, -1, refs, nrefs, NULL) < 0)
 	{
 		Oid			t[5] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID};
 
