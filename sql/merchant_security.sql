@@ -50,12 +50,24 @@ SELECT count(*) FROM payidem.merchant;
 SELECT count(*) FROM payidem."order";
 SELECT payidem._open('channel_config:SEC_WX', 1, '\x00'::bytea, '\x00'::bytea, '\x00'::bytea);
 SELECT payidem._hmac_sign('x', 1, '\x00'::bytea, '\x00'::bytea, '\x00'::bytea, 'p');
+SELECT count(*) FROM payidem._secrets_valid_now(:'m1');
 SELECT payidem.create_merchant('Evil', 'retail', 0);
 SELECT payidem.rotate_merchant_secret(:'m1');
 SELECT payidem.set_channel_config('SEC_WX', '{}');
 SELECT payidem.reencrypt_secrets();
 SELECT payidem.grant_auditor('regress_payidem_app');
 RESET ROLE;
+-- the secrets valid now are read with the caller's right on the tables, as the
+-- SQL function they were read by: EXECUTE alone does not open them
+GRANT EXECUTE ON FUNCTION payidem._secrets_valid_now(text) TO regress_payidem_app;
+SET ROLE regress_payidem_app;
+SELECT count(*) FROM payidem._secrets_valid_now(:'m1');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION payidem._secrets_valid_now(text) FROM regress_payidem_app;
+-- (the owner: the current secret of a merchant, and none of an unknown one)
+SELECT count(*) AS valid_now, bool_and(valid_until IS NULL) AS current FROM payidem._secrets_valid_now(:'m1');
+SELECT count(*) AS unknown_merchant FROM payidem._secrets_valid_now('M0000000000NONE0');
+SELECT count(*) AS null_merchant FROM payidem._secrets_valid_now(NULL);
 
 -------------------------------------------------------------------- auditor
 SET ROLE regress_payidem_auditor;

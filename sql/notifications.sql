@@ -342,6 +342,37 @@ SELECT count(*) AS handed_out FROM payidem.notify_due(100) WHERE order_no = :'o2
 SELECT status, attempts, next_attempt_at, last_response FROM payidem.notify_event WHERE order_no = :'o2';
 ROLLBACK;
 
+-- notify_due() takes the head of notify_event_due itself where that index is
+-- the one it expects, and runs its statement where a DBA changed it: the same
+-- events in the same order, the oldest due first -- also where a stricter
+-- predicate would hide some (an index read as it is would miss the events
+-- on their third attempt here)
+BEGIN;
+UPDATE payidem.notify_event SET next_attempt_at = now() - (event_id % 7 + 1) * interval '1 second'
+ WHERE status = 'pending';
+UPDATE payidem.notify_event SET attempts = 2 WHERE status = 'pending' AND event_id % 2 = 0;
+SELECT count(*) >= 4 AS enough_due, count(*) FILTER (WHERE attempts = 2) > 0 AS some_on_third
+  FROM payidem.notify_event WHERE status = 'pending';
+CREATE TEMP TABLE nt_due_order AS
+SELECT array_agg(event_id ORDER BY next_attempt_at) AS expected
+  FROM payidem.notify_event WHERE status = 'pending' AND next_attempt_at <= now();
+SAVEPOINT before_due;
+SELECT array_agg(d.event_id ORDER BY d.n) IS NOT DISTINCT FROM (SELECT expected FROM nt_due_order) AS direct_in_order
+  FROM payidem.notify_due(100) WITH ORDINALITY AS d(event_id, order_no, merchant_no, notify_url, event,
+                                                     payload, signature, attempt, n);
+ROLLBACK TO SAVEPOINT before_due;
+DROP INDEX payidem.notify_event_due;
+SELECT array_agg(d.event_id ORDER BY d.n) IS NOT DISTINCT FROM (SELECT expected FROM nt_due_order) AS without_index_in_order
+  FROM payidem.notify_due(100) WITH ORDINALITY AS d(event_id, order_no, merchant_no, notify_url, event,
+                                                     payload, signature, attempt, n);
+ROLLBACK TO SAVEPOINT before_due;
+DROP INDEX payidem.notify_event_due;
+CREATE INDEX notify_event_due ON payidem.notify_event (next_attempt_at) WHERE status = 'pending' AND attempts < 2;
+SELECT array_agg(d.event_id ORDER BY d.n) IS NOT DISTINCT FROM (SELECT expected FROM nt_due_order) AS stricter_index_in_order
+  FROM payidem.notify_due(100) WITH ORDINALITY AS d(event_id, order_no, merchant_no, notify_url, event,
+                                                     payload, signature, attempt, n);
+ROLLBACK;
+
 ---------------------------------------------------------------------- counters
 -- one answer of each kind, then what stats() counted over this test: payment
 -- results by outcome (a repeated callback is a payment_duplicate), deliveries

@@ -5128,9 +5128,11 @@ REVOKE ALL ON FUNCTION payidem._apply_payment_result(text, text, text, text, big
 -- 1.1: the lifecycle's cost.  notify_due() (above, with settlement's payout
 -- events) is C and takes one due event at a time at the head of its index:
 -- its cost no longer grows with the backlog; notify_result() is C too, and
--- the signature (_sign_notification(), above); the functions an SQL function
--- with a SET clause made plan again at every call no longer do (_order_json()
--- above, the secrets here); create_order() and begin_payment() write their
+-- the signature (_sign_notification(), above), which reads the secrets valid
+-- now and their associated data in C, the one decision _secrets_valid_now()
+-- and _secret_aad() now are too; the functions an SQL function with a SET
+-- clause made plan again at every call no longer do (_order_json() above);
+-- create_order() and begin_payment() write their
 -- row directly, call a check only where it fails, and begin_payment() reads
 -- merchant, channel and binding at once.
 ------------------------------------------------------------------------------
@@ -5147,27 +5149,20 @@ ALTER DOMAIN payidem.refund_number DROP CONSTRAINT refund_number_format;
 ALTER DOMAIN payidem.refund_number ADD CONSTRAINT refund_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^RF[0-9]+$' THEN false
 		ELSE ('2715' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 
--- associated data binding a sealed record to its row
--- (no SET clause: its body is bound when it is created, and without one it is
--- inlined into the expression that calls it, not called as a function)
+-- associated data binding a sealed record to its row: for a merchant's API
+-- secret 'merchant_secret:<merchant_no>:<version>' (src/crypto.c, which the
+-- notification's signature calls too)
 CREATE OR REPLACE FUNCTION payidem._secret_aad(p_merchant_no text, p_version integer)
 RETURNS text
-LANGUAGE sql IMMUTABLE
-RETURN 'merchant_secret:' OPERATOR(pg_catalog.||) p_merchant_no
-	OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) p_version::text;
+AS 'MODULE_PATHNAME', 'payidem_secret_aad_sql'
+LANGUAGE C IMMUTABLE STRICT;
 
 CREATE OR REPLACE FUNCTION payidem._secrets_valid_now(p_merchant_no text)
 RETURNS SETOF payidem.merchant_secret
-LANGUAGE sql STABLE AS $$
-	SELECT ms.* FROM payidem.merchant m
-	  JOIN payidem.merchant_secret ms ON ms.merchant_no OPERATOR(pg_catalog.=) m.merchant_no
-	 WHERE m.merchant_no OPERATOR(pg_catalog.=) p_merchant_no
-	   AND m.status OPERATOR(pg_catalog.<>) 'closed'
-	   AND ms.valid_from OPERATOR(pg_catalog.<=) pg_catalog.now()
-	   AND (ms.valid_until IS NULL OR ms.valid_until OPERATOR(pg_catalog.>) pg_catalog.now())
-$$;
+AS 'MODULE_PATHNAME', 'payidem_secrets_valid_now'
+LANGUAGE C STABLE;
 COMMENT ON FUNCTION payidem._secrets_valid_now(text) IS
-	'Internal: the merchant''s API secrets valid now (none if the merchant is closed).';
+	'Internal: the merchant''s API secrets valid now, newest first (none if the merchant is closed).';
 
 -- notify_result(): src/notify.c, beside notify_due() and the retry schedule
 -- both follow; under READ COMMITTED a direct update of the event's row, as

@@ -23,6 +23,7 @@
 	X(MERCHANT, "merchant") \
 	X(CHANNEL, "channel") \
 	X(MERCHANT_CHANNEL, "merchant_channel") \
+	X(MERCHANT_SECRET, "merchant_secret") \
 	X(IDEMPOTENCY, "idempotency") \
 	X(ORDER_EXPIRY, "order_expiry") \
 	X(STATE, "state") \
@@ -41,7 +42,9 @@
 	X(MERCHANT_PKEY, "merchant_pkey") \
 	X(CHANNEL_PKEY, "channel_pkey") \
 	X(MERCHANT_CHANNEL_PKEY, "merchant_channel_pkey") \
+	X(MERCHANT_SECRET_PKEY, "merchant_secret_pkey") \
 	X(NOTIFY_EVENT_PKEY, "notify_event_pkey") \
+	X(NOTIFY_EVENT_DUE, "notify_event_due") \
 	X(ORDER_OUT_TRADE_NO_KEY, "order_out_trade_no_key") \
 	X(ORDER_EXPIRY_PKEY, "order_expiry_pkey")
 

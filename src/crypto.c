@@ -561,6 +561,39 @@ hmac_sealed(FunctionCallInfo fcinfo, const char *prefix, size_t prefix_len, char
 }
 
 /*
+ * "merchant_secret:<merchant_no>:<version>": the associated data that binds
+ * a merchant's sealed API secret to its row (its number and version), so
+ * that a sealed secret copied to another row does not open.  The one place
+ * it is written: payidem._secret_aad() in SQL, the notification's signature
+ * in C.
+ */
+text *
+payidem_secret_aad(text *merchant_no, int32 version)
+{
+	StringInfoData buf;
+	text	   *result;
+
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, "merchant_secret:");
+	appendBinaryStringInfo(&buf, VARDATA_ANY(merchant_no), VARSIZE_ANY_EXHDR(merchant_no));
+	appendStringInfo(&buf, ":%d", version);
+	result = cstring_to_text_with_len(buf.data, buf.len);
+	pfree(buf.data);
+	return result;
+}
+
+/*
+ * payidem._secret_aad(p_merchant_no text, p_version integer) RETURNS text
+ *		(IMMUTABLE STRICT): payidem_secret_aad().
+ */
+PG_FUNCTION_INFO_V1(payidem_secret_aad_sql);
+Datum
+payidem_secret_aad_sql(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_TEXT_P(payidem_secret_aad(PG_GETARG_TEXT_PP(0), PG_GETARG_INT32(1)));
+}
+
+/*
  * A notification's v1 and v2 (_hmac_sign()'s and _notify_v2_sign()'s of
  * msg, "<t>.<payload>", msglen bytes) under one sealed secret, opened once,
  * as 64 lowercase hex each at v1 and v2: what _sign_notification() (notify.c)

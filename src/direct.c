@@ -1454,7 +1454,7 @@ fetch_remembered(Relation heap, Relation irel, const ScanKeyData *skey, int nkey
  */
 static HeapTuple
 fetch_by_key(Relation heap, PayidemRelation index, int nkeys, const Datum *keys, Snapshot snapshot,
-			 bool unique, const char *filter, Datum filter_value, List **all)
+			 bool unique, const char *filter, Datum filter_value, List **all, ScanDirection dir)
 {
 	Relation	irel = index_open(payidem_relation(index), AccessShareLock);
 	ScanKeyData skey[INDEX_MAX_KEYS];
@@ -1466,7 +1466,8 @@ fetch_by_key(Relation heap, PayidemRelation index, int nkeys, const Datum *keys,
 
 	if (irel->rd_rel->relam != BTREE_AM_OID || (unique && !irel->rd_index->indisunique) ||
 		irel->rd_index->indrelid != RelationGetRelid(heap) ||
-		IndexRelationGetNumberOfKeyAttributes(irel) != nkeys)
+		(unique ? IndexRelationGetNumberOfKeyAttributes(irel) != nkeys
+		 : IndexRelationGetNumberOfKeyAttributes(irel) < nkeys))
 		elog(ERROR, "payidem: index payidem.%s is not the %sbtree index of %d columns of %s expected",
 			 payidem_relation_name(index), unique ? "unique " : "", nkeys, RelationGetRelationName(heap));
 	if (filter != NULL && (filter_attnum = payidem_attnum(RelationGetDescr(heap), filter)) <= 0)
@@ -1489,7 +1490,7 @@ fetch_by_key(Relation heap, PayidemRelation index, int nkeys, const Datum *keys,
 	{
 		scan = index_beginscan_compat(heap, irel, snapshot, nkeys);
 		index_rescan(scan, skey, nkeys, NULL, 0);
-		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		while (index_getnext_slot(scan, dir, slot))
 		{
 			bool		isnull;
 
@@ -1512,7 +1513,7 @@ fetch_by_key(Relation heap, PayidemRelation index, int nkeys, const Datum *keys,
 HeapTuple
 payidem_fetch_unique(Relation heap, PayidemRelation index, int nkeys, const Datum *keys, Snapshot snapshot)
 {
-	return fetch_by_key(heap, index, nkeys, keys, snapshot, true, NULL, (Datum) 0, NULL);
+	return fetch_by_key(heap, index, nkeys, keys, snapshot, true, NULL, (Datum) 0, NULL, ForwardScanDirection);
 }
 
 /* every row of heap with key keys[] in btree index payidem.<index> and text column column = value */
@@ -1522,8 +1523,90 @@ payidem_fetch_all_key_where(Relation heap, PayidemRelation index, int nkeys, con
 {
 	List	   *all = NIL;
 
-	(void) fetch_by_key(heap, index, nkeys, keys, snapshot, false, column, value, &all);
+	(void) fetch_by_key(heap, index, nkeys, keys, snapshot, false, column, value, &all, ForwardScanDirection);
 	return all;
+}
+
+/*
+ * every row of heap whose first nkeys key columns in btree index
+ * payidem.<index> are keys[], in the index's order of the others, descending
+ * if backward
+ */
+List *
+payidem_fetch_all_by_prefix(Relation heap, PayidemRelation index, int nkeys, const Datum *keys,
+							Snapshot snapshot, bool backward)
+{
+	List	   *all = NIL;
+
+	(void) fetch_by_key(heap, index, nkeys, keys, snapshot, false, NULL, (Datum) 0, &all,
+						backward ? BackwardScanDirection : ForwardScanDirection);
+	return all;
+}
+
+/*
+ * SELECT ... FROM heap WHERE <skey on index> AND <accept> ORDER BY <index>
+ * LIMIT 1 FOR UPDATE SKIP LOCKED, as the executor runs it: the rows snapshot
+ * sees, in the order of btree index (open, forward), that accept takes, each
+ * locked FOR UPDATE without waiting -- a row another transaction holds or is
+ * changing is skipped, as is one this transaction changed since the
+ * snapshot; under READ COMMITTED a row changed since the snapshot is locked
+ * at its latest version and taken only if accept takes that version (the
+ * re-check of the query's conditions, its index keys' too: accept's to
+ * make); under REPEATABLE READ or SERIALIZABLE a row that a transaction which
+ * committed after the snapshot changed or removed is a serialization
+ * failure (40001).  The first row locked, into slot (its tid with it): true;
+ * false if none.
+ */
+bool
+payidem_lock_first_skip_locked(Relation heap, Relation index, ScanKey skey, int nkeys, Snapshot snapshot,
+							   PayidemAcceptFunc accept, void *arg, TupleTableSlot *slot)
+{
+	IndexScanDesc scan = index_beginscan_compat(heap, index, snapshot, nkeys);
+	TupleTableSlot *seen = table_slot_create(heap, NULL);
+	int			flags = TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
+	bool		found = false;
+
+	if (!IsolationUsesXactSnapshot())
+		flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	index_rescan(scan, skey, nkeys, NULL, 0);
+	while (!found && index_getnext_slot(scan, ForwardScanDirection, seen))
+	{
+		ItemPointerData tid = seen->tts_tid;
+		TM_FailureData tmfd;
+		TM_Result	result;
+
+		CHECK_FOR_INTERRUPTS();
+		if (!accept(heap, seen, arg))
+			continue;
+		result = table_tuple_lock(heap, &tid, snapshot, slot, GetCurrentCommandId(true), LockTupleExclusive,
+								  LockWaitSkip, flags, &tmfd);
+		switch (result)
+		{
+			case TM_Ok:
+				/* a later version: taken if it still answers the query */
+				found = !tmfd.traversed || accept(heap, slot, arg);
+				break;
+			case TM_WouldBlock:
+			case TM_SelfModified:
+				break;
+			case TM_Updated:
+			case TM_Deleted:
+				if (IsolationUsesXactSnapshot())
+					ereport(ERROR,
+							(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+							 errmsg("could not serialize access due to concurrent update")));
+				if (result == TM_Updated)
+					elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result,
+						 RelationGetRelationName(heap));
+				break;
+			default:
+				elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result,
+					 RelationGetRelationName(heap));
+		}
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(seen);
+	return found;
 }
 
 /*

@@ -17,12 +17,18 @@ extern HeapTuple payidem_fetch_unique(Relation heap, PayidemRelation index, int 
 extern List *payidem_fetch_all_key_where(Relation heap, PayidemRelation index, int nkeys,
 										 const Datum *keys, Snapshot snapshot, const char *column,
 										 Datum value);
+extern List *payidem_fetch_all_by_prefix(Relation heap, PayidemRelation index, int nkeys, const Datum *keys,
+										 Snapshot snapshot, bool backward);
 extern bool payidem_index_fetch(Relation heap, Relation index, ScanKey skey, int nkeys, Snapshot snapshot,
 								TupleTableSlot *slot);
 extern bool payidem_lock_row(Relation rel, TupleTableSlot *slot, Snapshot snapshot);
 extern bool payidem_lock_row_as_select(Relation rel, TupleTableSlot *slot, Snapshot snapshot,
 									   LockTupleMode mode);
 extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot);
+typedef bool (*PayidemAcceptFunc) (Relation rel, TupleTableSlot *slot, void *arg);
+extern bool payidem_lock_first_skip_locked(Relation heap, Relation index, ScanKey skey, int nkeys,
+										   Snapshot snapshot, PayidemAcceptFunc accept, void *arg,
+										   TupleTableSlot *slot);
 extern void payidem_remember_version(Relation heap, ItemPointer tid);
 typedef void (*PayidemRowFunc) (Relation rel, HeapTuple tuple, void *arg);
 extern void payidem_scan(Relation rel, PayidemRowFunc func, void *arg);

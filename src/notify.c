@@ -49,9 +49,14 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/nbtree.h"
+#include "access/relation.h"
 #include "access/table.h"
 #include "access/xact.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
+#include "commands/defrem.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
 #include "common/int.h"
@@ -59,10 +64,13 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/json.h"
+#include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/rls.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -70,6 +78,7 @@
 #include "catalog.h"
 #include "crypto.h"
 #include "direct.h"
+#include "inval.h"
 #include "errcodes.h"
 #include "order_no.h"
 #include "shmem.h"
@@ -489,6 +498,112 @@ payidem_status_event(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The API secrets of merchant merchant_no (text) valid now, as snapshot sees
+ * them, the newest (highest secret_version) first: none if the merchant is
+ * unknown or closed; else each with valid_from at or before now() (the
+ * transaction's start) and no valid_until or one after it -- the current
+ * secret and, within its grace window, the one it replaced.  The one place
+ * this is decided: what a notification is signed with (sign_now()) and what
+ * verify_signature() accepts (_secrets_valid_now()).  Copies of the
+ * merchant_secret rows (of the table's row type), read by key without SQL,
+ * as the tables' owner reads them.
+ */
+static List *
+secrets_valid_now(Relation secret_rel, Datum merchant_no, Snapshot snapshot)
+{
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	Relation	mrel = table_open(payidem_relation(PAYIDEM_MERCHANT), AccessShareLock);
+	HeapTuple	merchant = payidem_fetch_unique(mrel, PAYIDEM_MERCHANT_PKEY, 1, &merchant_no, snapshot);
+	List	   *valid = NIL;
+	ListCell   *lc;
+	bool		isnull;
+
+	if (merchant != NULL)
+	{
+		Datum		status = payidem_getattr(mrel, merchant, "status", &isnull);
+
+		if (!isnull && !payidem_text_is(status, "closed"))
+		{
+			foreach(lc, payidem_fetch_all_by_prefix(secret_rel, PAYIDEM_MERCHANT_SECRET_PKEY, 1, &merchant_no,
+													snapshot, true))
+			{
+				HeapTuple	secret = (HeapTuple) lfirst(lc);
+				Datum		from = payidem_getattr(secret_rel, secret, "valid_from", &isnull);
+				bool		until_null;
+				Datum		until;
+
+				if (isnull || DatumGetTimestampTz(from) > now)
+					continue;
+				until = payidem_getattr(secret_rel, secret, "valid_until", &until_null);
+				if (until_null || DatumGetTimestampTz(until) > now)
+					valid = lappend(valid, secret);
+			}
+		}
+	}
+	table_close(mrel, NoLock);
+	return valid;
+}
+
+/*
+ * payidem._secrets_valid_now(p_merchant_no text) RETURNS SETOF
+ *		payidem.merchant_secret (STABLE): secrets_valid_now(), newest first,
+ *		with the snapshot of the calling statement.  Reads the tables with
+ *		the caller's SELECT right on both, as the SQL function it was did.
+ */
+PG_FUNCTION_INFO_V1(payidem_secrets_valid_now);
+Datum
+payidem_secrets_valid_now(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Relation	rel;
+	TupleDesc	desc;
+	MemoryContext oldcxt;
+	ListCell   *lc;
+	PayidemRelation tables[2] = {PAYIDEM_MERCHANT, PAYIDEM_MERCHANT_SECRET};
+	int			i;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) || !(rsinfo->allowedModes & SFRM_Materialize))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("set-valued function called in context that cannot accept a set")));
+	for (i = 0; i < 2; i++)
+	{
+		Oid			relid = payidem_relation(tables[i]);
+		AclResult	acl = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT);
+
+		if (acl != ACLCHECK_OK)
+			aclcheck_error(acl, OBJECT_TABLE, get_rel_name(relid));
+		if (check_enable_rls(relid, InvalidOid, false) == RLS_ENABLED)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("payidem._secrets_valid_now() does not read payidem.%s under row-level security",
+							get_rel_name(relid)),
+					 errhint("Call it as the owner of payidem's tables, as payidem's own functions do.")));
+	}
+	rel = table_open(payidem_relation(PAYIDEM_MERCHANT_SECRET), AccessShareLock);
+	desc = RelationGetDescr(rel);
+	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setDesc = CreateTupleDescCopy(desc);
+	rsinfo->setResult = tuplestore_begin_heap(true, false, work_mem);
+	MemoryContextSwitchTo(oldcxt);
+	if (!PG_ARGISNULL(0))
+	{
+		Datum	   *values = palloc(sizeof(Datum) * desc->natts);
+		bool	   *nulls = palloc(sizeof(bool) * desc->natts);
+
+		foreach(lc, secrets_valid_now(rel, PG_GETARG_DATUM(0), GetActiveSnapshot()))
+		{
+			/* (deformed with the table's own descriptor: a column added since has its default) */
+			heap_deform_tuple((HeapTuple) lfirst(lc), desc, values, nulls);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+	}
+	table_close(rel, NoLock);
+	return (Datum) 0;
+}
+
+/*
  * The signature header of payload (text) for merchant_no (text), signed at
  * now (transaction start): "t=<t>" and, per secret valid now, the newest
  * first, ",v1=<hex>,v2=<hex>", where v1 is HMAC-SHA256(secret,
@@ -496,13 +611,12 @@ payidem_status_event(PG_FUNCTION_ARGS)
  * "payidem-notification-v2" NUL (crypto.c); t is now in whole Unix seconds,
  * rounded down.  *nsecrets says how many secrets signed (0: none is valid
  * now, or the merchant is closed; the header is then no signature).  The
- * caller is SPI-connected; the result is in the current memory context.
+ * secrets are those secrets_valid_now() gives, with the active snapshot; the
+ * result is in the current memory context.
  */
 static text *
 sign_now(Datum merchant_no, bool merchant_null, text *payload, TimestampTz now, uint64 *nsecrets)
 {
-	static SPIPlanPtr secrets_plan = NULL;
-	Oid			argtypes[1] = {TEXTOID};
 	MemoryContext cxt = CurrentMemoryContext;
 	MemoryContext old;
 	int64		t;
@@ -511,8 +625,6 @@ sign_now(Datum merchant_no, bool merchant_null, text *payload, TimestampTz now, 
 	char		v1[PAYIDEM_MAC_HEX_LEN + 1];
 	char		v2[PAYIDEM_MAC_HEX_LEN + 1];
 	text	   *result;
-	uint64		i;
-	int			rc;
 
 	t = now / USECS_PER_SEC - (now % USECS_PER_SEC < 0 ? 1 : 0) +
 		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY;
@@ -522,36 +634,38 @@ sign_now(Datum merchant_no, bool merchant_null, text *payload, TimestampTz now, 
 	appendStringInfo(&msg, INT64_FORMAT ".", t);
 	appendBinaryStringInfo(&msg, VARDATA_ANY(payload), VARSIZE_ANY_EXHDR(payload));
 
-	/* which secrets: _secrets_valid_now()'s decision; their data: _secret_aad()'s */
-	payidem_saved_plan(&secrets_plan,
-					   "SELECT payidem._secret_aad(s.merchant_no, s.secret_version),"
-					   " s.key_version, s.nonce, s.ciphertext, s.auth_tag"
-					   " FROM payidem._secrets_valid_now($1) s ORDER BY s.secret_version DESC",
-					   1, argtypes);
-	rc = SPI_execute_plan(secrets_plan, &merchant_no, merchant_null ? "n" : NULL, true, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "payidem: reading the secrets of a merchant failed: %s", SPI_result_code_string(rc));
-	for (i = 0; i < SPI_processed; i++)
+	/* which secrets: secrets_valid_now()'s decision; their associated data: payidem_secret_aad()'s */
+	*nsecrets = 0;
+	if (!merchant_null)
 	{
-		HeapTuple	row = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		Datum		v[5];
-		bool		isnull;
-		int			k;
+		Relation	rel = table_open(payidem_relation(PAYIDEM_MERCHANT_SECRET), AccessShareLock);
+		ListCell   *lc;
 
-		for (k = 0; k < 5; k++)
+		foreach(lc, secrets_valid_now(rel, merchant_no, GetActiveSnapshot()))
 		{
-			v[k] = SPI_getbinval(row, desc, k + 1, &isnull);
-			if (isnull)			/* (every part is NOT NULL) */
-				elog(ERROR, "payidem: a sealed secret of merchant %s has a NULL part",
-					 TextDatumGetCString(merchant_no));
+			HeapTuple	secret = (HeapTuple) lfirst(lc);
+			static const char *const parts[4] = {"key_version", "nonce", "ciphertext", "auth_tag"};
+			Datum		v[4];
+			bool		isnull;
+			int			k;
+
+			for (k = 0; k < 4; k++)
+			{
+				v[k] = payidem_getattr(rel, secret, parts[k], &isnull);
+				if (isnull)		/* (every part is NOT NULL) */
+					elog(ERROR, "payidem: a sealed secret of merchant %s has a NULL part",
+						 TextDatumGetCString(merchant_no));
+			}
+			payidem_notification_macs(payidem_secret_aad(DatumGetTextPP(merchant_no),
+														 DatumGetInt32(payidem_getattr(rel, secret, "secret_version",
+																					   &isnull))),
+									  DatumGetInt32(v[0]), DatumGetByteaPP(v[1]), DatumGetByteaPP(v[2]),
+									  DatumGetByteaPP(v[3]), msg.data, msg.len, v1, v2);
+			appendStringInfo(&sig, ",v1=%s,v2=%s", v1, v2);
+			(*nsecrets)++;
 		}
-		payidem_notification_macs(DatumGetTextPP(v[0]), DatumGetInt32(v[1]), DatumGetByteaPP(v[2]),
-								  DatumGetByteaPP(v[3]), DatumGetByteaPP(v[4]), msg.data, msg.len, v1, v2);
-		appendStringInfo(&sig, ",v1=%s,v2=%s", v1, v2);
+		table_close(rel, NoLock);
 	}
-	*nsecrets = SPI_processed;
-	SPI_freetuptable(SPI_tuptable);
 	explicit_bzero(v1, sizeof(v1));
 	explicit_bzero(v2, sizeof(v2));
 	pfree(msg.data);
@@ -656,13 +770,25 @@ typedef enum DueOutcome
 	DUE_HANDED_OUT				/* leased, a row of the result */
 } DueOutcome;
 
+/* the head of the due events, as the look-up locked it */
+typedef struct DueEvent
+{
+	Datum		event_id;
+	Datum		order_no;		/* text, or none */
+	bool		order_no_null;
+	Datum		merchant_no;
+	Datum		event;
+	Datum		payload;
+	int32		attempts;
+	ItemPointerData tid;
+} DueEvent;
+
 /*
- * One due event, locked by the look-up (row, of desc: event_id, order_no,
- * merchant_no, event, payload, attempts, ctid), read with a new snapshot:
- * decided and written; a hand-out is put into rsinfo's result.
+ * One due event, locked by the look-up (due_head()), read with a new
+ * snapshot: decided and written; a hand-out is put into rsinfo's result.
  */
 static DueOutcome
-take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rsinfo)
+take_due_event(const DueEvent *due, TimestampTz now, ReturnSetInfo *rsinfo)
 {
 	static SPIPlanPtr give_up_plan = NULL;
 	static SPIPlanPtr wait_plan = NULL;
@@ -673,18 +799,18 @@ take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rs
 	Datum		payload;
 	int32		attempts;
 	bool		order_no_null;
-	bool		isnull;
 	text	   *signature;
 	uint64		nsecrets;
 	Datum		values[8];
 	bool		nulls[8] = {false, false, false, false, false, false, false, false};
 	HeapTuple	address = NULL;
 
-	event_id = SPI_getbinval(row, desc, 1, &isnull);
-	order_no = SPI_getbinval(row, desc, 2, &order_no_null);
-	merchant_no = SPI_getbinval(row, desc, 3, &isnull);
-	payload = SPI_getbinval(row, desc, 5, &isnull);
-	attempts = DatumGetInt32(SPI_getbinval(row, desc, 6, &isnull));
+	event_id = due->event_id;
+	order_no = due->order_no;
+	order_no_null = due->order_no_null;
+	merchant_no = due->merchant_no;
+	payload = due->payload;
+	attempts = due->attempts;
 
 	if (attempts >= NOTIFY_MAX_ATTEMPTS)
 	{
@@ -740,7 +866,7 @@ take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rs
 		static const Oid types[] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
 		static const bool set[] = {true, true, true};
 		static PayidemUpdate *lease = NULL;
-		ItemPointer tid = (ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 7, &isnull));
+		ItemPointerData tid = due->tid;
 		Datum		args[3];
 		bool		args_null[3] = {false, false, false};
 
@@ -749,7 +875,7 @@ take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rs
 		args[2] = TimestampTzGetDatum(now);
 		if (lease == NULL)
 			lease = payidem_update_define(PAYIDEM_NOTIFY_EVENT, "event_id", lengthof(columns), columns);
-		if (!payidem_update(lease, tid, event_id, set, args, args_null, types, NULL, false))
+		if (!payidem_update(lease, &tid, event_id, set, args, args_null, types, NULL, false))
 		{
 			Oid			sql_types[4] = {INT8OID, TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
 			Datum		sql_args[4] = {event_id, args[0], args[1], args[2]};
@@ -778,7 +904,7 @@ take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rs
 	values[1] = order_no;
 	nulls[1] = order_no_null;
 	values[2] = merchant_no;
-	values[4] = SPI_getbinval(row, desc, 4, &isnull);
+	values[4] = due->event;
 	values[5] = payload;
 	values[6] = PointerGetDatum(signature);
 	values[7] = Int32GetDatum(attempts + 1);
@@ -788,6 +914,175 @@ take_due_event(HeapTuple row, TupleDesc desc, TimestampTz now, ReturnSetInfo *rs
 	if (address != NULL)
 		heap_freetuple(address);
 	return DUE_HANDED_OUT;
+}
+
+/*
+ * The head of the due events: the statement below, whose result the direct
+ * look-up gives where notify_event_due is the index it expects (due_index()):
+ * its rows in next_attempt_at order, those due at now and pending, the first
+ * that no other worker holds locked FOR UPDATE (payidem_lock_first_skip_locked(),
+ * which re-checks both conditions on a version changed meanwhile, as the
+ * statement's re-check does).  Each read with a new snapshot, as the
+ * statement's.  True and *due, or false if none is due.
+ */
+#define DUE_HEAD_SQL \
+	"SELECT e.event_id, e.order_no, e.merchant_no, e.event::pg_catalog.text, e.payload," \
+	" e.attempts::pg_catalog.int4, e.ctid" \
+	" FROM payidem.notify_event e" \
+	" WHERE e.status OPERATOR(pg_catalog.=) 'pending'" \
+	" AND e.next_attempt_at OPERATOR(pg_catalog.<=) $1" \
+	" ORDER BY e.next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+
+/* the verdict on notify_event_due (InvalidOid: none yet, or stale) */
+static Oid	due_index_checked = InvalidOid;
+static bool due_index_ok = false;
+static bool due_callback_registered = false;
+
+static void
+due_relcache_callback(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == due_index_checked)
+		due_index_checked = InvalidOid;
+}
+
+/*
+ * notify_event_due, if it is the index the direct look-up reads as the
+ * statement would: a valid btree of notify_event on next_attempt_at alone
+ * (timestamptz's own operators), with no predicate or exactly status =
+ * 'pending' (a stricter one would hide due events); else InvalidOid.
+ */
+static Oid
+due_index(Relation heap)
+{
+	Oid			relid = payidem_lookup_relation(PAYIDEM_NOTIFY_EVENT_DUE, true);
+	Relation	irel;
+	bool		ok;
+
+	if (!OidIsValid(relid))
+		return InvalidOid;
+	if (relid == due_index_checked)
+		return due_index_ok ? relid : InvalidOid;
+	if (!due_callback_registered)
+	{
+		payidem_register_relcache_callback(due_relcache_callback, (Datum) 0);
+		due_callback_registered = true;
+	}
+	irel = index_open(relid, AccessShareLock);
+	ok = irel->rd_rel->relam == BTREE_AM_OID && irel->rd_index->indrelid == RelationGetRelid(heap) &&
+		irel->rd_index->indisvalid && irel->rd_index->indisready && irel->rd_index->indislive &&
+		IndexRelationGetNumberOfKeyAttributes(irel) == 1 &&
+		irel->rd_index->indkey.values[0] == payidem_attnum(RelationGetDescr(heap), "next_attempt_at") &&
+		irel->rd_opcintype[0] == TIMESTAMPTZOID &&
+		irel->rd_opfamily[0] == get_opclass_family(GetDefaultOpClass(TIMESTAMPTZOID, BTREE_AM_OID)) &&
+		RelationGetIndexExpressions(irel) == NIL;
+	if (ok)
+	{
+		List	   *pred = RelationGetIndexPredicate(irel);
+
+		if (pred != NIL)
+		{
+			OpExpr	   *op = list_length(pred) == 1 && IsA(linitial(pred), OpExpr) ? linitial(pred) : NULL;
+			Node	   *left = op != NULL && list_length(op->args) == 2 ? linitial(op->args) : NULL;
+			Node	   *right = op != NULL && list_length(op->args) == 2 ? lsecond(op->args) : NULL;
+
+			while (left != NULL && IsA(left, RelabelType))
+				left = (Node *) ((RelabelType *) left)->arg;
+			ok = op != NULL && op->opno == TextEqualOperator && left != NULL && IsA(left, Var) &&
+				((Var *) left)->varattno == payidem_attnum(RelationGetDescr(heap), "status") &&
+				right != NULL && IsA(right, Const) && !((Const *) right)->constisnull &&
+				((Const *) right)->consttype == TEXTOID &&
+				payidem_text_is(((Const *) right)->constvalue, "pending");
+		}
+	}
+	index_close(irel, NoLock);
+	due_index_checked = relid;
+	due_index_ok = ok;
+	return ok ? relid : InvalidOid;
+}
+
+/* the statement's conditions, on a version of an event: pending, due at *now */
+static bool
+due_accept(Relation rel, TupleTableSlot *slot, void *arg)
+{
+	TimestampTz now = *(TimestampTz *) arg;
+	bool		isnull;
+	Datum		d;
+
+	d = slot_getattr(slot, payidem_column(rel, "status"), &isnull);
+	if (isnull || !payidem_text_is(d, "pending"))
+		return false;
+	d = slot_getattr(slot, payidem_column(rel, "next_attempt_at"), &isnull);
+	return !isnull && DatumGetTimestampTz(d) <= now;
+}
+
+static bool
+due_head(TimestampTz now, DueEvent *due)
+{
+	static SPIPlanPtr head_plan = NULL;
+	Relation	rel = table_open(payidem_relation(PAYIDEM_NOTIFY_EVENT), RowShareLock);
+	Oid			irelid = check_enable_rls(RelationGetRelid(rel), InvalidOid, false) == RLS_ENABLED
+		? InvalidOid : due_index(rel);
+	bool		found;
+	bool		isnull;
+
+	if (OidIsValid(irelid))
+	{
+		Relation	irel = index_open(irelid, AccessShareLock);
+		TupleTableSlot *slot = table_slot_create(rel, NULL);
+		ScanKeyData skey;
+		Oid			op = get_opfamily_member(irel->rd_opfamily[0], TIMESTAMPTZOID, TIMESTAMPTZOID,
+											 BTLessEqualStrategyNumber);
+
+		ScanKeyEntryInitialize(&skey, 0, 1, BTLessEqualStrategyNumber, InvalidOid, irel->rd_indcollation[0],
+							   get_opcode(op), TimestampTzGetDatum(now));
+		/* (as the statement's executor refuses it) */
+		PreventCommandIfReadOnly("SELECT FOR UPDATE");
+		CommandCounterIncrement();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		found = payidem_lock_first_skip_locked(rel, irel, &skey, 1, GetActiveSnapshot(), due_accept, &now, slot);
+		PopActiveSnapshot();
+		if (found)
+		{
+			HeapTuple	tuple = ExecCopySlotHeapTuple(slot);
+
+			due->event_id = payidem_getattr(rel, tuple, "event_id", &isnull);
+			due->order_no = payidem_getattr(rel, tuple, "order_no", &due->order_no_null);
+			due->merchant_no = payidem_getattr(rel, tuple, "merchant_no", &isnull);
+			due->event = payidem_getattr(rel, tuple, "event", &isnull);
+			due->payload = payidem_getattr(rel, tuple, "payload", &isnull);
+			due->attempts = DatumGetInt32(payidem_getattr(rel, tuple, "attempts", &isnull));
+			due->tid = tuple->t_self;
+		}
+		ExecDropSingleTupleTableSlot(slot);
+		index_close(irel, NoLock);
+		table_close(rel, NoLock);
+		return found;
+	}
+	table_close(rel, NoLock);
+
+	/* the statement itself */
+	{
+		Oid			types[1] = {TIMESTAMPTZOID};
+		Datum		args[1] = {TimestampTzGetDatum(now)};
+		HeapTuple	row;
+		TupleDesc	desc;
+
+		payidem_saved_plan(&head_plan, DUE_HEAD_SQL, 1, types);
+		if (SPI_execute_plan(head_plan, args, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "payidem: the look-up of a due notification event failed");
+		if (SPI_processed == 0)
+			return false;
+		row = SPI_tuptable->vals[0];
+		desc = SPI_tuptable->tupdesc;
+		due->event_id = SPI_getbinval(row, desc, 1, &isnull);
+		due->order_no = SPI_getbinval(row, desc, 2, &due->order_no_null);
+		due->merchant_no = SPI_getbinval(row, desc, 3, &isnull);
+		due->event = SPI_getbinval(row, desc, 4, &isnull);
+		due->payload = SPI_getbinval(row, desc, 5, &isnull);
+		due->attempts = DatumGetInt32(SPI_getbinval(row, desc, 6, &isnull));
+		due->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 7, &isnull));
+		return true;
+	}
 }
 
 /*
@@ -835,7 +1130,6 @@ PG_FUNCTION_INFO_V1(payidem_notify_due);
 Datum
 payidem_notify_due(PG_FUNCTION_ARGS)
 {
-	static SPIPlanPtr head_plan = NULL;
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	PayidemAsOwner as_owner;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
@@ -857,34 +1151,20 @@ payidem_notify_due(PG_FUNCTION_ARGS)
 	guc_level = payidem_pin_search_path();
 	while (left > 0)
 	{
-		Oid			head_types[1] = {TIMESTAMPTZOID};
-		Datum		head_args[1];
-		SPITupleTable *head;
+		DueEvent	due;
 
 		CHECK_FOR_INTERRUPTS();
 		/* one SPI connection per event: what a step allocates goes with it */
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		head_args[0] = TimestampTzGetDatum(now);
-		payidem_saved_plan(&head_plan,
-						   "SELECT e.event_id, e.order_no, e.merchant_no, e.event::pg_catalog.text, e.payload,"
-						   " e.attempts::pg_catalog.int4, e.ctid"
-						   " FROM payidem.notify_event e"
-						   " WHERE e.status OPERATOR(pg_catalog.=) 'pending'"
-						   " AND e.next_attempt_at OPERATOR(pg_catalog.<=) $1"
-						   " ORDER BY e.next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED",
-						   1, head_types);
-		if (SPI_execute_plan(head_plan, head_args, NULL, false, 1) != SPI_OK_SELECT)
-			elog(ERROR, "payidem: the look-up of a due notification event failed");
-		head = SPI_tuptable;
-		if (SPI_processed == 0)
+		if (!due_head(now, &due))
 		{
 			SPI_finish();
 			break;
 		}
 		CommandCounterIncrement();
 		PushActiveSnapshot(GetTransactionSnapshot());
-		switch (take_due_event(head->vals[0], head->tupdesc, now, rsinfo))
+		switch (take_due_event(&due, now, rsinfo))
 		{
 			case DUE_GIVEN_UP:
 				given_up++;

@@ -120,14 +120,13 @@ BEGIN
 END
 $$;
 
--- associated data binding a sealed record to its row
--- (no SET clause: its body is bound when it is created, and without one it is
--- inlined into the expression that calls it, not called as a function)
+-- associated data binding a sealed record to its row: for a merchant's API
+-- secret 'merchant_secret:<merchant_no>:<version>' (src/crypto.c, which the
+-- notification's signature calls too)
 CREATE FUNCTION payidem._secret_aad(p_merchant_no text, p_version integer)
 RETURNS text
-LANGUAGE sql IMMUTABLE
-RETURN 'merchant_secret:' OPERATOR(pg_catalog.||) p_merchant_no
-	OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) p_version::text;
+AS 'MODULE_PATHNAME', 'payidem_secret_aad_sql'
+LANGUAGE C IMMUTABLE STRICT;
 
 CREATE FUNCTION payidem._config_aad(p_channel_no text)
 RETURNS text
@@ -240,22 +239,16 @@ COMMENT ON FUNCTION payidem.sign(text, text) IS
 
 -- Every secret of a merchant valid now: the current one and, within its
 -- grace window, the previous one; none for a closed merchant.  What
--- verify_signature() accepts and a notification is signed with.
--- Every name schema-qualified and no SET clause, so that the query that calls
--- it inlines it (a function call with a SET clause would be planned again at
--- every call).
+-- verify_signature() accepts and a notification is signed with: one decision
+-- in C (src/notify.c, secrets_valid_now()), which the notification's
+-- signature calls without SQL; read with the caller's SELECT right on
+-- merchant and merchant_secret, the newest first.
 CREATE FUNCTION payidem._secrets_valid_now(p_merchant_no text)
 RETURNS SETOF payidem.merchant_secret
-LANGUAGE sql STABLE AS $$
-	SELECT ms.* FROM payidem.merchant m
-	  JOIN payidem.merchant_secret ms ON ms.merchant_no OPERATOR(pg_catalog.=) m.merchant_no
-	 WHERE m.merchant_no OPERATOR(pg_catalog.=) p_merchant_no
-	   AND m.status OPERATOR(pg_catalog.<>) 'closed'
-	   AND ms.valid_from OPERATOR(pg_catalog.<=) pg_catalog.now()
-	   AND (ms.valid_until IS NULL OR ms.valid_until OPERATOR(pg_catalog.>) pg_catalog.now())
-$$;
+AS 'MODULE_PATHNAME', 'payidem_secrets_valid_now'
+LANGUAGE C STABLE;
 COMMENT ON FUNCTION payidem._secrets_valid_now(text) IS
-	'Internal: the merchant''s API secrets valid now (none if the merchant is closed).';
+	'Internal: the merchant''s API secrets valid now, newest first (none if the merchant is closed).';
 
 CREATE FUNCTION payidem.verify_signature(api_key text, payload text, signature text)
 RETURNS boolean
