@@ -429,8 +429,8 @@ typedef struct HmacMessage
 /*
  * HMAC-SHA256 as OpenSSL 3 provides it, the algorithm and its digest fetched
  * once per backend (a one-shot HMAC looks both up again at every call, about
- * 5,000 instructions each).  The context holds no key between uses: each use
- * ends by setting a key of zeros over the secret's.
+ * 5,000 instructions each).  A template that never holds a key: each use
+ * works on copies of it (hmac_hex_all()).
  */
 static EVP_MAC_CTX *
 hmac_sha256_ctx(void)
@@ -459,7 +459,7 @@ hmac_sha256_ctx(void)
 
 /*
  * HMAC-SHA256 under secret (len bytes) of each of the n messages, as 64
- * lowercase hex at hex[i], with one context.
+ * lowercase hex at hex[i], the key set once.
  */
 static void
 hmac_hex_all(const uint8 *secret, int len, int n, const HmacMessage *messages, char **hex)
@@ -470,23 +470,26 @@ hmac_hex_all(const uint8 *secret, int len, int n, const HmacMessage *messages, c
 	int			m;
 
 #if OPENSSL_VERSION_NUMBER >= 0x30000000L
-	static const uint8 no_key[SHA256_LEN];
-	EVP_MAC_CTX *ctx = hmac_sha256_ctx();
+	/*
+	 * the key set once, on a copy of the template: the key's pads are hashed
+	 * once for all the messages, each made on a copy of the keyed context;
+	 * freeing a context wipes its key state
+	 */
+	EVP_MAC_CTX *keyed = EVP_MAC_CTX_dup(hmac_sha256_ctx());
 
+	ok = keyed != NULL && EVP_MAC_init(keyed, secret, (size_t) len, NULL) == 1;
 	for (m = 0; ok && m < n; m++)
 	{
 		const HmacMessage *msg = &messages[m];
+		EVP_MAC_CTX *ctx = EVP_MAC_CTX_dup(keyed);
 		size_t		maclen = 0;
 		int			i;
 
-		/*
-		 * (the key given again for each: OpenSSL 3.0.0 to 3.0.2 did not reset
-		 * a finished context on an init without a key)
-		 */
-		ok = EVP_MAC_init(ctx, secret, (size_t) len, NULL) == 1 &&
+		ok = ctx != NULL &&
 			(msg->prefix_len == 0 || EVP_MAC_update(ctx, (const uint8 *) msg->prefix, msg->prefix_len) == 1) &&
 			EVP_MAC_update(ctx, (const uint8 *) msg->msg, msg->msglen) == 1 &&
 			EVP_MAC_final(ctx, mac, &maclen, sizeof(mac)) == 1 && maclen == SHA256_LEN;
+		EVP_MAC_CTX_free(ctx);
 		for (i = 0; ok && i < SHA256_LEN; i++)
 		{
 			hex[m][2 * i] = digits[mac[i] >> 4];
@@ -494,8 +497,7 @@ hmac_hex_all(const uint8 *secret, int len, int n, const HmacMessage *messages, c
 		}
 		hex[m][2 * SHA256_LEN] = '\0';
 	}
-	/* the secret's key state overwritten, whatever happened */
-	(void) EVP_MAC_init(ctx, no_key, sizeof(no_key), NULL);
+	EVP_MAC_CTX_free(keyed);
 #else
 	for (m = 0; ok && m < n; m++)
 	{
