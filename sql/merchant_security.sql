@@ -64,6 +64,13 @@ SET ROLE regress_payidem_app;
 SELECT count(*) FROM payidem._secrets_valid_now(:'m1');
 RESET ROLE;
 REVOKE EXECUTE ON FUNCTION payidem._secrets_valid_now(text) FROM regress_payidem_app;
+-- ... and so is a notification's signature (no signing for whoever may not read them)
+GRANT EXECUTE ON FUNCTION payidem._sign_notification(text, text) TO regress_payidem_app;
+SET ROLE regress_payidem_app;
+SELECT payidem._sign_notification(:'m1', 'forged');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION payidem._sign_notification(text, text) FROM regress_payidem_app;
+SELECT payidem._sign_notification(:'m1', 'genuine') ~ '^t=[0-9]+,v1=[0-9a-f]{64},v2=[0-9a-f]{64}$' AS owner_signs;
 -- (the owner: the current secret of a merchant, and none of an unknown one)
 SELECT count(*) AS valid_now, bool_and(valid_until IS NULL) AS current FROM payidem._secrets_valid_now(:'m1');
 SELECT count(*) AS unknown_merchant FROM payidem._secrets_valid_now('M0000000000NONE0');

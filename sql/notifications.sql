@@ -342,11 +342,12 @@ SELECT count(*) AS handed_out FROM payidem.notify_due(100) WHERE order_no = :'o2
 SELECT status, attempts, next_attempt_at, last_response FROM payidem.notify_event WHERE order_no = :'o2';
 ROLLBACK;
 
--- notify_due() takes the head of notify_event_due itself where that index is
--- the one it expects, and runs its statement where a DBA changed it: the same
--- events in the same order, the oldest due first -- also where a stricter
--- predicate would hide some (an index read as it is would miss the events
--- on their third attempt here)
+-- notify_due() reads the head of the due events by notify_event_due where
+-- that index is the one it expects, and by a scan where a DBA changed it: the
+-- same events in the same order, the oldest due first -- also where a
+-- stricter predicate would hide some (an index read as it is would miss the
+-- events on their third attempt here), or a descending one would give the
+-- newest first
 BEGIN;
 UPDATE payidem.notify_event SET next_attempt_at = now() - (event_id % 7 + 1) * interval '1 second'
  WHERE status = 'pending';
@@ -369,6 +370,18 @@ ROLLBACK TO SAVEPOINT before_due;
 DROP INDEX payidem.notify_event_due;
 CREATE INDEX notify_event_due ON payidem.notify_event (next_attempt_at) WHERE status = 'pending' AND attempts < 2;
 SELECT array_agg(d.event_id ORDER BY d.n) IS NOT DISTINCT FROM (SELECT expected FROM nt_due_order) AS stricter_index_in_order
+  FROM payidem.notify_due(100) WITH ORDINALITY AS d(event_id, order_no, merchant_no, notify_url, event,
+                                                     payload, signature, attempt, n);
+ROLLBACK TO SAVEPOINT before_due;
+DROP INDEX payidem.notify_event_due;
+CREATE INDEX notify_event_due ON payidem.notify_event (next_attempt_at DESC) WHERE status = 'pending';
+SELECT array_agg(d.event_id ORDER BY d.n) IS NOT DISTINCT FROM (SELECT expected FROM nt_due_order) AS descending_index_in_order
+  FROM payidem.notify_due(100) WITH ORDINALITY AS d(event_id, order_no, merchant_no, notify_url, event,
+                                                     payload, signature, attempt, n);
+ROLLBACK TO SAVEPOINT before_due;
+ALTER INDEX payidem.notify_event_due RENAME TO notify_event_due_renamed;
+CREATE VIEW payidem.notify_event_due AS SELECT 1 AS one;
+SELECT array_agg(d.event_id ORDER BY d.n) IS NOT DISTINCT FROM (SELECT expected FROM nt_due_order) AS not_an_index_in_order
   FROM payidem.notify_due(100) WITH ORDINALITY AS d(event_id, order_no, merchant_no, notify_url, event,
                                                      payload, signature, attempt, n);
 ROLLBACK;

@@ -930,6 +930,16 @@ CREATE TRIGGER reroute BEFORE INSERT ON payidem.payment FOR EACH ROW EXECUTE FUN
 SELECT * FROM pg_temp.try(format('SELECT payidem.begin_payment(%L, %L)',
 							  payidem.create_order(:'m2', 'FK-DBA-2', 500, 'Noodles'), 'FLOW_FOOD'));
 ROLLBACK;
+-- ... and a DBA's statement trigger on "order" that changes the merchant's row
+-- between create_order's read of it and the insert: the merchant, as this
+-- transaction left it, is still the order's (no internal error)
+BEGIN;
+CREATE FUNCTION public.touch_merchant() RETURNS trigger LANGUAGE plpgsql AS
+	$$ BEGIN UPDATE payidem.merchant SET updated_at = clock_timestamp(); RETURN NULL; END $$;
+CREATE TRIGGER touch_merchant BEFORE INSERT ON payidem."order" FOR EACH STATEMENT
+	EXECUTE FUNCTION public.touch_merchant();
+SELECT payidem.create_order(:'m2', 'FK-DBA-3', 500, 'Noodles') ~ '^PO' AS created_after_own_change;
+ROLLBACK;
 REVOKE ALL ON SCHEMA payidem FROM flow_app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM flow_app;
 DROP ROLE flow_app;

@@ -193,6 +193,14 @@ static PayidemUpdate *updates = NULL;	/* every one used */
 static uint64 update_inval_count = 0;	/* bumped by every invalidation of one */
 static bool callbacks_registered = false;
 
+/*
+ * Bumped by every invalidation a domain's rules may depend on -- of a type,
+ * a constraint or a function -- once the callbacks are registered: what a
+ * caller that checked a value against a domain itself compares before the
+ * insert leaves that check out (payidem_insert_row_refs())
+ */
+static uint64 domain_generation = 0;
+
 static void
 direct_relcache_callback(Datum arg, Oid relid)
 {
@@ -217,6 +225,7 @@ direct_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 	PayidemInsert *ins;
 	PayidemUpdate *t;
 
+	domain_generation++;
 	for (ins = inserts; ins != NULL; ins = ins->next)
 		ins->relid = InvalidOid;
 	for (t = updates; t != NULL; t = t->next)
@@ -234,6 +243,7 @@ direct_domain_callback(Datum arg, int cacheid, uint32 hashvalue)
 	PayidemInsert *ins;
 	PayidemUpdate *t;
 
+	domain_generation++;
 	for (ins = inserts; ins != NULL; ins = ins->next)
 		if (ins->exprs.casts_domain)
 			ins->relid = InvalidOid;
@@ -262,6 +272,14 @@ register_callbacks(void)
 	/* (a domain's constraint dropped changes no pg_type row: any constraint's change) */
 	payidem_register_syscache_callback(CONSTROID, direct_domain_callback, (Datum) 0);
 	callbacks_registered = true;
+}
+
+/* where the domains stand (domain_generation), the callbacks that move it registered */
+uint64
+payidem_domain_generation(void)
+{
+	register_callbacks();
+	return domain_generation;
 }
 
 /*
@@ -573,6 +591,7 @@ direct_type_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
 	int			i;
 
+	domain_generation++;
 	if (hashvalue == 0 || kept_domains_overflow)
 	{
 		direct_domain_callback(arg, cacheid, hashvalue);
@@ -1041,7 +1060,8 @@ drop_locked_fkey_checks(ResultRelInfo *rri, TupleTableSlot *slot, const PayidemL
 	{
 		Trigger    *tg = &td->triggers[i];
 
-		if (tg->tgfoid == F_RI_FKEY_CHECK_INS && OidIsValid(tg->tgconstraint))
+		/* (a deferrable check stays: it may be meant to run at commit) */
+		if (tg->tgfoid == F_RI_FKEY_CHECK_INS && OidIsValid(tg->tgconstraint) && !tg->tgdeferrable)
 		{
 			int			r = fkey_locked(rri->ri_RelationDesc, tg->tgconstraint, refs, nrefs);
 			bool		drop = r >= 0;
@@ -1056,7 +1076,9 @@ drop_locked_fkey_checks(ResultRelInfo *rri, TupleTableSlot *slot, const PayidemL
 			}
 			if (drop)
 			{
-				dropped[r] = tg->tgconstraint;
+				/* (a refusal names the first such key, as the checks' order would) */
+				if (!OidIsValid(dropped[r]))
+					dropped[r] = tg->tgconstraint;
 				continue;
 			}
 		}
@@ -1068,13 +1090,61 @@ drop_locked_fkey_checks(ResultRelInfo *rri, TupleTableSlot *slot, const PayidemL
 }
 
 /*
+ * The look-up of a referenced key a foreign key's check makes (SELECT 1 FROM
+ * ONLY <table> x WHERE <key> = $n ... FOR KEY SHARE OF x), its plan saved
+ * for each statement (a few: one per foreign key locked after a write).
+ */
+#define REF_QUERIES 4
+static struct
+{
+	char	   *sql;
+	SPIPlanPtr	plan;
+}			ref_queries[REF_QUERIES];
+
+static SPIPlanPtr
+ref_query(Relation refrel, const PayidemLockedRef *ref, const Oid *types)
+{
+	StringInfoData sql;
+	SPIPlanPtr	plan;
+	int			i;
+	int			k;
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql, "SELECT 1 FROM ONLY %s x WHERE ",
+					 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(refrel)),
+												RelationGetRelationName(refrel)));
+	for (k = 0; k < ref->ncolumns; k++)
+		appendStringInfo(&sql, "%s%s OPERATOR(pg_catalog.=) $%d", k > 0 ? " AND " : "",
+						 quote_identifier(ref->ref_columns[k]), k + 1);
+	appendStringInfoString(&sql, " FOR KEY SHARE OF x");
+	for (i = 0; i < REF_QUERIES && ref_queries[i].sql != NULL; i++)
+		if (strcmp(ref_queries[i].sql, sql.data) == 0)
+			return ref_queries[i].plan;
+	plan = SPI_prepare(sql.data, ref->ncolumns, (Oid *) types);
+	if (plan == NULL)
+		elog(ERROR, "payidem: the look-up of a referenced key could not be prepared: %s",
+			 SPI_result_code_string(SPI_result));
+	if (i == REF_QUERIES)
+		return plan;			/* (not kept: SPI_finish frees it) */
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "payidem: SPI_keepplan failed");
+	ref_queries[i].sql = MemoryContextStrdup(TopMemoryContext, sql.data);
+	ref_queries[i].plan = plan;
+	return plan;
+}
+
+/*
  * The referenced row of ref (its lock_after) locked FOR KEY SHARE for the
- * row just written into rel (slot), in place of foreign key conoid's check:
- * at its latest version under READ COMMITTED, with the key the row writes.
- * Where it is gone or its key changed, the key is looked up as the check
- * looks it up, with the snapshot the check would have taken before waiting
- * (another row may hold the key in it); if none does, the row is refused as
- * the check refuses it (23503, its message).
+ * row just written into rel (slot), in place of foreign key conoid's check,
+ * which would run now: with the snapshot the check's look-up would take
+ * now (this transaction's own changes in it), the row locked at its latest
+ * version under READ COMMITTED; held with the key the row writes, that is
+ * all the check would do.  Otherwise (the row gone, its key changed, or
+ * changed by this transaction since the caller read it) the check's own
+ * look-up decides, with that snapshot: another row may hold the key; none
+ * does, and the row is refused as the check refuses it (23503, its message;
+ * under REPEATABLE READ a row changed since the snapshot is the look-up's
+ * 40001).
  */
 static void
 lock_ref_after(Relation rel, TupleTableSlot *slot, const PayidemLockedRef *ref, Oid conoid)
@@ -1085,8 +1155,9 @@ lock_ref_after(Relation rel, TupleTableSlot *slot, const PayidemLockedRef *ref, 
 	Oid			types[INDEX_MAX_KEYS];
 	bool		held = false;
 	int			k;
-	Snapshot	check_snapshot = RegisterSnapshot(IsolationUsesXactSnapshot() ? GetTransactionSnapshot()
-												  : GetLatestSnapshot());
+	Snapshot	check_snapshot;
+	ItemPointerData tid = *ref->lock_after;
+	TM_FailureData tmfd;
 
 	Assert(ref->ncolumns <= INDEX_MAX_KEYS);
 	for (k = 0; k < ref->ncolumns; k++)
@@ -1099,8 +1170,15 @@ lock_ref_after(Relation rel, TupleTableSlot *slot, const PayidemLockedRef *ref, 
 		if (types[k] != TEXTOID)
 			elog(ERROR, "payidem: a foreign key locked after the insert must be of text columns");
 	}
-	rslot->tts_tid = *ref->lock_after;
-	if (payidem_lock_row_as_select(refrel, rslot, GetActiveSnapshot(), LockTupleKeyShare))
+	/* (as the look-up's SPI statement would take it: after a command counter increment) */
+	CommandCounterIncrement();
+	check_snapshot = RegisterSnapshot(IsolationUsesXactSnapshot() ? GetTransactionSnapshot()
+									  : GetLatestSnapshot());
+	check_snapshot->curcid = GetCurrentCommandId(false);
+	if (table_tuple_lock(refrel, &tid, check_snapshot, rslot, GetCurrentCommandId(true), LockTupleKeyShare,
+						 LockWaitBlock, TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS |
+						 (IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION),
+						 &tmfd) == TM_Ok)
 	{
 		bool		should_free;
 		HeapTuple	locked = ExecFetchSlotHeapTuple(rslot, false, &should_free);
@@ -1119,24 +1197,12 @@ lock_ref_after(Relation rel, TupleTableSlot *slot, const PayidemLockedRef *ref, 
 	ExecDropSingleTupleTableSlot(rslot);
 	if (!held)
 	{
-		/* the check's own query: SELECT 1 FROM ONLY <table> x WHERE <key> = $n ... FOR KEY SHARE OF x */
-		StringInfoData sql;
-		SPIPlanPtr	plan;
 		uint64		found;
 
-		initStringInfo(&sql);
-		appendStringInfo(&sql, "SELECT 1 FROM ONLY %s x WHERE ",
-						 quote_qualified_identifier(get_namespace_name(RelationGetNamespace(refrel)),
-													RelationGetRelationName(refrel)));
-		for (k = 0; k < ref->ncolumns; k++)
-			appendStringInfo(&sql, "%s%s OPERATOR(pg_catalog.=) $%d", k > 0 ? " AND " : "",
-							 quote_identifier(ref->ref_columns[k]), k + 1);
-		appendStringInfoString(&sql, " FOR KEY SHARE OF x");
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		plan = SPI_prepare(sql.data, ref->ncolumns, types);
-		if (plan == NULL ||
-			SPI_execute_snapshot(plan, values, NULL, check_snapshot, InvalidSnapshot, false, false, 1) != SPI_OK_SELECT)
+		if (SPI_execute_snapshot(ref_query(refrel, ref, types), values, NULL, check_snapshot, InvalidSnapshot,
+								 false, false, 1) != SPI_OK_SELECT)
 			elog(ERROR, "payidem: the look-up of a referenced key failed");
 		found = SPI_processed;
 		SPI_finish();
@@ -1178,7 +1244,7 @@ lock_ref_after(Relation rel, TupleTableSlot *slot, const PayidemLockedRef *ref, 
  */
 static int
 insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter, bool checked,
-		   const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked)
+		   const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked, uint64 checked_at)
 {
 	Relation	rel = table_open(payidem_relation(ins->table), RowExclusiveLock);
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -1230,11 +1296,12 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 		/*
 		 * the domains of the values written, as a cast to the column's type
 		 * checks them; but for a value the caller checked against the
-		 * column's domain itself, holding the table's lock
+		 * column's domain itself, as it stands now
 		 */
 		for (i = 0; i < ins->ncols; i++)
 			if (OidIsValid(ins->domain[i]) &&
-				!(domain_checked != NULL && domain_checked[i] == ins->domain[i] && !nulls[i]))
+				!(domain_checked != NULL && checked_at == domain_generation &&
+				  domain_checked[i] == ins->domain[i] && !nulls[i]))
 				domain_check(values[i], nulls[i], ins->domain[i], &ins->domain_extra[i], ins->context);
 
 		oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(estate));
@@ -1299,7 +1366,7 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 void
 payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 {
-	(void) insert_row(ins, values, nulls, -1, false, NULL, 0, NULL);
+	(void) insert_row(ins, values, nulls, -1, false, NULL, 0, NULL, 0);
 }
 
 /*
@@ -1312,7 +1379,7 @@ payidem_insert(PayidemInsert *ins, const Datum *values, const bool *nulls)
 int
 payidem_insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter)
 {
-	return insert_row(ins, values, nulls, arbiter, true, NULL, 0, NULL);
+	return insert_row(ins, values, nulls, arbiter, true, NULL, 0, NULL, 0);
 }
 
 /*
@@ -1320,18 +1387,18 @@ payidem_insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, i
  * having them locked right after the write: their lock_after): the foreign
  * keys to them are not checked again (drop_locked_fkey_checks()).  And
  * domain_checked (NULL, or one per value): the domain the caller checked
- * values[i] against itself (payidem_domain_fits()), or InvalidOid; where
- * that is the column's domain and the value is not NULL, it is not checked
- * again.  The caller held the table's RowExclusiveLock when it checked and
- * had taken in the invalidations committed before it: so the domain's rules
- * are those the insert would use (a new validated rule needs a ShareLock on
- * the table, a new column type its AccessExclusiveLock).
+ * values[i] against itself (payidem_domain_fits()), or InvalidOid, when
+ * payidem_domain_generation() said checked_at: where that is the column's
+ * domain, the value is not NULL, and no invalidation a domain's rules depend
+ * on was taken in since (the insert first takes in what others committed,
+ * as a statement would), the value is not checked again -- it was, by the
+ * rules the insert would use.
  */
 int
 payidem_insert_row_refs(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter,
-						const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked)
+						const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked, uint64 checked_at)
 {
-	return insert_row(ins, values, nulls, arbiter, true, refs, nrefs, domain_checked);
+	return insert_row(ins, values, nulls, arbiter, true, refs, nrefs, domain_checked, checked_at);
 }
 
 /*
@@ -1543,19 +1610,74 @@ payidem_fetch_all_by_prefix(Relation heap, PayidemRelation index, int nkeys, con
 	return all;
 }
 
+/* whether accept takes the version of a row in slot */
+static bool
+slot_accepted(Relation heap, TupleTableSlot *slot, PayidemAcceptFunc accept, void *arg)
+{
+	bool		should_free;
+	HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+	bool		taken = accept(heap, tuple, arg);
+
+	if (should_free)
+		heap_freetuple(tuple);
+	return taken;
+}
+
 /*
- * SELECT ... FROM heap WHERE <skey on index> AND <accept> ORDER BY <index>
- * LIMIT 1 FOR UPDATE SKIP LOCKED, as the executor runs it: the rows snapshot
- * sees, in the order of btree index (open, forward), that accept takes, each
- * locked FOR UPDATE without waiting -- a row another transaction holds or is
+ * The row of heap at tid, one the query SELECT ... WHERE <accept> ... FOR
+ * UPDATE SKIP LOCKED found with snapshot, locked as the executor locks it
+ * there: FOR UPDATE without waiting -- a row another transaction holds or is
  * changing is skipped, as is one this transaction changed since the
  * snapshot; under READ COMMITTED a row changed since the snapshot is locked
  * at its latest version and taken only if accept takes that version (the
  * re-check of the query's conditions, its index keys' too: accept's to
- * make); under REPEATABLE READ or SERIALIZABLE a row that a transaction which
- * committed after the snapshot changed or removed is a serialization
- * failure (40001).  The first row locked, into slot (its tid with it): true;
- * false if none.
+ * make); under REPEATABLE READ or SERIALIZABLE a row that a transaction
+ * which committed after the snapshot changed or removed is a serialization
+ * failure (40001).  Locked and taken: true, the version in slot.
+ */
+bool
+payidem_lock_skip_locked(Relation heap, ItemPointer tid, Snapshot snapshot, PayidemAcceptFunc accept, void *arg,
+						 TupleTableSlot *slot)
+{
+	ItemPointerData t = *tid;
+	TM_FailureData tmfd;
+	TM_Result	result;
+	int			flags = TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
+
+	if (!IsolationUsesXactSnapshot())
+		flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	result = table_tuple_lock(heap, &t, snapshot, slot, GetCurrentCommandId(true), LockTupleExclusive,
+							  LockWaitSkip, flags, &tmfd);
+	switch (result)
+	{
+		case TM_Ok:
+			/* a later version: taken if it still answers the query */
+			return !tmfd.traversed || slot_accepted(heap, slot, accept, arg);
+		case TM_WouldBlock:
+		case TM_SelfModified:
+			return false;
+		case TM_Updated:
+		case TM_Deleted:
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+			if (result == TM_Deleted)
+				return false;
+			break;
+		default:
+			break;
+	}
+	elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result, RelationGetRelationName(heap));
+	return false;				/* keep compiler quiet */
+}
+
+/*
+ * SELECT ... FROM heap WHERE <skey on index> AND <accept> ORDER BY <index>
+ * LIMIT 1 FOR UPDATE SKIP LOCKED, as the executor runs it: the rows snapshot
+ * sees, in the order of btree index (open, forward), that accept takes, each
+ * locked as payidem_lock_skip_locked() locks it, until one is.  The first row
+ * locked, into slot (its tid with it): true; false if none.
  */
 bool
 payidem_lock_first_skip_locked(Relation heap, Relation index, ScanKey skey, int nkeys, Snapshot snapshot,
@@ -1563,46 +1685,14 @@ payidem_lock_first_skip_locked(Relation heap, Relation index, ScanKey skey, int 
 {
 	IndexScanDesc scan = index_beginscan_compat(heap, index, snapshot, nkeys);
 	TupleTableSlot *seen = table_slot_create(heap, NULL);
-	int			flags = TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
 	bool		found = false;
 
-	if (!IsolationUsesXactSnapshot())
-		flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
 	index_rescan(scan, skey, nkeys, NULL, 0);
 	while (!found && index_getnext_slot(scan, ForwardScanDirection, seen))
 	{
-		ItemPointerData tid = seen->tts_tid;
-		TM_FailureData tmfd;
-		TM_Result	result;
-
 		CHECK_FOR_INTERRUPTS();
-		if (!accept(heap, seen, arg))
-			continue;
-		result = table_tuple_lock(heap, &tid, snapshot, slot, GetCurrentCommandId(true), LockTupleExclusive,
-								  LockWaitSkip, flags, &tmfd);
-		switch (result)
-		{
-			case TM_Ok:
-				/* a later version: taken if it still answers the query */
-				found = !tmfd.traversed || accept(heap, slot, arg);
-				break;
-			case TM_WouldBlock:
-			case TM_SelfModified:
-				break;
-			case TM_Updated:
-			case TM_Deleted:
-				if (IsolationUsesXactSnapshot())
-					ereport(ERROR,
-							(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-							 errmsg("could not serialize access due to concurrent update")));
-				if (result == TM_Updated)
-					elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result,
-						 RelationGetRelationName(heap));
-				break;
-			default:
-				elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result,
-					 RelationGetRelationName(heap));
-		}
+		if (slot_accepted(heap, seen, accept, arg))
+			found = payidem_lock_skip_locked(heap, &seen->tts_tid, snapshot, accept, arg, slot);
 	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(seen);

@@ -25,7 +25,9 @@ extern bool payidem_lock_row(Relation rel, TupleTableSlot *slot, Snapshot snapsh
 extern bool payidem_lock_row_as_select(Relation rel, TupleTableSlot *slot, Snapshot snapshot,
 									   LockTupleMode mode);
 extern HeapTuple payidem_fetch_version(Relation heap, ItemPointer tid, Snapshot snapshot);
-typedef bool (*PayidemAcceptFunc) (Relation rel, TupleTableSlot *slot, void *arg);
+typedef bool (*PayidemAcceptFunc) (Relation rel, HeapTuple tuple, void *arg);
+extern bool payidem_lock_skip_locked(Relation heap, ItemPointer tid, Snapshot snapshot, PayidemAcceptFunc accept,
+									 void *arg, TupleTableSlot *slot);
 extern bool payidem_lock_first_skip_locked(Relation heap, Relation index, ScanKey skey, int nkeys,
 										   Snapshot snapshot, PayidemAcceptFunc accept, void *arg,
 										   TupleTableSlot *slot);
@@ -64,7 +66,9 @@ typedef struct PayidemLockedRef
 #define PAYIDEM_MAX_LOCKED_REFS 4
 
 extern int	payidem_insert_row_refs(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbiter,
-									const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked);
+									const PayidemLockedRef *refs, int nrefs, const Oid *domain_checked,
+									uint64 checked_at);
+extern uint64 payidem_domain_generation(void);
 extern void payidem_delete_row(Relation rel, ItemPointer tid);
 
 /*

@@ -64,6 +64,8 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
@@ -545,10 +547,54 @@ secrets_valid_now(Relation secret_rel, Datum merchant_no, Snapshot snapshot)
 }
 
 /*
+ * The caller's right to read what secrets_valid_now() reads, as the SQL
+ * function it was needed it: SELECT on merchant's merchant_no and status and
+ * on every column of merchant_secret (granted on the table or on those
+ * columns), 42501 as a statement says it; and no row-level security applying
+ * to the caller on either (refused, 0A000: only a statement could apply it).
+ */
+static void
+require_secrets_readable(void)
+{
+	static const char *const merchant_columns[] = {"merchant_no", "status"};
+	PayidemRelation tables[2] = {PAYIDEM_MERCHANT, PAYIDEM_MERCHANT_SECRET};
+	Oid			user = GetUserId();
+	int			i;
+
+	for (i = 0; i < 2; i++)
+	{
+		Oid			relid = payidem_relation(tables[i]);
+		bool		ok = pg_class_aclcheck(relid, user, ACL_SELECT) == ACLCHECK_OK;
+
+		if (!ok && tables[i] == PAYIDEM_MERCHANT_SECRET)
+			ok = pg_attribute_aclcheck_all(relid, user, ACL_SELECT, ACLMASK_ALL) == ACLCHECK_OK;
+		else if (!ok)
+		{
+			Relation	rel = table_open(relid, AccessShareLock);
+			int			c;
+
+			ok = true;
+			for (c = 0; ok && c < lengthof(merchant_columns); c++)
+				ok = pg_attribute_aclcheck(relid, payidem_column(rel, merchant_columns[c]), user,
+										   ACL_SELECT) == ACLCHECK_OK;
+			table_close(rel, AccessShareLock);
+		}
+		if (!ok)
+			aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, get_rel_name(relid));
+		if (check_enable_rls(relid, InvalidOid, false) == RLS_ENABLED)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("the secrets valid now are not read under row-level security on payidem.%s",
+							get_rel_name(relid)),
+					 errhint("Read them as the owner of payidem's tables, as payidem's own functions do.")));
+	}
+}
+
+/*
  * payidem._secrets_valid_now(p_merchant_no text) RETURNS SETOF
  *		payidem.merchant_secret (STABLE): secrets_valid_now(), newest first,
- *		with the snapshot of the calling statement.  Reads the tables with
- *		the caller's SELECT right on both, as the SQL function it was did.
+ *		with the snapshot of the calling statement, with the caller's right
+ *		to read them (require_secrets_readable()).
  */
 PG_FUNCTION_INFO_V1(payidem_secrets_valid_now);
 Datum
@@ -559,27 +605,12 @@ payidem_secrets_valid_now(PG_FUNCTION_ARGS)
 	TupleDesc	desc;
 	MemoryContext oldcxt;
 	ListCell   *lc;
-	PayidemRelation tables[2] = {PAYIDEM_MERCHANT, PAYIDEM_MERCHANT_SECRET};
-	int			i;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) || !(rsinfo->allowedModes & SFRM_Materialize))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("set-valued function called in context that cannot accept a set")));
-	for (i = 0; i < 2; i++)
-	{
-		Oid			relid = payidem_relation(tables[i]);
-		AclResult	acl = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT);
-
-		if (acl != ACLCHECK_OK)
-			aclcheck_error(acl, OBJECT_TABLE, get_rel_name(relid));
-		if (check_enable_rls(relid, InvalidOid, false) == RLS_ENABLED)
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("payidem._secrets_valid_now() does not read payidem.%s under row-level security",
-							get_rel_name(relid)),
-					 errhint("Call it as the owner of payidem's tables, as payidem's own functions do.")));
-	}
+	require_secrets_readable();
 	rel = table_open(payidem_relation(PAYIDEM_MERCHANT_SECRET), AccessShareLock);
 	desc = RelationGetDescr(rel);
 	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
@@ -679,7 +710,9 @@ sign_now(Datum merchant_no, bool merchant_null, text *payload, TimestampTz now, 
 /*
  * payidem._sign_notification(merchant_no text, payload text) RETURNS text
  *		The signature header of a payload, signed now (sign_now()).  Not
- *		SECURITY DEFINER: it reads the secrets as its caller.
+ *		SECURITY DEFINER: it reads the secrets as its caller, with the
+ *		rights the statement it read them by needed: EXECUTE on
+ *		_secrets_valid_now() and that function's own (require_secrets_readable()).
  */
 PG_FUNCTION_INFO_V1(payidem_sign_notification);
 Datum
@@ -689,6 +722,14 @@ payidem_sign_notification(PG_FUNCTION_ARGS)
 	MemoryContext old;
 	text	   *sig;
 	uint64		n;
+	Oid			argtypes[1] = {TEXTOID};
+	Oid			fn = LookupFuncName(list_make2(makeString("payidem"), makeString("_secrets_valid_now")),
+									1, argtypes, false);
+	AclResult	acl = ProcAclCheckCompat(fn, GetUserId(), ACL_EXECUTE);
+
+	if (acl != ACLCHECK_OK)
+		aclcheck_error(acl, OBJECT_FUNCTION, "_secrets_valid_now");
+	require_secrets_readable();
 
 	/*
 	 * (as the PL/pgSQL function it was: no merchant has no secret, "t=<t>";
@@ -917,26 +958,35 @@ take_due_event(const DueEvent *due, TimestampTz now, ReturnSetInfo *rsinfo)
 }
 
 /*
- * The head of the due events: the statement below, whose result the direct
- * look-up gives where notify_event_due is the index it expects (due_index()):
- * its rows in next_attempt_at order, those due at now and pending, the first
- * that no other worker holds locked FOR UPDATE (payidem_lock_first_skip_locked(),
- * which re-checks both conditions on a version changed meanwhile, as the
- * statement's re-check does).  Each read with a new snapshot, as the
- * statement's.  True and *due, or false if none is due.
+ * The head of the due events: what SELECT ... FROM payidem.notify_event
+ * WHERE status = 'pending' AND next_attempt_at <= now ORDER BY
+ * next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED would take, decided here
+ * once -- the oldest due event (due_accept(), in next_attempt_at order) that
+ * no other worker holds locked (payidem_lock_skip_locked(), which takes a
+ * version changed meanwhile only if due_accept() still does) -- and read by
+ * notify_event_due where it is the index this expects (due_index()), else
+ * by a scan of the table (a DBA dropped or changed the index: every due
+ * event read, then sorted).  With a new snapshot, as a statement's; acting
+ * as the table's owner, which row-level security must not filter (refused:
+ * only a statement could apply it).  True and *due, or false if none is due.
  */
-#define DUE_HEAD_SQL \
-	"SELECT e.event_id, e.order_no, e.merchant_no, e.event::pg_catalog.text, e.payload," \
-	" e.attempts::pg_catalog.int4, e.ctid" \
-	" FROM payidem.notify_event e" \
-	" WHERE e.status OPERATOR(pg_catalog.=) 'pending'" \
-	" AND e.next_attempt_at OPERATOR(pg_catalog.<=) $1" \
-	" ORDER BY e.next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED"
 
 /* the verdict on notify_event_due (InvalidOid: none yet, or stale) */
 static Oid	due_index_checked = InvalidOid;
 static bool due_index_ok = false;
+static TransactionId due_index_xmin = InvalidTransactionId;	/* its indcheckxmin's */
 static bool due_callback_registered = false;
+
+/* the index checked, if this transaction's snapshots may read it */
+static Oid
+due_index_usable(Oid relid)
+{
+	if (!due_index_ok)
+		return InvalidOid;
+	if (TransactionIdIsValid(due_index_xmin) && !TransactionIdPrecedes(due_index_xmin, TransactionXmin))
+		return InvalidOid;
+	return relid;
+}
 
 static void
 due_relcache_callback(Datum arg, Oid relid)
@@ -946,29 +996,40 @@ due_relcache_callback(Datum arg, Oid relid)
 }
 
 /*
- * notify_event_due, if it is the index the direct look-up reads as the
- * statement would: a valid btree of notify_event on next_attempt_at alone
- * (timestamptz's own operators), with no predicate or exactly status =
- * 'pending' (a stricter one would hide due events); else InvalidOid.
+ * notify_event_due, if it is the index the look-up can read in the order of
+ * the decision: a valid btree of notify_event on next_attempt_at alone,
+ * ascending (timestamptz's own operators), with no predicate or exactly
+ * status = 'pending' (a stricter one would hide due events), that this
+ * transaction's snapshots may read; else InvalidOid.
  */
 static Oid
 due_index(Relation heap)
 {
-	Oid			relid = payidem_lookup_relation(PAYIDEM_NOTIFY_EVENT_DUE, true);
+	Oid			relid = payidem_relids[PAYIDEM_NOTIFY_EVENT_DUE];
 	Relation	irel;
 	bool		ok;
 
 	if (!OidIsValid(relid))
+		relid = payidem_lookup_relation(PAYIDEM_NOTIFY_EVENT_DUE, true);
+	if (!OidIsValid(relid))
 		return InvalidOid;
 	if (relid == due_index_checked)
-		return due_index_ok ? relid : InvalidOid;
+		return due_index_usable(relid);
 	if (!due_callback_registered)
 	{
 		payidem_register_relcache_callback(due_relcache_callback, (Datum) 0);
 		due_callback_registered = true;
 	}
+	if (get_rel_relkind(relid) != RELKIND_INDEX)
+	{
+		/* (something else of that name: a scan reads the events) */
+		due_index_checked = relid;
+		due_index_ok = false;
+		return InvalidOid;
+	}
 	irel = index_open(relid, AccessShareLock);
 	ok = irel->rd_rel->relam == BTREE_AM_OID && irel->rd_index->indrelid == RelationGetRelid(heap) &&
+		(irel->rd_indoption[0] & INDOPTION_DESC) == 0 &&
 		irel->rd_index->indisvalid && irel->rd_index->indisready && irel->rd_index->indislive &&
 		IndexRelationGetNumberOfKeyAttributes(irel) == 1 &&
 		irel->rd_index->indkey.values[0] == payidem_attnum(RelationGetDescr(heap), "next_attempt_at") &&
@@ -994,95 +1055,142 @@ due_index(Relation heap)
 				payidem_text_is(((Const *) right)->constvalue, "pending");
 		}
 	}
+	/*
+	 * (an index built while older transactions ran is not for their
+	 * snapshots: the planner's rule, per call)
+	 */
+	due_index_xmin = irel->rd_index->indcheckxmin ? HeapTupleHeaderGetXmin(irel->rd_indextuple->t_data)
+		: InvalidTransactionId;
 	index_close(irel, NoLock);
 	due_index_checked = relid;
 	due_index_ok = ok;
-	return ok ? relid : InvalidOid;
+	return due_index_usable(relid);
 }
 
-/* the statement's conditions, on a version of an event: pending, due at *now */
+/* the decision, on a version of an event: pending, and due at *now */
 static bool
-due_accept(Relation rel, TupleTableSlot *slot, void *arg)
+due_accept(Relation rel, HeapTuple tuple, void *arg)
 {
 	TimestampTz now = *(TimestampTz *) arg;
 	bool		isnull;
 	Datum		d;
 
-	d = slot_getattr(slot, payidem_column(rel, "status"), &isnull);
+	d = payidem_getattr(rel, tuple, "status", &isnull);
 	if (isnull || !payidem_text_is(d, "pending"))
 		return false;
-	d = slot_getattr(slot, payidem_column(rel, "next_attempt_at"), &isnull);
+	d = payidem_getattr(rel, tuple, "next_attempt_at", &isnull);
 	return !isnull && DatumGetTimestampTz(d) <= now;
+}
+
+/* the due events a scan found, to be tried in the decision's order */
+typedef struct DueCandidate
+{
+	TimestampTz at;
+	ItemPointerData tid;
+} DueCandidate;
+
+typedef struct DueScan
+{
+	TimestampTz now;
+	DueCandidate *c;
+	int			n;
+	int			size;
+} DueScan;
+
+static void
+due_collect(Relation rel, HeapTuple tuple, void *arg)
+{
+	DueScan    *scan = (DueScan *) arg;
+	bool		isnull;
+
+	if (!due_accept(rel, tuple, &scan->now))
+		return;
+	if (scan->n == scan->size)
+	{
+		scan->size = scan->size == 0 ? 64 : scan->size * 2;
+		scan->c = scan->c == NULL ? palloc(sizeof(DueCandidate) * scan->size)
+			: repalloc(scan->c, sizeof(DueCandidate) * scan->size);
+	}
+	scan->c[scan->n].at = DatumGetTimestampTz(payidem_getattr(rel, tuple, "next_attempt_at", &isnull));
+	scan->c[scan->n].tid = tuple->t_self;
+	scan->n++;
+}
+
+/* next_attempt_at, then the row's place (an index's order for equal keys) */
+static int
+due_candidate_cmp(const void *a, const void *b)
+{
+	const DueCandidate *x = (const DueCandidate *) a;
+	const DueCandidate *y = (const DueCandidate *) b;
+
+	if (x->at != y->at)
+		return x->at < y->at ? -1 : 1;
+	return ItemPointerCompare((ItemPointer) &x->tid, (ItemPointer) &y->tid);
 }
 
 static bool
 due_head(TimestampTz now, DueEvent *due)
 {
-	static SPIPlanPtr head_plan = NULL;
 	Relation	rel = table_open(payidem_relation(PAYIDEM_NOTIFY_EVENT), RowShareLock);
-	Oid			irelid = check_enable_rls(RelationGetRelid(rel), InvalidOid, false) == RLS_ENABLED
-		? InvalidOid : due_index(rel);
-	bool		found;
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	Oid			irelid;
+	bool		found = false;
 	bool		isnull;
 
+	/* (as the statement's executor refuses it) */
+	PreventCommandIfReadOnly("SELECT FOR UPDATE");
+	if (check_enable_rls(RelationGetRelid(rel), InvalidOid, false) == RLS_ENABLED)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("notify_due() does not take events under row-level security on payidem.notify_event"),
+				 errhint("It reads the outbox as the table's owner; ALTER TABLE payidem.notify_event NO FORCE ROW LEVEL SECURITY.")));
+	irelid = due_index(rel);
+	CommandCounterIncrement();
+	PushActiveSnapshot(GetTransactionSnapshot());
 	if (OidIsValid(irelid))
 	{
 		Relation	irel = index_open(irelid, AccessShareLock);
-		TupleTableSlot *slot = table_slot_create(rel, NULL);
 		ScanKeyData skey;
 		Oid			op = get_opfamily_member(irel->rd_opfamily[0], TIMESTAMPTZOID, TIMESTAMPTZOID,
 											 BTLessEqualStrategyNumber);
 
 		ScanKeyEntryInitialize(&skey, 0, 1, BTLessEqualStrategyNumber, InvalidOid, irel->rd_indcollation[0],
 							   get_opcode(op), TimestampTzGetDatum(now));
-		/* (as the statement's executor refuses it) */
-		PreventCommandIfReadOnly("SELECT FOR UPDATE");
-		CommandCounterIncrement();
-		PushActiveSnapshot(GetTransactionSnapshot());
 		found = payidem_lock_first_skip_locked(rel, irel, &skey, 1, GetActiveSnapshot(), due_accept, &now, slot);
-		PopActiveSnapshot();
-		if (found)
-		{
-			HeapTuple	tuple = ExecCopySlotHeapTuple(slot);
-
-			due->event_id = payidem_getattr(rel, tuple, "event_id", &isnull);
-			due->order_no = payidem_getattr(rel, tuple, "order_no", &due->order_no_null);
-			due->merchant_no = payidem_getattr(rel, tuple, "merchant_no", &isnull);
-			due->event = payidem_getattr(rel, tuple, "event", &isnull);
-			due->payload = payidem_getattr(rel, tuple, "payload", &isnull);
-			due->attempts = DatumGetInt32(payidem_getattr(rel, tuple, "attempts", &isnull));
-			due->tid = tuple->t_self;
-		}
-		ExecDropSingleTupleTableSlot(slot);
 		index_close(irel, NoLock);
-		table_close(rel, NoLock);
-		return found;
 	}
-	table_close(rel, NoLock);
-
-	/* the statement itself */
+	else
 	{
-		Oid			types[1] = {TIMESTAMPTZOID};
-		Datum		args[1] = {TimestampTzGetDatum(now)};
-		HeapTuple	row;
-		TupleDesc	desc;
+		DueScan		scan = {now, NULL, 0, 0};
+		int			i;
 
-		payidem_saved_plan(&head_plan, DUE_HEAD_SQL, 1, types);
-		if (SPI_execute_plan(head_plan, args, NULL, false, 1) != SPI_OK_SELECT)
-			elog(ERROR, "payidem: the look-up of a due notification event failed");
-		if (SPI_processed == 0)
-			return false;
-		row = SPI_tuptable->vals[0];
-		desc = SPI_tuptable->tupdesc;
-		due->event_id = SPI_getbinval(row, desc, 1, &isnull);
-		due->order_no = SPI_getbinval(row, desc, 2, &due->order_no_null);
-		due->merchant_no = SPI_getbinval(row, desc, 3, &isnull);
-		due->event = SPI_getbinval(row, desc, 4, &isnull);
-		due->payload = SPI_getbinval(row, desc, 5, &isnull);
-		due->attempts = DatumGetInt32(SPI_getbinval(row, desc, 6, &isnull));
-		due->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(row, desc, 7, &isnull));
-		return true;
+		payidem_scan(rel, due_collect, &scan);
+		if (scan.n > 1)
+			qsort(scan.c, scan.n, sizeof(DueCandidate), due_candidate_cmp);
+		for (i = 0; !found && i < scan.n; i++)
+		{
+			CHECK_FOR_INTERRUPTS();
+			found = payidem_lock_skip_locked(rel, &scan.c[i].tid, GetActiveSnapshot(), due_accept, &now, slot);
+		}
+		if (scan.c != NULL)
+			pfree(scan.c);
 	}
+	PopActiveSnapshot();
+	if (found)
+	{
+		HeapTuple	tuple = ExecCopySlotHeapTuple(slot);
+
+		due->event_id = payidem_getattr(rel, tuple, "event_id", &isnull);
+		due->order_no = payidem_getattr(rel, tuple, "order_no", &due->order_no_null);
+		due->merchant_no = payidem_getattr(rel, tuple, "merchant_no", &isnull);
+		due->event = payidem_getattr(rel, tuple, "event", &isnull);
+		due->payload = payidem_getattr(rel, tuple, "payload", &isnull);
+		due->attempts = DatumGetInt32(payidem_getattr(rel, tuple, "attempts", &isnull));
+		due->tid = tuple->t_self;
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, NoLock);
+	return found;
 }
 
 /*

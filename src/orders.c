@@ -219,16 +219,16 @@ type_admitted(Datum types, const char *merchant_type, char **list)
  * direct insert cannot reproduce (its RETURNING then says the number stored,
  * which a BEFORE INSERT trigger may have set).  args: merchant_no,
  * out_trade_no, subject, body, amount, notify_url, return_url, expire_at;
- * args_checked: the domain the caller checked each against, holding the
- * table's lock, or InvalidOid (payidem_insert_row_refs()); merchant_tid:
+ * args_checked: the domain the caller checked each against when the domains
+ * stood at checked_at, or InvalidOid (payidem_insert_row_refs()); merchant_tid:
  * the merchant's row as the caller read it, locked once the order is
  * written (the order's foreign key, PayidemLockedRef).
  */
 #define ORDER_COLUMNS 9
 
 static Datum
-insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, ItemPointer merchant_tid,
-			 bool *conflict)
+insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, uint64 checked_at,
+			 ItemPointer merchant_tid, bool *conflict)
 {
 	static const char *const merchant_key[1] = {"merchant_no"};
 	static const char *const columns[ORDER_COLUMNS] = {
@@ -262,7 +262,7 @@ insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, 
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_ORDER, ORDER_COLUMNS, columns, types);
 	result = payidem_insert_row_refs(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY, &merchant_ref, 1,
-									 checked);
+									 checked, checked_at);
 	*conflict = result == 0;
 	if (result >= 0)
 		return values[0];
@@ -353,7 +353,7 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	Datum		args[8];
 	bool		args_null[8];
 	Oid			args_checked[8];
-	bool		table_locked = !XactReadOnly;
+	uint64		checked_at;
 	Relation	rel;
 	HeapTuple	tuple;
 	ItemPointerData merchant_tid;
@@ -363,20 +363,13 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	Datum		order_no;
 
 	/*
-	 * the table's lock first, as the insert takes it: while it is held no
-	 * domain of its columns gets a new validated rule (which takes a
-	 * ShareLock on the table) nor a column a new type, so a value checked
-	 * below needs no second check as the insert writes it
-	 * (payidem_insert_row_refs()).  Not in a read-only transaction, which
-	 * the arguments' errors come before.
-	 */
-	if (table_locked)
-		LockRelationOid(payidem_relation(PAYIDEM_ORDER), RowExclusiveLock);
-	/*
 	 * what other sessions committed (an ALTER DOMAIN of a format), as a
-	 * statement would see it: the checks below and the insert go by the same
+	 * statement would see it: the checks below go by it, and the insert does
+	 * not check a value again unless a domain's rules may have changed since
+	 * (checked_at, payidem_insert_row_refs())
 	 */
 	AcceptInvalidationMessages();
+	checked_at = payidem_domain_generation();
 	payidem_become_owner(payidem_owner(PAYIDEM_ORDER), 0, &as_owner);
 	guc_level = payidem_pin_search_path();
 
@@ -463,17 +456,14 @@ payidem_create_order(PG_FUNCTION_ARGS)
 	args_null[3] = PG_ARGISNULL(7);
 	args_null[5] = PG_ARGISNULL(4);
 	args_null[6] = PG_ARGISNULL(5);
-	/* what fits() checked above, under the table's lock */
+	/* what fits() checked above */
 	memset(args_checked, 0, sizeof(args_checked));
-	if (table_locked)
-	{
-		args_checked[1] = payidem_type(PAYIDEM_TYPE_MERCHANT_REF);
-		args_checked[2] = payidem_type(PAYIDEM_TYPE_ORDER_SUBJECT);
-		args_checked[3] = payidem_type(PAYIDEM_TYPE_ORDER_BODY);
-		args_checked[5] = payidem_type(PAYIDEM_TYPE_HTTP_URL);
-		args_checked[6] = payidem_type(PAYIDEM_TYPE_HTTP_URL);
-	}
-	order_no = insert_order(args, args_null, args_checked, &merchant_tid, &conflict);
+	args_checked[1] = payidem_type(PAYIDEM_TYPE_MERCHANT_REF);
+	args_checked[2] = payidem_type(PAYIDEM_TYPE_ORDER_SUBJECT);
+	args_checked[3] = payidem_type(PAYIDEM_TYPE_ORDER_BODY);
+	args_checked[5] = payidem_type(PAYIDEM_TYPE_HTTP_URL);
+	args_checked[6] = payidem_type(PAYIDEM_TYPE_HTTP_URL);
+	order_no = insert_order(args, args_null, args_checked, checked_at, &merchant_tid, &conflict);
 	PopActiveSnapshot();
 
 	/*
@@ -855,7 +845,7 @@ payidem_begin_payment(PG_FUNCTION_ARGS)
 	values[4] = Int64GetDatum(o_amount);
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_PAYMENT, lengthof(columns), columns, types);
-	if (payidem_insert_row_refs(ins, values, nulls, -1, refs, nrefs, NULL) < 0)
+	if (payidem_insert_row_refs(ins, values, nulls, -1, refs, nrefs, NULL, 0) < 0)
 	{
 		Oid			t[5] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT8OID};
 
