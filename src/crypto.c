@@ -472,8 +472,9 @@ hmac_hex_all(const uint8 *secret, int len, int n, const HmacMessage *messages, c
 #if OPENSSL_VERSION_NUMBER >= 0x30000000L
 	/*
 	 * the key set once, on a copy of the template: the key's pads are hashed
-	 * once for all the messages, each made on a copy of the keyed context;
-	 * freeing a context wipes its key state
+	 * once for all the messages, each made on a copy of the keyed context
+	 * (the last on that context itself); freeing a context wipes its key
+	 * state
 	 */
 	EVP_MAC_CTX *keyed = EVP_MAC_CTX_dup(hmac_sha256_ctx());
 
@@ -481,7 +482,7 @@ hmac_hex_all(const uint8 *secret, int len, int n, const HmacMessage *messages, c
 	for (m = 0; ok && m < n; m++)
 	{
 		const HmacMessage *msg = &messages[m];
-		EVP_MAC_CTX *ctx = EVP_MAC_CTX_dup(keyed);
+		EVP_MAC_CTX *ctx = m + 1 < n ? EVP_MAC_CTX_dup(keyed) : keyed;
 		size_t		maclen = 0;
 		int			i;
 
@@ -489,7 +490,8 @@ hmac_hex_all(const uint8 *secret, int len, int n, const HmacMessage *messages, c
 			(msg->prefix_len == 0 || EVP_MAC_update(ctx, (const uint8 *) msg->prefix, msg->prefix_len) == 1) &&
 			EVP_MAC_update(ctx, (const uint8 *) msg->msg, msg->msglen) == 1 &&
 			EVP_MAC_final(ctx, mac, &maclen, sizeof(mac)) == 1 && maclen == SHA256_LEN;
-		EVP_MAC_CTX_free(ctx);
+		if (ctx != keyed)
+			EVP_MAC_CTX_free(ctx);
 		for (i = 0; ok && i < SHA256_LEN; i++)
 		{
 			hex[m][2 * i] = digits[mac[i] >> 4];
