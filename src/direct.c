@@ -1610,6 +1610,52 @@ payidem_fetch_all_by_prefix(Relation heap, PayidemRelation index, int nkeys, con
 	return all;
 }
 
+/*
+ * The executor's row lock (SELECT ... FOR <mode> [SKIP LOCKED]) of the row of
+ * rel at slot's tid, found with snapshot, with the executor's outcomes: under
+ * READ COMMITTED its latest version (*traversed if that is a later one than
+ * the tid's), into slot; under REPEATABLE READ or SERIALIZABLE a row that a
+ * transaction which committed after the snapshot changed or removed is a
+ * serialization failure (40001).  False if the row is gone (deleted, or
+ * changed by a later command of this transaction) or, skipping, held by
+ * another transaction.  The one place these outcomes are decided.
+ */
+static bool
+lock_as_select(Relation rel, TupleTableSlot *slot, Snapshot snapshot, LockTupleMode mode, LockWaitPolicy wait,
+			   bool *traversed)
+{
+	ItemPointerData tid = slot->tts_tid;
+	TM_FailureData tmfd;
+	int			flags = TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
+	TM_Result	result;
+
+	*traversed = false;
+	if (!IsolationUsesXactSnapshot())
+		flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	result = table_tuple_lock(rel, &tid, snapshot, slot, GetCurrentCommandId(true), mode, wait, flags, &tmfd);
+	switch (result)
+	{
+		case TM_Ok:
+			*traversed = tmfd.traversed;
+			return true;
+		case TM_WouldBlock:
+		case TM_SelfModified:
+			return false;
+		case TM_Updated:
+		case TM_Deleted:
+			/* (as the executor's row lock says it, for a row changed or removed) */
+			if (IsolationUsesXactSnapshot())
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+			return false;
+		default:
+			elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result,
+				 RelationGetRelationName(rel));
+			return false;		/* keep compiler quiet */
+	}
+}
+
 /* whether accept takes the version of a row in slot */
 static bool
 slot_accepted(Relation heap, TupleTableSlot *slot, PayidemAcceptFunc accept, void *arg)
@@ -1639,37 +1685,13 @@ bool
 payidem_lock_skip_locked(Relation heap, ItemPointer tid, Snapshot snapshot, PayidemAcceptFunc accept, void *arg,
 						 TupleTableSlot *slot)
 {
-	ItemPointerData t = *tid;
-	TM_FailureData tmfd;
-	TM_Result	result;
-	int			flags = TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
+	bool		traversed;
 
-	if (!IsolationUsesXactSnapshot())
-		flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
-	result = table_tuple_lock(heap, &t, snapshot, slot, GetCurrentCommandId(true), LockTupleExclusive,
-							  LockWaitSkip, flags, &tmfd);
-	switch (result)
-	{
-		case TM_Ok:
-			/* a later version: taken if it still answers the query */
-			return !tmfd.traversed || slot_accepted(heap, slot, accept, arg);
-		case TM_WouldBlock:
-		case TM_SelfModified:
-			return false;
-		case TM_Updated:
-		case TM_Deleted:
-			if (IsolationUsesXactSnapshot())
-				ereport(ERROR,
-						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent update")));
-			if (result == TM_Deleted)
-				return false;
-			break;
-		default:
-			break;
-	}
-	elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result, RelationGetRelationName(heap));
-	return false;				/* keep compiler quiet */
+	slot->tts_tid = *tid;
+	if (!lock_as_select(heap, slot, snapshot, LockTupleExclusive, LockWaitSkip, &traversed))
+		return false;
+	/* a later version: taken if it still answers the query */
+	return !traversed || slot_accepted(heap, slot, accept, arg);
 }
 
 /*
@@ -1941,43 +1963,19 @@ payidem_lock_row(Relation rel, TupleTableSlot *slot, Snapshot snapshot)
 
 /*
  * SELECT ... FOR <mode> of the row in slot, found with snapshot, as the
- * executor locks it: waiting for a transaction that holds it; under READ
- * COMMITTED its latest version, into slot; under REPEATABLE READ or
- * SERIALIZABLE a row that a transaction which committed after the snapshot
- * changed or removed is a serialization failure (40001).  False if the row
- * is gone (deleted, or changed by a later command of this transaction).
+ * executor locks it: waiting for a transaction that holds it;
+ * under READ COMMITTED its latest version, into slot; under REPEATABLE READ
+ * or SERIALIZABLE a row that a transaction which committed after the
+ * snapshot changed or removed is a serialization failure (40001).  False if
+ * the row is gone (deleted, or changed by a later command of this
+ * transaction).
  */
 bool
 payidem_lock_row_as_select(Relation rel, TupleTableSlot *slot, Snapshot snapshot, LockTupleMode mode)
 {
-	ItemPointerData tid = slot->tts_tid;
-	TM_FailureData tmfd;
-	int			flags = TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS;
-	TM_Result	result;
+	bool		traversed;
 
-	if (!IsolationUsesXactSnapshot())
-		flags |= TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
-	result = table_tuple_lock(rel, &tid, snapshot, slot, GetCurrentCommandId(true), mode, LockWaitBlock,
-							  flags, &tmfd);
-	switch (result)
-	{
-		case TM_Ok:
-			return true;
-		case TM_SelfModified:
-			return false;
-		case TM_Updated:
-		case TM_Deleted:
-			/* (as the executor's row lock says it, for a row changed or removed) */
-			if (IsolationUsesXactSnapshot())
-				ereport(ERROR,
-						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-						 errmsg("could not serialize access due to concurrent update")));
-			return false;
-		default:
-			elog(ERROR, "payidem: unexpected result %d locking a row of %s", (int) result,
-				 RelationGetRelationName(rel));
-			return false;		/* keep compiler quiet */
-	}
+	return lock_as_select(rel, slot, snapshot, mode, LockWaitBlock, &traversed);
 }
 
 /*
