@@ -69,6 +69,13 @@ GRANT EXECUTE ON FUNCTION payidem._sign_notification(text, text) TO regress_payi
 SET ROLE regress_payidem_app;
 SELECT payidem._sign_notification(:'m1', 'forged');
 RESET ROLE;
+GRANT EXECUTE ON FUNCTION payidem._secrets_valid_now(text) TO regress_payidem_app;
+GRANT SELECT ON payidem.merchant, payidem.merchant_secret TO regress_payidem_app;
+SET ROLE regress_payidem_app;
+SELECT payidem._sign_notification(:'m1', 'forged');
+RESET ROLE;
+REVOKE SELECT ON payidem.merchant, payidem.merchant_secret FROM regress_payidem_app;
+REVOKE EXECUTE ON FUNCTION payidem._secrets_valid_now(text) FROM regress_payidem_app;
 REVOKE EXECUTE ON FUNCTION payidem._sign_notification(text, text) FROM regress_payidem_app;
 SELECT payidem._sign_notification(:'m1', 'genuine') ~ '^t=[0-9]+,v1=[0-9a-f]{64},v2=[0-9a-f]{64}$' AS owner_signs;
 -- (the owner: the current secret of a merchant, and none of an unknown one)

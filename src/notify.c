@@ -713,7 +713,8 @@ sign_now(Datum merchant_no, bool merchant_null, text *payload, TimestampTz now, 
  *		The signature header of a payload, signed now (sign_now()).  Not
  *		SECURITY DEFINER: it reads the secrets as its caller, with the
  *		rights the statement it read them by needed: EXECUTE on
- *		_secrets_valid_now() and that function's own (require_secrets_readable()).
+ *		_secrets_valid_now() and _secret_aad(), and the former's own
+ *		(require_secrets_readable()).
  */
 PG_FUNCTION_INFO_V1(payidem_sign_notification);
 Datum
@@ -723,13 +724,19 @@ payidem_sign_notification(PG_FUNCTION_ARGS)
 	MemoryContext old;
 	text	   *sig;
 	uint64		n;
-	Oid			argtypes[1] = {TEXTOID};
-	Oid			fn = LookupFuncName(list_make2(makeString("payidem"), makeString("_secrets_valid_now")),
-									1, argtypes, false);
-	AclResult	acl = ProcAclCheckCompat(fn, GetUserId(), ACL_EXECUTE);
+	static const char *const functions[2] = {"_secrets_valid_now", "_secret_aad"};
+	Oid			argtypes[2] = {TEXTOID, INT4OID};
+	int			i;
 
-	if (acl != ACLCHECK_OK)
-		aclcheck_error(acl, OBJECT_FUNCTION, "_secrets_valid_now");
+	for (i = 0; i < 2; i++)
+	{
+		Oid			fn = LookupFuncName(list_make2(makeString("payidem"), makeString((char *) functions[i])),
+										i + 1, argtypes, false);
+		AclResult	acl = ProcAclCheckCompat(fn, GetUserId(), ACL_EXECUTE);
+
+		if (acl != ACLCHECK_OK)
+			aclcheck_error(acl, OBJECT_FUNCTION, functions[i]);
+	}
 	require_secrets_readable();
 
 	/*
@@ -1110,7 +1117,7 @@ due_collect(Relation rel, HeapTuple tuple, void *arg)
 	{
 		scan->size = scan->size == 0 ? 64 : scan->size * 2;
 		scan->c = scan->c == NULL ? palloc(sizeof(DueCandidate) * scan->size)
-			: repalloc(scan->c, sizeof(DueCandidate) * scan->size);
+			: repalloc_huge(scan->c, sizeof(DueCandidate) * scan->size);
 	}
 	scan->c[scan->n].at = DatumGetTimestampTz(payidem_getattr(rel, tuple, "next_attempt_at", &isnull));
 	scan->c[scan->n].tid = tuple->t_self;
