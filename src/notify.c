@@ -548,11 +548,35 @@ secrets_valid_now(Relation secret_rel, Datum merchant_no, Snapshot snapshot)
 }
 
 /*
+ * No row-level security applying to the current role on merchant or
+ * merchant_secret, which secrets_valid_now() reads by key: only a statement
+ * could apply it (0A000).
+ */
+static void
+refuse_secrets_under_rls(void)
+{
+	PayidemRelation tables[2] = {PAYIDEM_MERCHANT, PAYIDEM_MERCHANT_SECRET};
+	int			i;
+
+	for (i = 0; i < 2; i++)
+	{
+		Oid			relid = payidem_relation(tables[i]);
+
+		if (check_enable_rls(relid, InvalidOid, false) == RLS_ENABLED)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("the secrets valid now are not read under row-level security on payidem.%s",
+							get_rel_name(relid)),
+					 errhint("Read them as the owner of payidem's tables, as payidem's own functions do.")));
+	}
+}
+
+/*
  * The caller's right to read what secrets_valid_now() reads, as the SQL
  * function it was needed it: SELECT on merchant's merchant_no and status and
  * on every column of merchant_secret (granted on the table or on those
  * columns), 42501 as a statement says it; and no row-level security applying
- * to the caller on either (refused, 0A000: only a statement could apply it).
+ * to the caller on either (refuse_secrets_under_rls()).
  */
 static void
 require_secrets_readable(void)
@@ -582,13 +606,8 @@ require_secrets_readable(void)
 		}
 		if (!ok)
 			aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, get_rel_name(relid));
-		if (check_enable_rls(relid, InvalidOid, false) == RLS_ENABLED)
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("the secrets valid now are not read under row-level security on payidem.%s",
-							get_rel_name(relid)),
-					 errhint("Read them as the owner of payidem's tables, as payidem's own functions do.")));
 	}
+	refuse_secrets_under_rls();
 }
 
 /*
@@ -1265,6 +1284,8 @@ payidem_notify_due(PG_FUNCTION_ARGS)
 
 	payidem_become_owner(payidem_owner(PAYIDEM_NOTIFY_EVENT), 0, &as_owner);
 	guc_level = payidem_pin_search_path();
+	/* (what signs reads merchant and merchant_secret as their owner too) */
+	refuse_secrets_under_rls();
 	while (left > 0)
 	{
 		DueEvent	due;
