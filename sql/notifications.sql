@@ -349,10 +349,15 @@ ROLLBACK;
 -- events on their third attempt here), or a descending one would give the
 -- newest first
 BEGIN;
-UPDATE payidem.notify_event SET next_attempt_at = now() - (event_id % 7 + 1) * interval '1 second'
- WHERE status = 'pending';
+-- (every one at a time of its own, in another order than the events': the
+-- order of equal times is left open, as the statement's ORDER BY left it)
+UPDATE payidem.notify_event e SET next_attempt_at = now() - (r.n * 7919 % 100003 + 1) * interval '1 millisecond'
+  FROM (SELECT event_id, row_number() OVER (ORDER BY event_id) AS n
+          FROM payidem.notify_event WHERE status = 'pending') r
+ WHERE e.event_id = r.event_id;
 UPDATE payidem.notify_event SET attempts = 2 WHERE status = 'pending' AND event_id % 2 = 0;
-SELECT count(*) >= 4 AS enough_due, count(*) FILTER (WHERE attempts = 2) > 0 AS some_on_third
+SELECT count(*) >= 4 AS enough_due, count(*) FILTER (WHERE attempts = 2) > 0 AS some_on_third,
+       count(DISTINCT next_attempt_at) = count(*) AS times_distinct
   FROM payidem.notify_event WHERE status = 'pending';
 CREATE TEMP TABLE nt_due_order AS
 SELECT array_agg(event_id ORDER BY next_attempt_at) AS expected
