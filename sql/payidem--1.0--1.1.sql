@@ -5149,6 +5149,13 @@ ALTER DOMAIN payidem.refund_number DROP CONSTRAINT refund_number_format;
 ALTER DOMAIN payidem.refund_number ADD CONSTRAINT refund_number_format CHECK (CASE WHEN pg_catalog.length(VALUE) <> 26 OR VALUE !~ '^RF[0-9]+$' THEN false
 		ELSE ('2715' || substr(VALUE, 3))::numeric % 97 = 1 AND substr(VALUE, 25) BETWEEN '02' AND '98' END);
 
+-- status_log keyed by log_id alone (states): a logged change writes its
+-- entry at the right end of the key instead of in the middle of each
+-- entity's history (a row inserted by hand with a log_id already used, which
+-- the old key let in for another entity, makes this fail with 23505)
+ALTER TABLE payidem.status_log DROP CONSTRAINT status_log_pkey,
+	ADD CONSTRAINT status_log_pkey PRIMARY KEY (log_id);
+
 -- associated data binding a sealed record to its row: for a merchant's API
 -- secret 'merchant_secret:<merchant_no>:<version>' (src/crypto.c, which the
 -- notification's signature calls too)

@@ -83,10 +83,13 @@ CREATE TABLE payidem.status_log (
 	changed_at	timestamptz	NOT NULL DEFAULT pg_catalog.now(),
 	changed_by	text		NOT NULL DEFAULT CURRENT_USER,
 	txid		bigint		NOT NULL DEFAULT pg_catalog.txid_current(),
-	-- an entity's history in order (WHERE entity = ... AND entity_no = ...
-	-- ORDER BY log_id), and the one index a logged change writes: log_id
-	-- itself comes from its sequence for every row the triggers write
-	CONSTRAINT status_log_pkey PRIMARY KEY (entity, entity_no, log_id),
+	-- the one index a logged change writes: log_id comes from its sequence,
+	-- so each entry goes to the right end of the index, where a btree insert
+	-- does not descend from its root (since 1.1: the key was (entity,
+	-- entity_no, log_id), a descent and text comparisons for every status
+	-- change, for a look-up no payidem function makes; docs/schema.md says
+	-- which index to add for looking up one entity's history often)
+	CONSTRAINT status_log_pkey PRIMARY KEY (log_id),
 	CONSTRAINT status_log_changed CHECK (from_status IS DISTINCT FROM to_status)
 );
 COMMENT ON TABLE payidem.status_log IS

@@ -160,7 +160,8 @@ sub verify_sql
 }
 
 # Per payidem table: its name, its row count and the md5 of its rows in
-# primary-key order (merchant_role holds OIDs, order_expiry is derived: see
+# the order of their text (not of a key, which an update may change:
+# status_log's did in 1.1; merchant_role holds OIDs, order_expiry is derived: see
 # expiry_queue_sql).
 #
 # columns_of => a table (relname, attname, attnum) of the payidem tables and
@@ -185,11 +186,8 @@ sub table_sums_sql
 	return qq{
 	SELECT c.relname, (xpath('/table/row/n/text()', x))[1]::text, (xpath('/table/row/s/text()', x))[1]::text
 	  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
-	  LATERAL (SELECT string_agg(format('x.%I', a.attname), ', ' ORDER BY k.ord) AS pk
-	             FROM pg_index i, unnest(i.indkey) WITH ORDINALITY k(attnum, ord), pg_attribute a
-	            WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum) p,
-	  LATERAL query_to_xml(format('SELECT count(*) AS n, md5(coalesce(string_agg(%s::text, E''\\n'' ORDER BY %s), '''')) AS s FROM payidem.%I x%s',
-	                              $record, coalesce(p.pk, 'x::text'), c.relname, $where), false, false, '') x
+	  LATERAL query_to_xml(format('SELECT count(*) AS n, md5(coalesce(string_agg(%s::text, E''\\n'' ORDER BY %s::text COLLATE "C"), '''')) AS s FROM payidem.%I x%s',
+	                              $record, $record, c.relname, $where), false, false, '') x
 	 WHERE n.nspname = 'payidem' AND c.relkind = 'r' AND c.relname NOT IN ('merchant_role', 'order_expiry') $only
 	 ORDER BY c.relname};
 }

@@ -69,7 +69,7 @@ SELECT sequences_are('payidem', ARRAY[
 -- Primary keys
 SELECT col_is_pk('payidem', 'state',            ARRAY['entity', 'status'],                   'state: primary key is (entity, status)');
 SELECT col_is_pk('payidem', 'transition',       ARRAY['entity', 'from_status', 'to_status'], 'transition: primary key is (entity, from_status, to_status)');
-SELECT col_is_pk('payidem', 'status_log',       ARRAY['entity', 'entity_no', 'log_id'],      'status_log: primary key is (entity, entity_no, log_id)');
+SELECT col_is_pk('payidem', 'status_log',       'log_id',                                    'status_log: primary key is log_id');
 SELECT col_is_pk('payidem', 'merchant',         'merchant_no',                               'merchant: primary key is merchant_no');
 SELECT col_is_pk('payidem', 'merchant_secret',  ARRAY['merchant_no', 'secret_version'],      'merchant_secret: primary key is (merchant_no, secret_version)');
 SELECT col_is_pk('payidem', 'channel',          'channel_no',                                'channel: primary key is channel_no');
@@ -449,7 +449,7 @@ SELECT throws_ok($$INSERT INTO payidem.status_log (entity, entity_no, from_statu
 SELECT throws_ok($$INSERT INTO payidem.status_log (log_id, entity, entity_no, to_status)
 	SELECT log_id, entity, entity_no, 'paid' FROM payidem.status_log$$,
 	'23505', 'duplicate key value violates unique constraint "status_log_pkey"',
-	'status_log: a log_id is unique in its entity''s history');
+	'status_log: a log_id is unique');
 
 -- merchant --------------------------------------------------------------------
 -- valid template: ('M0123456789ABCDG', 'Tea House', 'retail', 0.006, 'ak_live_gggggggggggggggg')
