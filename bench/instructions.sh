@@ -515,8 +515,10 @@ target() {	# what, measured ratio, limit
 			"$(ratio "$(dget payidem_first 3)" "$(dget insert_commit 3)")" "$(ratio "$(dget payidem_first 2)" "$(dget insert_commit 2)")"
 	fi
 	if part lifecycle; then
-		target "the lifecycle ≤ 1.0× the plain-SQL lifecycle's instructions" \
-			"$(ratio "$(lget lifecycle_pi)" "$(lget lifecycle_plain)")" 1.0
+		# (judged on the counts, not on the ratio rounded to two places)
+		printf 'the lifecycle ≤ 1.0× the plain-SQL lifecycle'"'"'s instructions\t%s×\t%s\n' \
+			"$(awk -v a="$(lget lifecycle_pi)" -v b="$(lget lifecycle_plain)" 'BEGIN {printf "%.3f", a / b}')" \
+			"$([ "$(lget lifecycle_pi)" -le "$(lget lifecycle_plain)" ] && echo yes || echo no)"
 		target "create_order ≤ 1.5× the plain-SQL step" "$(ratio "$(lget lc_pi_create)" "$(lget lc_plain_create)")" 1.5
 		target "begin_payment ≤ 1.5× the plain-SQL step" "$(ratio "$(lget lc_pi_begin)" "$(lget lc_plain_begin)")" 1.5
 		n=$(( $(lget lc_pi_notify_due) + $(lget lc_pi_notify_result) ))
