@@ -175,16 +175,6 @@ ExecInitRangeTableOneRelationCompat(EState *estate, Relation rel, LOCKMODE lockm
 	ExecInsertIndexTuples((rri), (slot), (estate), false, true, (spec_conflict), (arbiters))
 #endif
 
-/*
- * What an index access method may do once a statement's inserts into it are
- * over (17 added it: BRIN frees its insert state), before the index is closed.
- */
-#if PAYIDEM_PG_MAJOR >= 17
-#define IndexInsertCleanupCompat(index, info) index_insert_cleanup((index), (info))
-#else
-#define IndexInsertCleanupCompat(index, info) ((void) 0)
-#endif
-
 /* The index entries of an updated row that was not a HOT update (every index). */
 #if PAYIDEM_PG_MAJOR >= 19
 #define ExecInsertIndexTuplesUpdateCompat(rri, slot, estate) \

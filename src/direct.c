@@ -928,37 +928,6 @@ insert_plain(Relation rel, bool speculative)
 }
 
 /*
- * Close the indexes ExecOpenIndices() opened for rri and keep their
- * RowExclusiveLock to the end of the transaction, as the table's is kept.
- * ExecCloseIndices() gives each index's lock back at once, so a transaction
- * that writes rows of the same tables through several writes (a payment's
- * history rows, its key rows, its event) gave back and took again each
- * index's lock at every write: about 1,500 instructions per index and write.
- * Nothing waits longer for it: what takes a lock on an index that conflicts
- * with RowExclusiveLock (REINDEX, DROP INDEX, and the last step of their
- * CONCURRENTLY forms) first takes or waits for a lock on the table that
- * this transaction's own RowExclusiveLock on it holds up to its end anyway.
- */
-static void
-close_indexes_keep_locks(ResultRelInfo *rri)
-{
-	int			i;
-
-	for (i = 0; i < rri->ri_NumIndices; i++)
-	{
-		Relation	index = rri->ri_IndexRelationDescs[i];
-
-		if (index == NULL)
-			continue;
-		IndexInsertCleanupCompat(index, rri->ri_IndexRelationInfo[i]);
-		index_close(index, NoLock);
-		rri->ri_IndexRelationDescs[i] = NULL;
-	}
-	/* ExecCloseResultRelations() has nothing of rri's left to close */
-	rri->ri_NumIndices = 0;
-}
-
-/*
  * The row in slot inserted as INSERT ... ON CONFLICT (the key of unique
  * index payidem.<arbiter>) DO NOTHING inserts it, through the executor's steps: the
  * row's constraints; the pre-check of the arbiter (waiting for a concurrent
@@ -1392,7 +1361,7 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 	PG_END_TRY();
 	ExecCloseResultRelations(estate);	/* what the AFTER triggers opened */
 
-	close_indexes_keep_locks(rri);
+	ExecCloseIndices(rri);
 	ExecResetTupleTable(estate->es_tupleTable, false);
 	if (arbiter >= 0)
 	{
@@ -1956,7 +1925,7 @@ payidem_insert_new(Relation rel, Oid arbiter, const PayidemChecks *checks, int n
 		result = spec_conflict ? 0 : 1;
 	}
 
-	close_indexes_keep_locks(rri);
+	ExecCloseIndices(rri);
 	ExecResetTupleTable(estate->es_tupleTable, false);
 	UnregisterSnapshot(estate->es_snapshot);
 	estate->es_snapshot = InvalidSnapshot;
@@ -2257,8 +2226,7 @@ payidem_update(PayidemUpdate *t, ItemPointer tid, Datum key,
 	PG_END_TRY();
 
 	EvalPlanQualEnd(&epqstate);
-	close_indexes_keep_locks(rri);
-	ExecCloseResultRelations(estate);	/* any a trigger opened */
+	ExecCloseResultRelations(estate);	/* its indexes, and any a trigger opened */
 	ExecCloseRangeTableRelations(estate);
 	ExecResetTupleTable(estate->es_tupleTable, false);
 	UnregisterSnapshot(snapshot);
