@@ -5151,8 +5151,22 @@ ALTER DOMAIN payidem.refund_number ADD CONSTRAINT refund_number_format CHECK (CA
 
 -- status_log keyed by log_id alone (states): a logged change writes its
 -- entry at the right end of the key instead of in the middle of each
--- entity's history (a row inserted by hand with a log_id already used, which
--- the old key let in for another entity, makes this fail with 23505)
+-- entity's history.  A row inserted by hand with a log_id already used, which
+-- the old key let in for another entity, is refused first, with what to do.
+DO $$
+DECLARE
+	dup bigint;
+BEGIN
+	SELECT log_id INTO dup FROM payidem.status_log GROUP BY log_id HAVING count(*) > 1
+	 ORDER BY log_id LIMIT 1;
+	IF FOUND THEN
+		RAISE EXCEPTION 'payidem.status_log has rows that share a log_id, which its key in 1.1 refuses'
+			USING ERRCODE = '23505',
+				  DETAIL = format('log_id %s is on more than one row; payidem''s triggers take every log_id from payidem.status_log_log_id_seq, so these rows were inserted by hand.', dup),
+				  HINT = 'Give all but one of each such set a new log_id (nextval(''payidem.status_log_log_id_seq'')) as a superuser, with the trigger status_log_append_only disabled for that one change, then run ALTER EXTENSION payidem UPDATE again.';
+	END IF;
+END
+$$;
 ALTER TABLE payidem.status_log DROP CONSTRAINT status_log_pkey,
 	ADD CONSTRAINT status_log_pkey PRIMARY KEY (log_id);
 

@@ -231,9 +231,10 @@ SELECT count(*) FROM (
 	SELECT 'payment' AS entity, payment_no AS no, status FROM payidem.payment
 	UNION ALL SELECT 'order', order_no, status FROM payidem."order"
 	UNION ALL SELECT 'refund', refund_no, status FROM payidem.refund) cur
- WHERE cur.status IS DISTINCT FROM (SELECT l.to_status FROM payidem.status_log l
-                                     WHERE l.entity = cur.entity AND l.entity_no = cur.no
-                                     ORDER BY l.log_id DESC LIMIT 1))),
+ LEFT JOIN (SELECT DISTINCT ON (entity, entity_no) entity, entity_no, to_status
+              FROM payidem.status_log ORDER BY entity, entity_no, log_id DESC) l
+        ON l.entity = cur.entity AND l.entity_no = cur.no
+ WHERE cur.status IS DISTINCT FROM l.to_status)),
 	'0', 'the last logged status of every row is its current status');
 is( $node->safe_psql(
 		'postgres', q(

@@ -442,9 +442,10 @@ is($q->(q{SELECT count(*) FROM (
 		UNION ALL SELECT 'order', order_no, status FROM payidem."order"
 		UNION ALL SELECT 'refund', refund_no, status FROM payidem.refund
 		UNION ALL SELECT 'payout', payout_no, status FROM payidem.payout) cur
-	WHERE cur.status IS DISTINCT FROM (SELECT l.to_status FROM payidem.status_log l
-	                                    WHERE l.entity = cur.entity AND l.entity_no = cur.no
-	                                    ORDER BY l.log_id DESC LIMIT 1)}), '0',
+	LEFT JOIN (SELECT DISTINCT ON (entity, entity_no) entity, entity_no, to_status
+	             FROM payidem.status_log ORDER BY entity, entity_no, log_id DESC) l
+	       ON l.entity = cur.entity AND l.entity_no = cur.no
+	WHERE cur.status IS DISTINCT FROM l.to_status}), '0',
 	'the latest status_log row of every row (payouts too) is its status');
 
 # ---------------------------------------------------------------- DESIGN §11: what the storm did to the books

@@ -14,7 +14,7 @@
 # rows with one job, the rest with 4).
 #
 # Then: every payidem table has the same row count and the same checksum
-# (md5 of its rows ordered by primary key) on both sides, the journal, the
+# (md5 of its rows in the order of their text) on both sides, the journal, the
 # balances and the settled items among them, and verify() finds nothing
 # wrong; the state-machine triggers are enabled again; the whitelist (also the
 # DBA's rows), the append-only log, the journal's check at commit and the

@@ -102,9 +102,10 @@ is( $node->safe_psql('smith', q{
 		SELECT 'payment' AS entity, payment_no AS no, status FROM payidem.payment
 		UNION ALL SELECT 'order', order_no, status FROM payidem."order"
 		UNION ALL SELECT 'refund', refund_no, status FROM payidem.refund) cur
-	 WHERE cur.status IS DISTINCT FROM (SELECT l.to_status FROM payidem.status_log l
-	                                     WHERE l.entity = cur.entity AND l.entity_no = cur.no
-	                                     ORDER BY l.log_id DESC LIMIT 1)}),
+	 LEFT JOIN (SELECT DISTINCT ON (entity, entity_no) entity, entity_no, to_status
+	              FROM payidem.status_log ORDER BY entity, entity_no, log_id DESC) l
+	        ON l.entity = cur.entity AND l.entity_no = cur.no
+	 WHERE cur.status IS DISTINCT FROM l.to_status}),
 	'0', 'the latest status_log row of every entity is still its current status');
 is($node->safe_psql('smith', q{SELECT count(*) FROM payidem.payment WHERE refunded_amount > amount}), '0',
 	'no payment refunded above its amount');

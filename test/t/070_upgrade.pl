@@ -278,5 +278,28 @@ like($fresh, qr/ALTER EXTENSION payidem ADD/, '... as members of the extension')
 my $objects = () = $fresh =~ /ALTER EXTENSION payidem ADD/g;
 same_schema($upgraded, $fresh, "the upgraded schema is the fresh $default schema ($objects objects)");
 
+# ---------------------------------------------------------------- 5. a log_id used twice
+# 1.1 keys status_log by log_id alone; rows inserted by hand that reuse one
+# (the old key let them in for another entity) stop the update with what to
+# do, and the update goes through once that is done as the hint says.
+$node->safe_psql('postgres', 'CREATE DATABASE dup_log');
+$node->safe_psql('dup_log', qq{CREATE EXTENSION payidem VERSION '$first';
+	INSERT INTO payidem.status_log (log_id, entity, entity_no, to_status)
+	VALUES (7, 'order', 'PO-by-hand', 'pending'), (7, 'payment', 'PY-by-hand', 'pending')});
+my ($rc, $out, $err) = $node->psql('dup_log', 'ALTER EXTENSION payidem UPDATE', on_error_stop => 1,
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+isnt($rc, 0, 'a log_id on two rows: the update is refused');
+like($err, qr/ERROR:  23505: payidem\.status_log has rows that share a log_id/, '... with 23505 and what is wrong');
+like($err, qr/DETAIL:  log_id 7 is on more than one row/, '... the log_id in DETAIL');
+like($err, qr/HINT:  Give all but one of each such set a new log_id/, '... and what to do in HINT');
+is($node->safe_psql('dup_log', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}), $first,
+	'... and the extension is left as it was');
+$node->safe_psql('dup_log', q{ALTER TABLE payidem.status_log DISABLE TRIGGER status_log_append_only;
+	UPDATE payidem.status_log SET log_id = nextval('payidem.status_log_log_id_seq') WHERE entity = 'payment' AND log_id = 7;
+	ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
+	ALTER EXTENSION payidem UPDATE});
+is($node->safe_psql('dup_log', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}), $default,
+	'renumbered as the hint says: the update goes through');
+
 $node->stop;
 done_testing();
