@@ -741,6 +741,20 @@ SELECT count(*) AS queued_with_triggers_off FROM payidem.order_expiry WHERE orde
 SELECT payidem.rebuild_expiry_queue() >= 1 AS rebuilt;
 SELECT count(*) AS queued_after_rebuild FROM payidem.order_expiry WHERE order_no = :'o_off';
 SELECT payidem.rebuild_expiry_queue() AS rebuilt_again;
+-- an order's expire_at moved while pending queues the new time, and moved
+-- back to a time already queued finds that row (ON CONFLICT DO NOTHING)
+UPDATE payidem."order" SET expire_at = expire_at + interval '1 hour' WHERE order_no = :'o_off';
+UPDATE payidem."order" SET expire_at = expire_at - interval '1 hour' WHERE order_no = :'o_off';
+SELECT count(*) AS queued_after_moves FROM payidem.order_expiry WHERE order_no = :'o_off';
+-- the row of an order just inserted is written without that pre-check (its
+-- number is new): a queue row of the same number, which only a number used
+-- again can meet (left here by hand), fails the insert with the queue's key
+SELECT payidem.gen_order_no('PO') AS o_again \gset
+INSERT INTO payidem.order_expiry (expire_at, order_no) VALUES ('2030-01-01 00:00+00', :'o_again');
+SELECT * FROM pg_temp.try(format($$INSERT INTO payidem."order" (order_no, merchant_no, out_trade_no, subject, amount, expire_at)
+                                   VALUES (%L, %L, 'HOT-0003', 'Tea leaves', 700, '2030-01-01 00:00+00')$$, :'o_again', :'m1'));
+SELECT count(*) AS order_not_written FROM payidem."order" WHERE order_no = :'o_again';
+DELETE FROM payidem.order_expiry WHERE order_no = :'o_again';
 
 -- The payment's keys follow every write of a payment, the flow's and a
 -- DBA's own, and are what rebuild_payment_keys() makes from the payments
