@@ -845,7 +845,7 @@ payidem_housekeeping_db_main(Datum main_arg)
  * queue's owner (an application writes orders through payidem's functions;
  * whoever else may write them need not be able to write the queue), as
  * INSERT ... ON CONFLICT DO NOTHING, a time queued twice being the same row
- * (an inserted order's as a plain INSERT: see below):
+ * (but create_order()'s, with a number just drawn: see fresh_order()):
  * directly (payidem_insert_row(), no statement per order), or through a
  * saved, schema-qualified plan of that statement where the queue has what a
  * direct insert cannot reproduce.
@@ -871,6 +871,48 @@ order_pending(Relation rel, HeapTuple tuple, TimestampTz *expire_at)
 		return false;
 	*expire_at = DatumGetTimestampTz(d);
 	return true;
+}
+
+/*
+ * The number create_order() drew from the generator for the order it is
+ * inserting, "" when none (payidem_expiry_fresh_order()).  The generator
+ * never gives a number twice, so no queue row holds that number yet: the
+ * order's row is queued as a plain insert, without ON CONFLICT's pre-check
+ * and speculative insertion (about 14,000 instructions of every
+ * create_order).  Every other insert of an order -- a DBA's, a reload's
+ * COPY after rows were removed under session_replication_role = replica,
+ * which leaves their queue rows -- keeps ON CONFLICT DO NOTHING.
+ */
+static char fresh_order_no[64] = "";
+
+void
+payidem_expiry_fresh_order(Datum order_no)
+{
+	text	   *t;
+	int			len;
+
+	fresh_order_no[0] = '\0';
+	if (order_no == (Datum) 0)
+		return;
+	t = DatumGetTextPP(order_no);
+	len = VARSIZE_ANY_EXHDR(t);
+	if (len <= 0 || len >= (int) sizeof(fresh_order_no))
+		return;
+	memcpy(fresh_order_no, VARDATA_ANY(t), len);
+	fresh_order_no[len] = '\0';
+}
+
+/* whether the order row the trigger fired for is create_order()'s, with its fresh number */
+static bool
+fresh_order(TriggerData *td, Datum order_no)
+{
+	text	   *t;
+
+	if (!TRIGGER_FIRED_BY_INSERT(td->tg_event) || fresh_order_no[0] == '\0')
+		return false;
+	t = DatumGetTextPP(order_no);
+	return VARSIZE_ANY_EXHDR(t) == strlen(fresh_order_no) &&
+		memcmp(VARDATA_ANY(t), fresh_order_no, VARSIZE_ANY_EXHDR(t)) == 0;
 }
 
 PG_FUNCTION_INFO_V1(payidem_queue_expiry);
@@ -923,16 +965,8 @@ payidem_queue_expiry(PG_FUNCTION_ARGS)
 	if (queue_insert == NULL)
 		queue_insert = payidem_insert_define(PAYIDEM_ORDER_EXPIRY, lengthof(queue_columns), queue_columns,
 											 queue_types);
-	/*
-	 * A row just inserted has a number no order had: its time is queued
-	 * by no one yet, so it is written without the pre-check of ON CONFLICT
-	 * (about 9,000 instructions of every create_order).  A queue row of
-	 * that number could only be left by an order deleted under
-	 * session_replication_role = replica, whose number is then used again:
-	 * that insert fails with the queue's 23505 instead of being let in.
-	 */
 	if (payidem_insert_row(queue_insert, values, nulls,
-						   TRIGGER_FIRED_BY_INSERT(td->tg_event) ? -1 : PAYIDEM_ORDER_EXPIRY_PKEY) < 0)
+						   fresh_order(td, values[1]) ? -1 : PAYIDEM_ORDER_EXPIRY_PKEY) < 0)
 	{
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");

@@ -51,6 +51,7 @@
 #include "catalog.h"
 #include "direct.h"
 #include "errcodes.h"
+#include "housekeeping.h"
 #include "order_no.h"
 #include "util.h"
 
@@ -261,11 +262,16 @@ insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, 
 	}
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_ORDER, ORDER_COLUMNS, columns, types);
+	/* the expiry queue's trigger writes this order's row without a pre-check (housekeeping.c) */
+	payidem_expiry_fresh_order(values[0]);
 	result = payidem_insert_row_refs(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY, &merchant_ref, 1,
 									 checked, checked_at);
 	*conflict = result == 0;
 	if (result >= 0)
+	{
+		payidem_expiry_fresh_order((Datum) 0);
 		return values[0];
+	}
 	for (i = 0; i < ORDER_COLUMNS; i++)
 		n[i] = nulls[i] ? 'n' : ' ';
 	if (SPI_connect() != SPI_OK_CONNECT)
@@ -283,6 +289,7 @@ insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, 
 	if (!isnull)
 		stored = SPI_datumTransfer(stored, false, -1);
 	SPI_finish();
+	payidem_expiry_fresh_order((Datum) 0);
 	*conflict = isnull;
 	return stored;
 }
