@@ -5151,24 +5151,30 @@ ALTER DOMAIN payidem.refund_number ADD CONSTRAINT refund_number_format CHECK (CA
 
 -- status_log keyed by log_id alone (states): a logged change writes its
 -- entry at the right end of the key instead of in the middle of each
--- entity's history.  A row inserted by hand with a log_id already used, which
--- the old key let in for another entity, is refused first, with what to do.
+-- entity's history.  Two rows with one log_id (written by hand, or while the
+-- sequence stood behind the log), which the old key let in for two entities,
+-- stop the update with what to do (README, "If the update to 1.1 stops at
+-- status_log"); then the sequence is put past the log where it stood behind,
+-- so that a status change does not repeat a log_id, and the log's guard is
+-- stated as it must stand.
 DO $$
 DECLARE
-	dup bigint;
+	detail text;
 BEGIN
-	SELECT log_id INTO dup FROM payidem.status_log GROUP BY log_id HAVING count(*) > 1
-	 ORDER BY log_id LIMIT 1;
-	IF FOUND THEN
-		RAISE EXCEPTION 'payidem.status_log has rows that share a log_id, which its key in 1.1 refuses'
-			USING ERRCODE = '23505',
-				  DETAIL = format('log_id %s is on more than one row; payidem''s triggers take every log_id from payidem.status_log_log_id_seq, so these rows were inserted by hand.', dup),
-				  HINT = 'Give all but one of each such set a new log_id (nextval(''payidem.status_log_log_id_seq'')) as a superuser, with the trigger status_log_append_only disabled for that one change, then run ALTER EXTENSION payidem UPDATE again.';
-	END IF;
+	ALTER TABLE payidem.status_log DROP CONSTRAINT status_log_pkey,
+		ADD CONSTRAINT status_log_pkey PRIMARY KEY (log_id);
+EXCEPTION WHEN unique_violation THEN
+	GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+	RAISE EXCEPTION 'payidem.status_log has rows that share a log_id, which its key in 1.1 refuses'
+		USING ERRCODE = '23505',
+			  DETAIL = detail || ' Rows share a log_id when inserted by hand, or written while payidem.status_log_log_id_seq stood behind the log.',
+			  HINT = 'Renumber the rows written since the first repeat as README.md shows ("If the update to 1.1 stops at status_log"), then run ALTER EXTENSION payidem UPDATE again.';
 END
 $$;
-ALTER TABLE payidem.status_log DROP CONSTRAINT status_log_pkey,
-	ADD CONSTRAINT status_log_pkey PRIMARY KEY (log_id);
+SELECT pg_catalog.setval('payidem.status_log_log_id_seq', x.top)
+  FROM (SELECT max(log_id) AS top FROM payidem.status_log) x, payidem.status_log_log_id_seq s
+ WHERE x.top > s.last_value OR (x.top = s.last_value AND NOT s.is_called);
+ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
 
 -- associated data binding a sealed record to its row: for a merchant's API
 -- secret 'merchant_secret:<merchant_no>:<version>' (src/crypto.c, which the

@@ -19,7 +19,10 @@
 #   4. the upgraded schema is compared with a fresh install of the default
 #      version: pg_dump --schema-only --binary-upgrade (which, unlike a plain
 #      dump, writes every object of the extension), without its OIDs and
-#      transaction ids — identical.
+#      transaction ids — identical;
+#   5. a 1.0 log with a log_id on two rows (a sequence set back) stops the
+#      update to 1.1 with what to do; README's renumbering block, run as it is
+#      written there, lets it through with every history in order.
 use strict;
 use warnings;
 
@@ -279,27 +282,57 @@ my $objects = () = $fresh =~ /ALTER EXTENSION payidem ADD/g;
 same_schema($upgraded, $fresh, "the upgraded schema is the fresh $default schema ($objects objects)");
 
 # ---------------------------------------------------------------- 5. a log_id used twice
-# 1.1 keys status_log by log_id alone; rows inserted by hand that reuse one
-# (the old key let them in for another entity) stop the update with what to
-# do, and the update goes through once that is done as the hint says.
+# 1.1 keys status_log by log_id alone.  Under 1.0 a sequence set back (a copy
+# or switch-over without its setval) made payidem write log_ids already used,
+# for other entities, which the old key let in: the update stops with what to
+# do, and goes through once README's block (run here as it is written there)
+# has renumbered the rows, each entity's history in the order it was written
+# and the log's guard as it must stand.
 $node->safe_psql('postgres', 'CREATE DATABASE dup_log');
-$node->safe_psql('dup_log', qq{CREATE EXTENSION payidem VERSION '$first';
-	INSERT INTO payidem.status_log (log_id, entity, entity_no, to_status)
-	VALUES (7, 'order', 'PO-by-hand', 'pending'), (7, 'payment', 'PY-by-hand', 'pending')});
+$node->safe_psql('dup_log', "CREATE EXTENSION payidem VERSION '$first'");
+my $log_row = sub {
+	my ($no, $from, $to) = @_;
+	$node->safe_psql('dup_log', "INSERT INTO payidem.status_log (entity, entity_no, from_status, to_status)
+		VALUES ('order', '$no', " . ($from ? "'$from'" : 'NULL') . ", '$to')");
+};
+$log_row->('PO-A', undef, 'pending');
+$log_row->('PO-A', 'pending', 'paid');
+$log_row->('PO-A', 'paid', 'refunded');
+$node->safe_psql('dup_log', q{SELECT setval('payidem.status_log_log_id_seq', 1, false)});
+$log_row->('PO-B', undef, 'pending');
+$log_row->('PO-B', 'pending', 'paid');
+$log_row->('PO-C', undef, 'pending');
 my ($rc, $out, $err) = $node->psql('dup_log', 'ALTER EXTENSION payidem UPDATE', on_error_stop => 1,
 	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
 isnt($rc, 0, 'a log_id on two rows: the update is refused');
 like($err, qr/ERROR:  23505: payidem\.status_log has rows that share a log_id/, '... with 23505 and what is wrong');
-like($err, qr/DETAIL:  log_id 7 is on more than one row/, '... the log_id in DETAIL');
-like($err, qr/HINT:  Give all but one of each such set a new log_id/, '... and what to do in HINT');
+like($err, qr/DETAIL:  Key \(log_id\)=\(\d+\) is duplicated\. Rows share a log_id when/, '... the log_id in DETAIL');
+like($err, qr/HINT:  Renumber the rows written since the first repeat as README\.md shows/, '... and what to do in HINT');
 is($node->safe_psql('dup_log', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}), $first,
 	'... and the extension is left as it was');
-$node->safe_psql('dup_log', q{ALTER TABLE payidem.status_log DISABLE TRIGGER status_log_append_only;
-	UPDATE payidem.status_log SET log_id = nextval('payidem.status_log_log_id_seq') WHERE entity = 'payment' AND log_id = 7;
-	ALTER TABLE payidem.status_log ENABLE ALWAYS TRIGGER status_log_append_only;
-	ALTER EXTENSION payidem UPDATE});
+my $readme = slurp_file(($ENV{TESTDIR} // ".") . "/README.md");
+my ($renumber) = $readme =~ /<!-- status_log renumbering[^\n]*-->\n```sql\n(.*?)```/s;
+ok(defined $renumber, "README's renumbering block is found");
+$node->safe_psql('dup_log', $renumber);
 is($node->safe_psql('dup_log', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}), $default,
-	'renumbered as the hint says: the update goes through');
+	'renumbered as README shows: the update goes through');
+is($node->safe_psql('dup_log', q{SELECT string_agg(entity_no || ':' || to_status, ' ' ORDER BY log_id)
+	FROM payidem.status_log}), 'PO-A:pending PO-A:paid PO-A:refunded PO-B:pending PO-B:paid PO-C:pending',
+	'... every history in the order it was written');
+is($node->safe_psql('dup_log', q{SELECT tgenabled FROM pg_trigger WHERE tgname = 'status_log_append_only'}), 'A',
+	'... the log\'s guard enabled ALWAYS, as before');
+is($node->safe_psql('dup_log', q{SELECT nextval('payidem.status_log_log_id_seq') > max(log_id) FROM payidem.status_log}), 't',
+	'... and the sequence past every log_id');
+
+# a sequence behind the log with no repeat yet: the update puts it past the log
+$node->safe_psql('postgres', 'CREATE DATABASE behind_log');
+$node->safe_psql('behind_log', "CREATE EXTENSION payidem VERSION '$first'");
+$node->safe_psql('behind_log', q{INSERT INTO payidem.status_log (entity, entity_no, to_status)
+	SELECT 'order', 'PO-' || i, 'pending' FROM generate_series(1, 5) i;
+	SELECT setval('payidem.status_log_log_id_seq', 2)});
+$node->safe_psql('behind_log', 'ALTER EXTENSION payidem UPDATE');
+is($node->safe_psql('behind_log', q{SELECT nextval('payidem.status_log_log_id_seq')}), '6',
+	'a sequence behind the log: the update puts it past the last log_id');
 
 $node->stop;
 done_testing();
