@@ -881,7 +881,11 @@ order_pending(Relation rel, HeapTuple tuple, TimestampTz *expire_at)
  * and speculative insertion (about 14,000 instructions of every
  * create_order).  Every other insert of an order -- a DBA's, a reload's
  * COPY after rows were removed under session_replication_role = replica,
- * which leaves their queue rows -- keeps ON CONFLICT DO NOTHING.
+ * which leaves their queue rows -- keeps ON CONFLICT DO NOTHING.  (A DBA's
+ * own AFTER INSERT trigger on "order" that sorts before order_expiry_queue
+ * and queues the new order itself, by rebuild_expiry_queue() or by moving
+ * its expire_at and back, would make create_order() fail with the queue's
+ * 23505: the one way a fresh number meets a queue row.)
  */
 static char fresh_order_no[64] = "";
 

@@ -227,6 +227,48 @@ type_admitted(Datum types, const char *merchant_type, char **list)
  */
 #define ORDER_COLUMNS 9
 
+/*
+ * The order's insert, directly or by the statement, with its number (values[0])
+ * made known to the expiry queue's trigger, which then writes the order's row
+ * without a pre-check (housekeeping.c), and forgotten once the insert is
+ * over, also when it fails.
+ */
+static int
+insert_fresh(PayidemInsert *ins, const Datum *values, const bool *nulls, PayidemLockedRef *merchant_ref,
+			 const Oid *checked, uint64 checked_at)
+{
+	volatile int result = -1;
+
+	payidem_expiry_fresh_order(values[0]);
+	PG_TRY();
+	{
+		result = payidem_insert_row_refs(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY, merchant_ref, 1,
+										 checked, checked_at);
+	}
+	PG_FINALLY();
+	{
+		payidem_expiry_fresh_order((Datum) 0);
+	}
+	PG_END_TRY();
+	return result;
+}
+
+static void
+execute_fresh(SPIPlanPtr plan, const Datum *values, const char *nulls)
+{
+	payidem_expiry_fresh_order(values[0]);
+	PG_TRY();
+	{
+		if (SPI_execute_plan(plan, (Datum *) values, nulls, false, 0) != SPI_OK_INSERT_RETURNING)
+			elog(ERROR, "payidem: the insert of an order failed");
+	}
+	PG_FINALLY();
+	{
+		payidem_expiry_fresh_order((Datum) 0);
+	}
+	PG_END_TRY();
+}
+
 static Datum
 insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, uint64 checked_at,
 			 ItemPointer merchant_tid, bool *conflict)
@@ -262,16 +304,10 @@ insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, 
 	}
 	if (ins == NULL)
 		ins = payidem_insert_define(PAYIDEM_ORDER, ORDER_COLUMNS, columns, types);
-	/* the expiry queue's trigger writes this order's row without a pre-check (housekeeping.c) */
-	payidem_expiry_fresh_order(values[0]);
-	result = payidem_insert_row_refs(ins, values, nulls, PAYIDEM_ORDER_OUT_TRADE_NO_KEY, &merchant_ref, 1,
-									 checked, checked_at);
+	result = insert_fresh(ins, values, nulls, &merchant_ref, checked, checked_at);
 	*conflict = result == 0;
 	if (result >= 0)
-	{
-		payidem_expiry_fresh_order((Datum) 0);
 		return values[0];
-	}
 	for (i = 0; i < ORDER_COLUMNS; i++)
 		n[i] = nulls[i] ? 'n' : ' ';
 	if (SPI_connect() != SPI_OK_CONNECT)
@@ -282,14 +318,12 @@ insert_order(const Datum *args, const bool *args_null, const Oid *args_checked, 
 					   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 					   " ON CONFLICT ON CONSTRAINT order_out_trade_no_key DO NOTHING"
 					   " RETURNING x.order_no", ORDER_COLUMNS, (Oid *) types);
-	if (SPI_execute_plan(insert_plan, values, n, false, 0) != SPI_OK_INSERT_RETURNING)
-		elog(ERROR, "payidem: the insert of an order failed");
+	execute_fresh(insert_plan, values, n);
 	if (SPI_processed == 1)
 		stored = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (!isnull)
 		stored = SPI_datumTransfer(stored, false, -1);
 	SPI_finish();
-	payidem_expiry_fresh_order((Datum) 0);
 	*conflict = isnull;
 	return stored;
 }
