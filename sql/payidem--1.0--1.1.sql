@@ -5167,8 +5167,8 @@ EXCEPTION WHEN unique_violation THEN
 	GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
 	RAISE EXCEPTION 'payidem.status_log has rows that share a log_id, which its key in 1.1 refuses'
 		USING ERRCODE = '23505',
-			  DETAIL = detail || ' Rows share a log_id when inserted by hand, or written while payidem.status_log_log_id_seq stood behind the log.',
-			  HINT = 'Renumber the rows written since the first repeat as README.md shows ("If the update to 1.1 stops at status_log"), then run ALTER EXTENSION payidem UPDATE again.';
+			  DETAIL = detail || ' Rows share a log_id when written after payidem.status_log_log_id_seq was set back, or inserted by hand.',
+			  HINT = 'Renumber the rows written since the sequence was set back as README.md shows ("If the update to 1.1 stops at status_log"), then run ALTER EXTENSION payidem UPDATE again.';
 END
 $$;
 SELECT pg_catalog.setval('payidem.status_log_log_id_seq', x.top)

@@ -298,26 +298,37 @@ my $log_row = sub {
 $log_row->('PO-A', undef, 'pending');
 $log_row->('PO-A', 'pending', 'paid');
 $log_row->('PO-A', 'paid', 'refunded');
-$node->safe_psql('dup_log', q{SELECT setval('payidem.status_log_log_id_seq', 1, false)});
+# (a number used by a transaction rolled back: the set-back's first row takes it)
+$node->safe_psql('dup_log', q{BEGIN; SELECT nextval('payidem.status_log_log_id_seq'); ROLLBACK});
 $log_row->('PO-B', undef, 'pending');
 $log_row->('PO-B', 'pending', 'paid');
+$node->safe_psql('dup_log', q{SELECT setval('payidem.status_log_log_id_seq', 3)});
+my $set_back_at = $node->safe_psql('dup_log', q{SELECT clock_timestamp()});
+$log_row->('PO-B', 'paid', 'refunded');
 $log_row->('PO-C', undef, 'pending');
+# a transaction that began before another's rows and wrote after them
+my $early = $node->background_psql('dup_log');
+$early->query_safe('BEGIN; SELECT txid_current()');
+$log_row->('PO-D', undef, 'pending');
+$early->query_safe(q{INSERT INTO payidem.status_log (entity, entity_no, from_status, to_status)
+	VALUES ('order', 'PO-D', 'pending', 'paid'); COMMIT});
+$early->quit;
 my ($rc, $out, $err) = $node->psql('dup_log', 'ALTER EXTENSION payidem UPDATE', on_error_stop => 1,
 	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
 isnt($rc, 0, 'a log_id on two rows: the update is refused');
 like($err, qr/ERROR:  23505: payidem\.status_log has rows that share a log_id/, '... with 23505 and what is wrong');
-like($err, qr/DETAIL:  Key \(log_id\)=\(\d+\) is duplicated\. Rows share a log_id when/, '... the log_id in DETAIL');
-like($err, qr/HINT:  Renumber the rows written since the first repeat as README\.md shows/, '... and what to do in HINT');
+like($err, qr/DETAIL:  Key \(log_id\)=\(\d+\) is duplicated\. Rows share a log_id when written after/, '... the log_id in DETAIL');
+like($err, qr/HINT:  Renumber the rows written since the sequence was set back as README\.md shows/, '... and what to do in HINT');
 is($node->safe_psql('dup_log', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}), $first,
 	'... and the extension is left as it was');
 my $readme = slurp_file(($ENV{TESTDIR} // ".") . "/README.md");
 my ($renumber) = $readme =~ /<!-- status_log renumbering[^\n]*-->\n```sql\n(.*?)```/s;
 ok(defined $renumber, "README's renumbering block is found");
-$node->safe_psql('dup_log', $renumber);
+$node->safe_psql('dup_log', $renumber =~ s/^\\set set_back_at .*$/\\set set_back_at '$set_back_at'/mr);
 is($node->safe_psql('dup_log', q{SELECT extversion FROM pg_extension WHERE extname = 'payidem'}), $default,
 	'renumbered as README shows: the update goes through');
 is($node->safe_psql('dup_log', q{SELECT string_agg(entity_no || ':' || to_status, ' ' ORDER BY log_id)
-	FROM payidem.status_log}), 'PO-A:pending PO-A:paid PO-A:refunded PO-B:pending PO-B:paid PO-C:pending',
+	FROM payidem.status_log}), 'PO-A:pending PO-A:paid PO-A:refunded PO-B:pending PO-B:paid PO-B:refunded PO-C:pending PO-D:pending PO-D:paid',
 	'... every history in the order it was written');
 is($node->safe_psql('dup_log', q{SELECT tgenabled FROM pg_trigger WHERE tgname = 'status_log_append_only'}), 'A',
 	'... the log\'s guard enabled ALWAYS, as before');
