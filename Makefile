@@ -27,8 +27,9 @@ OBJS_STATE     = src/state_machine.o src/ledger.o
 OBJS_MERCHANT  = src/crypto.o
 OBJS_RECON     = src/recon.o
 OBJS_SETTLE    = src/journal.o
+OBJS_ROUTER    = src/router.o
 OBJS_FLOW      = src/orders.o src/payment_result.o src/payment_decision.o src/payment_keys.o src/read_api.o src/notify.o
-OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_SETTLE) $(OBJS_FLOW)
+OBJS = $(OBJS_CORE) $(OBJS_ORDER_NO) $(OBJS_IDEM) $(OBJS_STATE) $(OBJS_MERCHANT) $(OBJS_RECON) $(OBJS_SETTLE) $(OBJS_FLOW) $(OBJS_ROUTER)
 
 # The install script of the version in development is assembled from its
 # parts (sql/parts/<part>.sql), in this order: tables before the functions
@@ -81,12 +82,14 @@ PROVE_TESTS = $(wildcard test/t/*.pl)
 NO_INSTALLCHECK = 1
 
 # the library knows the version it was built as (payidem.library_version())
-PG_CPPFLAGS = -I$(srcdir)/src -DPAYIDEM_VERSION='"$(EXTVERSION)"'
+PG_CPPFLAGS = -I$(srcdir)/src -I$(libpq_srcdir) -DPAYIDEM_VERSION='"$(EXTVERSION)"'
 # -Wall comes with PGXS; -Wextra minus the warnings PostgreSQL's own headers trip.
 # CI adds -Werror through PG_CFLAGS on the command line (see scripts/test).
 override PG_CFLAGS += -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	-Wno-missing-field-initializers -Wno-cast-function-type
 SHLIB_LINK += -lcrypto
+# the router's hot calls reach the shards through libpq (src/router.c)
+SHLIB_LINK_INTERNAL = $(libpq)
 
 # rebuild an object when a header it includes changes (.deps/, as PostgreSQL's
 # own --enable-depend builds do)

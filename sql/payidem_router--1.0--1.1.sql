@@ -480,8 +480,100 @@ BEGIN ATOMIC
 	 WHERE p.pronamespace = 'payidem'::regnamespace
 	   AND (p.proname IN (SELECT a.name FROM api a)
 			OR p.proname IN (SELECT '_proxy_' || a.name FROM api a)
-			OR p.proname IN ('_shard_error', '_shard_error_parts', '_partition_in'));
+			OR p.proname IN ('_shard_error', '_shard_error_parts', '_partition_in', '_shard_failure'));
 END;
+
+------------------------------------------------------------------------------
+-- #41: the router's hot calls without PL/Proxy's per-call costs.
+-- gen_order_no(), get_order() and apply_payment_result() are C (router.c in
+-- the payidem library): each goes to its shard over a connection this
+-- backend keeps, as a statement the shard keeps prepared, and raises what
+-- the shard raised as the shard raised it, with no exception block.  The
+-- cluster is still PL/Proxy's (server payidem and its user mappings); the
+-- other functions stay PL/Proxy functions.  The routing decisions -- the
+-- partition count, a partition that exists, a number's partition -- are C
+-- too, taken once for both kinds of function; the partition count is read
+-- again only when server payidem changes.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION payidem.cluster_partitions()
+RETURNS integer
+AS '$libdir/payidem', 'payidem_router_cluster_partitions'
+LANGUAGE C STABLE;
+
+CREATE OR REPLACE FUNCTION payidem.check_partition(partition integer)
+RETURNS integer
+AS '$libdir/payidem', 'payidem_router_check_partition'
+LANGUAGE C STABLE;
+
+CREATE OR REPLACE FUNCTION payidem.partition_of(number text, kind text)
+RETURNS integer
+AS '$libdir/payidem', 'payidem_router_partition_of'
+LANGUAGE C STABLE;
+
+CREATE OR REPLACE FUNCTION payidem.gen_order_no(prefix text DEFAULT 'PO')
+RETURNS text
+AS '$libdir/payidem', 'payidem_router_call'
+LANGUAGE C VOLATILE;
+
+CREATE OR REPLACE FUNCTION payidem.get_order(order_no text)
+RETURNS jsonb
+AS '$libdir/payidem', 'payidem_router_call'
+LANGUAGE C STABLE;
+
+CREATE OR REPLACE FUNCTION payidem.apply_payment_result(payment_no text, source text, status text,
+	transaction_id text DEFAULT NULL, amount bigint DEFAULT NULL,
+	paid_at timestamptz DEFAULT NULL, raw jsonb DEFAULT NULL)
+RETURNS text
+AS '$libdir/payidem', 'payidem_router_call'
+LANGUAGE C VOLATILE;
+
+-- A success's transaction id placed for bills, in C (the rule and the
+-- write: router.c's place_transaction()); apply_payment_result() calls it
+-- there, apply_payment_result_ex() through this function.
+CREATE OR REPLACE FUNCTION payidem._place_transaction(outcome text, payment_no text, status text, transaction_id text)
+RETURNS text
+AS '$libdir/payidem', 'payidem_router_place_transaction'
+LANGUAGE C VOLATILE;
+
+-- A shard that cannot be reached, or was lost during a call, in the words
+-- the C calls use (08006), for the PL/Proxy functions' error wrapper too.
+CREATE FUNCTION payidem._shard_failure(lost boolean, partition integer, database text, reason text,
+	OUT state text, OUT message text, OUT detail text, OUT hint text)
+AS '$libdir/payidem', 'payidem_router_shard_failure'
+LANGUAGE C STABLE;
+COMMENT ON FUNCTION payidem._shard_failure(boolean, integer, text, text) IS
+	'Router: 08006 for a shard that cannot be reached (lost false) or whose connection was lost during a call, naming its partition (NULL: not known) and database, with what libpq or the shard said as DETAIL.';
+
+CREATE OR REPLACE FUNCTION payidem._shard_error_parts(INOUT state text, INOUT message text, INOUT detail text, INOUT hint text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+	v_remote constant text := '^(PL/Proxy function )?[^ ]+\([0-9]+\): \[([^]]*)\] REMOTE (ERROR|FATAL): ';
+	v_local constant text := '^PL/Proxy function [^ ]+\([0-9]+\): \[([^]]*)\] ';
+	v_db text;
+	v_lost boolean;
+BEGIN
+	IF message ~ v_remote THEN
+		v_db := substring(message FROM v_remote);
+		message := regexp_replace(message, v_remote, '');
+		detail := nullif(regexp_replace(detail, '^Remote detail: ', ''), '');
+		hint := nullif(regexp_replace(hint, '^Remote hint: ', ''), '');
+		IF state !~ '^57P0' THEN
+			RETURN;
+		END IF;
+		-- the shard ended the session (shut down, terminated): the call was lost
+		v_lost := true;
+		detail := message;
+	ELSIF message ~ v_local AND message ~* 'connect|connection' THEN
+		v_db := substring(message FROM v_local);
+		v_lost := message !~ '\] PQconnect';
+		detail := regexp_replace(message, v_local || '(PQ[A-Za-z]+: )?', '');
+	ELSE
+		RETURN;
+	END IF;
+	SELECT f.state, f.message, f.detail, f.hint INTO state, message, detail, hint
+	  FROM payidem._shard_failure(v_lost, payidem._partition_in(detail), v_db, detail) f;
+END
+$$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM PUBLIC;
 

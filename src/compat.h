@@ -287,6 +287,15 @@ CheckConstraintExprCompat(Relation rel, ConstrCheck *check)
 #endif
 
 /*
+ * USAGE (or another right) on a foreign server: the same fold in 16.
+ */
+#if PAYIDEM_PG_MAJOR >= 16
+#define ForeignServerAclCheckCompat(server, role, mode) object_aclcheck(ForeignServerRelationId, (server), (role), (mode))
+#else
+#define ForeignServerAclCheckCompat(server, role, mode) pg_foreign_server_aclcheck((server), (role), (mode))
+#endif
+
+/*
  * 19: pqsignal() takes a handler of two arguments (SIGNAL_ARGS), and
  * SIG_IGN is passed as PG_SIG_IGN.
  */

@@ -18,7 +18,7 @@
 #include "inval.h"
 
 #define PAYIDEM_MAX_CALLBACKS 12
-#define PAYIDEM_MAX_SYSCACHES 8
+#define PAYIDEM_MAX_SYSCACHES 10
 
 typedef struct RelcacheEntry
 {

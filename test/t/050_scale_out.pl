@@ -483,8 +483,23 @@ sub run_cluster
 # ---------------------------------------------------------------- 2 shards
 my ($router, $shards, $home, $stories) = run_cluster(2, 'two');
 
+# The C calls (gen_order_no, get_order, apply_payment_result) keep one
+# connection per shard in a router session, with each call's statement
+# prepared there: a session kept open across a shard's restart finds the
+# shard down (08006, not a lost call) and then back, without reconnecting
+# itself.
+my $kept = $router->background_psql('postgres', on_error_stop => 0);
+my $order_on_1 = "SELECT payidem.get_order('$stories->[1]{o}')->>'order_no'";
+is($kept->query_safe($order_on_1), $stories->[1]{o}, 'kept session: get_order reaches shard 1');
+is($kept->query_safe($order_on_1), $stories->[1]{o}, 'kept session: ... and again, prepared');
+
 # a shard that is down: calls routed to it fail clearly, the others work
 $shards->[1]->stop('fast');
+$kept->query("\\set VERBOSITY verbose\n$order_on_1");
+like($kept->{stderr}, qr/ERROR:  08006: shard 1 \(database "postgres"\) cannot be reached/,
+	'kept session: with the shard down, its idle connection is found closed and the shard unreachable (08006)');
+unlike($kept->{stderr}, qr/lost during the call/, 'kept session: ... not a call lost');
+$kept->{stderr} = '';	# (BackgroundPsql keeps an error's text for the next query)
 my $down_port = $shards->[1]->port;
 my ($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.close_payment('$stories->[1]{p}')");
 ok(!$ok && $err =~ /ERROR:  08006: shard 1 \(database "postgres"\) cannot be reached/
@@ -506,6 +521,29 @@ ok(!$ok, 'down shard: reconcile (all shards) fails rather than report partial co
 $shards->[1]->start;
 is($router->safe_psql('postgres', "SELECT payidem.refund('$stories->[1]{p}', 300, 'RF-1')"),
 	$stories->[1]{r}, 'shard back: calls routed to it work again');
+is($kept->query_safe($order_on_1), $stories->[1]{o}, 'shard back: the kept session reaches it again');
+
+# a call cut off on the router (statement_timeout) while its shard works
+# cancels it there and drops its connection; the session's next call works
+{
+	my $blocker = $shards->[1]->background_psql('postgres');
+	$blocker->query_safe('BEGIN');
+	$blocker->query_safe('LOCK TABLE payidem.payment IN ACCESS EXCLUSIVE MODE');
+	$kept->query("SET statement_timeout = '500ms'");
+	$kept->query("SELECT payidem.apply_payment_result('$stories->[1]{p}', 'callback', 'succeeded', 'TXN-two-1', 1000)");
+	like($kept->{stderr}, qr/canceling statement due to statement timeout/,
+		'cut off: a call waiting on its shard ends with the router\'s statement_timeout');
+	$kept->{stderr} = '';
+	ok($shards->[1]->poll_query_until('postgres', q{
+			SELECT count(*) = 0 FROM pg_stat_activity
+			 WHERE wait_event_type = 'Lock' AND query LIKE '%apply_payment_result%'}),
+		'cut off: ... and the shard\'s statement is cancelled, not left waiting');
+	$blocker->query_safe('ROLLBACK');
+	$blocker->quit;
+	$kept->query_safe('RESET statement_timeout');
+	is($kept->query_safe("SELECT payidem.apply_payment_result('$stories->[1]{p}', 'callback', 'succeeded', 'TXN-two-1', 1000)"),
+		'duplicate', 'cut off: the next call of the session works (a paid payment: duplicate)');
+}
 
 # ---------------------------------------------------------------- 2 grow to 4
 # Orders in flight (made, their payments begun, not paid) when the cluster
@@ -685,6 +723,13 @@ for my $part (2, 3)
 		'paid', "grow: ... on new shard $part");
 	push @grown, { part => $part, o => $go, p => $gp };
 }
+# a router session kept open since before the growth routes its C calls over
+# the four partitions (the change of server payidem reached it)
+is($kept->query_safe("SELECT payidem.get_order('$grown[-1]{o}')->>'order_no'"), $grown[-1]{o},
+	'grow: a router session open since before the growth reaches a new shard (get_order)');
+is($kept->query_safe(q{SELECT count(DISTINCT substr(payidem.gen_order_no(), 17, 2)) FROM generate_series(1, 64)}),
+	4, 'grow: ... and its gen_order_no() draws from all four partitions');
+$kept->quit;
 
 # a half-failed write of reference data is repaired by sync_shards()
 $shards[3]->stop('fast');
