@@ -547,7 +547,9 @@ COMMENT ON FUNCTION payidem._shard_failure(boolean, integer, text, text) IS
 CREATE OR REPLACE FUNCTION payidem._shard_error_parts(INOUT state text, INOUT message text, INOUT detail text, INOUT hint text)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-	v_remote constant text := '^(PL/Proxy function )?[^ ]+\([0-9]+\): \[([^]]*)\] REMOTE (ERROR|FATAL): ';
+	-- (the database is the one capturing group: 1.0 took the optional
+	-- prefix's group for it, naming no database)
+	v_remote constant text := '^(?:PL/Proxy function )?[^ ]+\([0-9]+\): \[([^]]*)\] REMOTE (?:ERROR|FATAL): ';
 	v_local constant text := '^PL/Proxy function [^ ]+\([0-9]+\): \[([^]]*)\] ';
 	v_db text;
 	v_lost boolean;

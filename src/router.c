@@ -65,6 +65,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/syscache.h"
+#include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
 #include "catalog.h"
@@ -113,7 +114,9 @@ typedef struct ShardConn
 {
 	PGconn	   *conn;
 	uint32		prepared;		/* bit i: routes[i]'s statement is prepared */
+	bool		connecting;		/* being made */
 	bool		busy;			/* a call is between its send and its answer */
+	PGresult   *res;			/* a result read while busy, not yet handed on */
 } ShardConn;
 
 static struct
@@ -129,6 +132,10 @@ static struct
 /* What one API function of the router is, kept per function (fn_oid). */
 typedef struct RouterCall
 {
+	MemoryContext cxt;			/* everything of this entry */
+	uint32		hash;			/* of fn_oid in the PROCOID syscache */
+	bool		stale;			/* the function changed: made again at the next call */
+	int			in_use;			/* calls under way with it */
 	Oid			fn_oid;
 	int			route;
 	int			nargs;
@@ -161,9 +168,10 @@ router_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
 	int			i;
 
-	/* (kept in TopMemoryContext; the FmgrInfos point into it) */
+	/* only marked: a call may be using it (router_call_of() frees it) */
 	for (i = 0; i < N_ROUTES; i++)
-		calls[i] = NULL;
+		if (calls[i] && (hashvalue == 0 || calls[i]->hash == hashvalue))
+			calls[i]->stale = true;
 }
 
 static void
@@ -207,6 +215,7 @@ drop_connections(void)
 		cluster.shards[i].conn = NULL;
 		cluster.shards[i].prepared = 0;
 		cluster.shards[i].busy = false;
+		cluster.shards[i].connecting = false;
 	}
 }
 
@@ -472,12 +481,17 @@ relay_notice(void *arg, const PGresult *res)
 	const char *severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
 	const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 	const char *message = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+	const char *detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+	const char *hint = PQresultErrorField(res, PG_DIAG_MESSAGE_HINT);
 
+	/* (interrupts are held while libpq reads: this returns to it) */
 	if (severity == NULL || strcmp(severity, "WARNING") != 0 || message == NULL)
 		return;
 	ereport(WARNING,
 			(state && strlen(state) == 5 ? errcode(MAKE_SQLSTATE(state[0], state[1], state[2], state[3], state[4])) : 0,
-			 errmsg_internal("%s", message)));
+			 errmsg_internal("%s", message),
+			 detail && *detail ? errdetail_internal("%s", detail) : 0,
+			 hint && *hint ? errhint("%s", hint) : 0));
 }
 
 static void
@@ -491,7 +505,7 @@ shard_connect(ShardConn *sc, int p)
 	sc->prepared = 0;
 	if (sc->conn == NULL)
 		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
-	sc->busy = true;
+	sc->connecting = true;
 	if (PQstatus(sc->conn) == CONNECTION_BAD)
 		raise_shard_failure(false, p, sc->conn, PQerrorMessage(sc->conn));
 	timeout = connect_timeout_ms(sc->conn);
@@ -504,7 +518,9 @@ shard_connect(ShardConn *sc, int p)
 		st = PQconnectPoll(sc->conn);
 	}
 	PQsetNoticeReceiver(sc->conn, relay_notice, NULL);
-	sc->busy = false;
+	/* libpq's own messages name no statement or context of the shard */
+	PQsetErrorVerbosity(sc->conn, PQERRORS_TERSE);
+	sc->connecting = false;
 }
 
 /*
@@ -543,41 +559,73 @@ shard_conn(int p)
 
 /*
  * Wait for the answer to what was sent on sc and return it (the last
- * result; errors are results too); a connection that fails meanwhile is
- * a lost call.
+ * result; errors are results too).  A connection that fails meanwhile is a
+ * lost call, told in the words of the shard's last error if it sent one
+ * (a terminated backend's FATAL), else libpq's.  Interrupts are served
+ * only while waiting: libpq reads (and hands a WARNING to relay_notice())
+ * with them held.
  */
 static PGresult *
 shard_answer(ShardConn *sc, int p)
 {
-	PGresult   *last = NULL;
 	PGresult   *res;
+	bool		failed = false;
 
+	Assert(sc->res == NULL);
 	for (;;)
 	{
-		while (PQisBusy(sc->conn))
+		bool		busy;
+
+		HOLD_INTERRUPTS();
+		busy = PQisBusy(sc->conn);
+		RESUME_INTERRUPTS();
+		while (busy && !failed)
 		{
 			wait_socket(sc->conn, false, -1);
-			if (!PQconsumeInput(sc->conn))
-			{
-				if (last)
-					PQclear(last);
-				raise_shard_failure(true, p, sc->conn, PQerrorMessage(sc->conn));
-			}
+			HOLD_INTERRUPTS();
+			failed = !PQconsumeInput(sc->conn);
+			busy = PQisBusy(sc->conn);
+			RESUME_INTERRUPTS();
 		}
+		HOLD_INTERRUPTS();
 		res = PQgetResult(sc->conn);
+		RESUME_INTERRUPTS();
 		if (res == NULL)
 			break;
-		if (last)
-			PQclear(last);
-		last = res;
+		if (sc->res)
+			PQclear(sc->res);
+		sc->res = res;
+		if (failed && PQstatus(sc->conn) == CONNECTION_BAD)
+			break;
 	}
-	if (last == NULL || PQstatus(sc->conn) != CONNECTION_OK)
+	res = sc->res;
+	sc->res = NULL;
+	if (failed || res == NULL || PQstatus(sc->conn) != CONNECTION_OK)
 	{
-		if (last)
-			PQclear(last);
-		raise_shard_failure(true, p, sc->conn, PQerrorMessage(sc->conn));
+		const char *f = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+		char	   *reason = pstrdup(f ? f : PQerrorMessage(sc->conn));
+
+		/*
+		 * Without the shard's own error (libpq drops it when the connection
+		 * ends after it): its first line, tersely "SEVERITY:  message", is
+		 * what the shard said.
+		 */
+		if (f == NULL)
+		{
+			char	   *nl = strchr(reason, '\n');
+			char	   *sep = strstr(reason, ":  ");
+
+			if (nl)
+				*nl = '\0';
+			if (sep && (nl == NULL || sep < nl))
+				reason = sep + 3;
+		}
+
+		if (res)
+			PQclear(res);
+		raise_shard_failure(true, p, sc->conn, reason);
 	}
-	return last;
+	return res;
 }
 
 /*
@@ -647,8 +695,17 @@ router_call_of(FunctionCallInfo fcinfo)
 	int			i;
 
 	for (i = 0; i < N_ROUTES; i++)
+	{
+		if (calls[i] && calls[i]->stale)
+		{
+			/* (one still in use by a call under way is left to it) */
+			if (calls[i]->in_use == 0)
+				MemoryContextDelete(calls[i]->cxt);
+			calls[i] = NULL;
+		}
 		if (calls[i] && calls[i]->fn_oid == fn_oid)
 			return calls[i];
+	}
 
 	register_callbacks();
 	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
@@ -662,8 +719,15 @@ router_call_of(FunctionCallInfo fcinfo)
 		strcmp(get_namespace_name(proc->pronamespace), "payidem") != 0)
 		elog(ERROR, "payidem's router call does not serve function %s", NameStr(proc->proname));
 
-	old = MemoryContextSwitchTo(TopMemoryContext);
-	c = palloc0(sizeof(RouterCall));
+	{
+		MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "payidem router call",
+												  ALLOCSET_SMALL_SIZES);
+
+		old = MemoryContextSwitchTo(cxt);
+		c = palloc0(sizeof(RouterCall));
+		c->cxt = cxt;
+	}
+	c->hash = GetSysCacheHashValue1(PROCOID, ObjectIdGetDatum(fn_oid));
 	c->fn_oid = fn_oid;
 	c->route = route;
 	c->nargs = proc->pronargs;
@@ -681,7 +745,7 @@ router_call_of(FunctionCallInfo fcinfo)
 			getTypeBinaryOutputInfo(type, &func, &varlena);
 		else
 			getTypeOutputInfo(type, &func, &varlena);
-		fmgr_info_cxt(func, &c->out[i], TopMemoryContext);
+		fmgr_info_cxt(func, &c->out[i], c->cxt);
 		appendStringInfo(&sql, "%s$%d", i > 0 ? ", " : "", i + 1);
 	}
 	appendStringInfoChar(&sql, ')');
@@ -696,7 +760,7 @@ router_call_of(FunctionCallInfo fcinfo)
 			getTypeBinaryInputInfo(c->rettype, &func, &c->ioparam);
 		else
 			getTypeInputInfo(c->rettype, &func, &c->ioparam);
-		fmgr_info_cxt(func, &c->in, TopMemoryContext);
+		fmgr_info_cxt(func, &c->in, c->cxt);
 	}
 	MemoryContextSwitchTo(old);
 	ReleaseSysCache(tup);
@@ -883,6 +947,49 @@ place_transaction(text *outcome, text *payment_no, text *status, text *transacti
 }
 
 /*
+ * Ask the shard to cancel the statement in flight on conn, waiting at most a
+ * few seconds for it to take the request (libpq 17 on: without blocking; an
+ * older libpq's PQcancel() waits as PL/Proxy's does).
+ */
+static void
+cancel_call(PGconn *conn)
+{
+#ifdef LIBPQ_HAS_ASYNC_CANCEL
+	PGcancelConn *cc = PQcancelCreate(conn);
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 5000);
+
+	if (cc != NULL && PQcancelStart(cc))
+	{
+		PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+
+		while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED)
+		{
+			long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+
+			if (left <= 0)
+				break;
+			(void) WaitLatchOrSocket(NULL,
+									 WL_EXIT_ON_PM_DEATH | WL_TIMEOUT |
+									 (st == PGRES_POLLING_WRITING ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE),
+									 PQcancelSocket(cc), left, PG_WAIT_EXTENSION);
+			st = PQcancelPoll(cc);
+		}
+	}
+	if (cc != NULL)
+		PQcancelFinish(cc);
+#else
+	PGcancel   *cancel = PQgetCancel(conn);
+	char		errbuf[256];
+
+	if (cancel)
+	{
+		PQcancel(cancel, errbuf, sizeof(errbuf));
+		PQfreeCancel(cancel);
+	}
+#endif
+}
+
+/*
  * call_on_shard(), and a call cut off between its send and its answer (an
  * interrupt, a cancel, a timeout) takes its connection with it: the shard
  * is told to cancel, and the next call connects again.
@@ -893,30 +1000,32 @@ call_on_shard_guarded(RouterCall *c, FunctionCallInfo fcinfo, int p, bool *isnul
 	ShardConn  *sc = &cluster.shards[p];
 	volatile Datum result = (Datum) 0;
 
+	c->in_use++;
 	PG_TRY();
 	{
 		result = call_on_shard(c, fcinfo, p, isnull);
 	}
 	PG_CATCH();
 	{
-		if (sc->busy && sc->conn)
+		c->in_use--;
+		if (sc->res)
+			PQclear(sc->res);
+		sc->res = NULL;
+		if (sc->conn && (sc->busy || sc->connecting))
 		{
-			PGcancel   *cancel = PQgetCancel(sc->conn);
-			char		errbuf[256];
-
-			if (cancel)
-			{
-				PQcancel(cancel, errbuf, sizeof(errbuf));
-				PQfreeCancel(cancel);
-			}
+			/* a connection being made is only closed: its shard may not answer */
+			if (sc->busy && !sc->connecting)
+				cancel_call(sc->conn);
 			PQfinish(sc->conn);
 			sc->conn = NULL;
 			sc->prepared = 0;
-			sc->busy = false;
 		}
+		sc->busy = false;
+		sc->connecting = false;
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	c->in_use--;
 	return result;
 }
 
@@ -932,12 +1041,14 @@ Datum
 payidem_router_call(PG_FUNCTION_ARGS)
 {
 	RouterCall *c = router_call_of(fcinfo);
+	int			route = c->route;
 	int			p = call_partition(c, fcinfo);
 	bool		isnull = false;
 	Datum		result;
 
 	result = call_on_shard_guarded(c, fcinfo, p, &isnull);
-	if (routes[c->route].place)
+	/* (c may have been invalidated meanwhile: only route is read from here) */
+	if (routes[route].place)
 		place_transaction(isnull ? NULL : DatumGetTextPP(result),
 						  PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0),
 						  PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2),

@@ -493,6 +493,51 @@ my $order_on_1 = "SELECT payidem.get_order('$stories->[1]{o}')->>'order_no'";
 is($kept->query_safe($order_on_1), $stories->[1]{o}, 'kept session: get_order reaches shard 1');
 is($kept->query_safe($order_on_1), $stories->[1]{o}, 'kept session: ... and again, prepared');
 
+# what the router keeps per C call is made again when its function changes,
+# not piled up: a catalog change of functions in the database drops it
+$kept->query_safe(qq{DO \$\$ BEGIN FOR i IN 1..200 LOOP
+	EXECUTE format('CREATE OR REPLACE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS %L', 'SELECT ' || i);
+	PERFORM payidem.get_order('$stories->[1]{o}'); PERFORM payidem.gen_order_no();
+END LOOP; END \$\$});
+cmp_ok($kept->query_safe(q{SELECT count(*) FROM pg_backend_memory_contexts WHERE name = 'payidem router call'}),
+	'<=', 3, 'kept session: 200 function changes leave one entry per C call, not 200');
+
+# a shard that accepts connections but does not answer (its postmaster
+# stopped): a new connection to it gives up after its connect_timeout
+# (08006), and the call ends, rather than waiting on the shard to cancel
+{
+	my $pm = (split /\n/, slurp_file($shards->[1]->data_dir . '/postmaster.pid'))[0];
+	kill 'STOP', $pm;
+	my ($out, $err) = ('', '');
+	$router->psql('postgres', "\\set VERBOSITY verbose\nSELECT payidem.get_order('$stories->[1]{o}')",
+		stdout => \$out, stderr => \$err, timeout => 60);
+	kill 'CONT', $pm;
+	like($err, qr/ERROR:  08006: shard 1 \(database "postgres"\) cannot be reached.*DETAIL:  timeout expired/s,
+		'hung shard: a new connection gives up after connect_timeout, 08006');
+}
+
+# a call lost mid-flight (the shard's backend terminated while it waits on a
+# lock) is 08006 in the shard's words, without the shard's internals
+{
+	my $lost = $router->background_psql('postgres', on_error_stop => 0);
+	$lost->query_safe("SELECT payidem.get_order('$stories->[1]{o}') IS NOT NULL");
+	my $blocker = $shards->[1]->background_psql('postgres');
+	$blocker->query_safe('BEGIN');
+	$blocker->query_safe('LOCK TABLE payidem.payment IN ACCESS EXCLUSIVE MODE');
+	$lost->query_until(qr/go/, "\\echo go\n\\set VERBOSITY verbose\nSELECT payidem.apply_payment_result('$stories->[1]{p}', 'callback', 'succeeded', 'TXN-two-1', 1000);\n");
+	ok($shards->[1]->poll_query_until('postgres', q{
+			SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			 WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT payidem.apply_payment_result%'}),
+		'lost call: the shard backend waiting for the lock is terminated');
+	$lost->query('SELECT 1');
+	like($lost->{stderr}, qr/ERROR:  08006: the connection to shard 1 \(database "postgres"\) was lost during the call\nDETAIL:  terminating connection due to administrator command\n/,
+		'lost call: 08006, the DETAIL the shard\'s own words');
+	unlike($lost->{stderr}, qr/payidem\.payment|PL\/pgSQL|QUERY:/, 'lost call: ... no internals of the shard');
+	$lost->quit;
+	$blocker->query_safe('ROLLBACK');
+	$blocker->quit;
+}
+
 # a shard that is down: calls routed to it fail clearly, the others work
 $shards->[1]->stop('fast');
 $kept->query("\\set VERBOSITY verbose\n$order_on_1");
