@@ -2725,7 +2725,7 @@ BEGIN ATOMIC
 						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
 						 'request_payout', 'apply_payout_result', 'balance', 'library_version',
 						 'apply_payment_result_ex', 'list_orders', 'list_anomalies', 'list_differences',
-						 'health');
+						 'health', '_jsonb_stored');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';
@@ -5270,3 +5270,15 @@ AS 'MODULE_PATHNAME', 'payidem_begin_payment'
 LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION payidem.begin_payment(text, text) IS
 	'Start (or, on the same channel, return again) the pending payment attempt of an order; payment_no = gen_order_no(''PY''). PI009, PI002 (order not pending), PI008 (expired), PI004 (merchant/channel/binding/type), PI003 (pending on another channel), PI007 (limits).';
+
+-- #41: a jsonb value in its stored form, for the router (get_order()'s
+-- document reaches it without being printed and parsed again); an
+-- application's function (app_functions(), above), as the router's role
+-- has get_order() through grant_app()
+CREATE FUNCTION payidem._jsonb_stored(value jsonb)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'payidem_jsonb_stored'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._jsonb_stored(jsonb) IS
+	'Internal to the router: a jsonb value''s stored (binary) form, as bytea.';
+REVOKE ALL ON FUNCTION payidem._jsonb_stored(jsonb) FROM PUBLIC;

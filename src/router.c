@@ -62,6 +62,7 @@
 #include "storage/latch.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/syscache.h"
@@ -660,6 +661,128 @@ raise_remote_error(PGresult *res, ShardConn *sc, int p)
 }
 
 /* ----------------------------------------------------------------
+ * A jsonb document in its stored form
+ * ---------------------------------------------------------------- */
+
+/*
+ * Whether len bytes at c are a well-formed jsonb container (nested: an
+ * object or an array; at the root also a scalar): every child within its
+ * container, of a known type, a string valid in the database encoding, a
+ * number a numeric of its stated size, an object's keys strings in jsonb's
+ * order (shorter first, then by bytes) with none twice.  What the router
+ * takes from a shard without parsing is checked so, so a malformed answer
+ * is refused, never read past its end.
+ */
+static bool
+jsonb_form_valid(const char *c, uint32 len, bool root)
+{
+	uint32		header;
+	uint32		count;
+	uint32		nentries;
+	const char *data;
+	uint32		datalen;
+	uint32		end = 0;
+	uint32		i;
+	const char *prevkey = NULL;
+	uint32		prevkeylen = 0;
+
+	check_stack_depth();
+	if (len < sizeof(uint32))
+		return false;
+	memcpy(&header, c, sizeof(uint32));
+	count = header & JB_CMASK;
+	if ((header & JB_FOBJECT) && (header & (JB_FARRAY | JB_FSCALAR)))
+		return false;
+	if (!(header & (JB_FOBJECT | JB_FARRAY)))
+		return false;
+	if ((header & JB_FSCALAR) && (!root || count != 1))
+		return false;
+	nentries = (header & JB_FOBJECT) ? count * 2 : count;
+	if (nentries > (len - sizeof(uint32)) / sizeof(JEntry))
+		return false;
+	data = c + sizeof(uint32) + nentries * sizeof(JEntry);
+	datalen = len - sizeof(uint32) - nentries * sizeof(JEntry);
+	for (i = 0; i < nentries; i++)
+	{
+		JEntry		je;
+		uint32		start = end;
+		uint32		clen;
+		const char *v;
+
+		memcpy(&je, c + sizeof(uint32) + i * sizeof(JEntry), sizeof(JEntry));
+		end = JBE_HAS_OFF(je) ? JBE_OFFLENFLD(je) : start + JBE_OFFLENFLD(je);
+		if (end < start || end > datalen)
+			return false;
+		clen = end - start;
+		v = data + start;
+		switch (je & JENTRY_TYPEMASK)
+		{
+			case JENTRY_ISSTRING:
+				if (pg_encoding_verifymbstr(GetDatabaseEncoding(), v, clen) != clen)
+					return false;
+				if ((header & JB_FOBJECT) && i < count)
+				{
+					if (prevkey && (clen < prevkeylen ||
+									(clen == prevkeylen && memcmp(v, prevkey, clen) <= 0)))
+						return false;
+					prevkey = v;
+					prevkeylen = clen;
+				}
+				break;
+			case JENTRY_ISNUMERIC:
+			case JENTRY_ISCONTAINER:
+				{
+					uint32		pad = INTALIGN(start) - start;
+
+					if ((header & JB_FOBJECT) && i < count)
+						return false;
+					if (pad > clen)
+						return false;
+					v += pad;
+					clen -= pad;
+					if ((je & JENTRY_TYPEMASK) == JENTRY_ISCONTAINER)
+					{
+						if (!jsonb_form_valid(v, clen, false))
+							return false;
+					}
+					else if (clen < VARHDRSZ_SHORT + sizeof(uint16) ||
+							 VARATT_IS_EXTERNAL(v) ||
+							 (!VARATT_IS_1B(v) && (clen < VARHDRSZ || VARATT_IS_COMPRESSED(v))) ||
+							 (VARATT_IS_1B(v) ? VARSIZE_1B(v) : VARSIZE_4B(v)) != clen)
+						return false;
+				}
+				break;
+			case JENTRY_ISBOOL_FALSE:
+			case JENTRY_ISBOOL_TRUE:
+			case JENTRY_ISNULL:
+				if (clen != 0 || ((header & JB_FOBJECT) && i < count))
+					return false;
+				break;
+			default:
+				return false;
+		}
+	}
+	return true;
+}
+
+/* a jsonb datum of the stored form in bytes[0..len-1], refused if malformed */
+static Datum
+jsonb_from_form(const char *bytes, int len, int p)
+{
+	Jsonb	   *j;
+
+	if (len < 0 || !jsonb_form_valid(bytes, (uint32) len, true))
+		ereport(ERROR,
+				(errcode(ERRCODE_PROTOCOL_VIOLATION),
+				 errmsg("shard %d answered with a malformed jsonb document", p),
+				 errhint("The shard's payidem must be the router's version or later.")));
+	j = palloc(VARHDRSZ + len);
+	SET_VARSIZE(j, VARHDRSZ + len);
+	memcpy(VARDATA(j), bytes, len);
+	return JsonbPGetDatum(j);
+}
+
+/* ----------------------------------------------------------------
  * The calls
  * ---------------------------------------------------------------- */
 
@@ -749,10 +872,20 @@ router_call_of(FunctionCallInfo fcinfo)
 		appendStringInfo(&sql, "%s$%d", i > 0 ? ", " : "", i + 1);
 	}
 	appendStringInfoChar(&sql, ')');
+	if (proc->prorettype == JSONBOID)
+	{
+		/* a document comes in its stored form, not printed and parsed again */
+		StringInfoData wrapped;
+
+		initStringInfo(&wrapped);
+		appendStringInfo(&wrapped, "SELECT payidem._jsonb_stored(%s)", sql.data + strlen("SELECT "));
+		sql = wrapped;
+	}
 	c->sql = sql.data;
 	snprintf(c->stmt, sizeof(c->stmt), "payidem_router_%s", routes[route].name);
 	c->rettype = proc->prorettype;
-	c->retformat = binary_type(c->rettype) ? 1 : 0;
+	c->retformat = binary_type(c->rettype) || c->rettype == JSONBOID ? 1 : 0;
+	if (c->rettype != JSONBOID)
 	{
 		Oid			func;
 
@@ -849,6 +982,8 @@ call_on_shard(RouterCall *c, FunctionCallInfo fcinfo, int p, bool *isnull)
 	{
 		if (*isnull)
 			;
+		else if (c->rettype == JSONBOID)
+			result = jsonb_from_form(PQgetvalue(res, 0, 0), PQgetlength(res, 0, 0), p);
 		else if (c->retformat)
 		{
 			StringInfoData buf;

@@ -353,3 +353,12 @@ AS 'MODULE_PATHNAME', 'payidem_read_for_caller'
 LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION payidem.list_differences(text, bigint, integer, text) IS
 	'Reconciliation differences, oldest first (by recon_id), max_rows (1 to 1000) at a time: open ones unless handle_status says otherwise (NULL: all), of one channel if channel_no is given. Each with its recon_id (for resolve_diff()), type, both sides'' amounts, statuses and fees. The next page: after = the last recon_id of this one.';
+
+-- A jsonb value in its stored form, for the router (get_order()'s document
+-- reaches it without being printed and parsed again).
+CREATE FUNCTION payidem._jsonb_stored(value jsonb)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'payidem_jsonb_stored'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION payidem._jsonb_stored(jsonb) IS
+	'Internal to the router: a jsonb value''s stored (binary) form, as bytea.';

@@ -123,7 +123,7 @@ BEGIN ATOMIC
 						 'reconcile', 'resolve_diff', 'resolve_anomaly', 'get_order', 'find_order',
 						 'request_payout', 'apply_payout_result', 'balance', 'library_version',
 						 'apply_payment_result_ex', 'list_orders', 'list_anomalies', 'list_differences',
-						 'health');
+						 'health', '_jsonb_stored');
 END;
 COMMENT ON FUNCTION payidem.app_functions() IS
 	'The functions grant_app() lets an application role execute.';

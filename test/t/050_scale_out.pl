@@ -502,6 +502,23 @@ END LOOP; END \$\$});
 cmp_ok($kept->query_safe(q{SELECT count(*) FROM pg_backend_memory_contexts WHERE name = 'payidem router call'}),
 	'<=', 3, 'kept session: 200 function changes leave one entry per C call, not 200');
 
+# get_order()'s document comes from the shard in its stored form, which the
+# router checks before it takes it: a malformed one is refused (08P01), not
+# read past its end
+for my $bad (q{'\x'::bytea}, q{'\x01000020'::bytea}, q{'\x0200004000000000'::bytea})
+{
+	$shards->[1]->safe_psql('postgres', qq{CREATE OR REPLACE FUNCTION payidem._jsonb_stored(value jsonb)
+		RETURNS bytea LANGUAGE sql IMMUTABLE STRICT AS \$\$ SELECT $bad \$\$});
+	my ($ok, $out, $err) = try_sql($router, "\\set VERBOSITY verbose\nSELECT payidem.get_order('$stories->[1]{o}')");
+	ok(!$ok && $err =~ /ERROR:  08P01: shard 1 answered with a malformed jsonb document/,
+		"stored form: $bad is refused") or diag($err);
+}
+$shards->[1]->safe_psql('postgres', q{CREATE OR REPLACE FUNCTION payidem._jsonb_stored(value jsonb)
+	RETURNS bytea AS '$libdir/payidem', 'payidem_jsonb_stored' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE});
+is($router->safe_psql('postgres', "SELECT payidem.get_order('$stories->[1]{o}')::text"),
+	$shards->[1]->safe_psql('postgres', "SELECT payidem.get_order('$stories->[1]{o}')::text"),
+	'stored form: get_order() through the router is the shard\'s document');
+
 # a shard that accepts connections but does not answer (its postmaster
 # stopped): a new connection to it gives up after its connect_timeout
 # (08006), and the call ends, rather than waiting on the shard to cancel
