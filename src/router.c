@@ -116,6 +116,7 @@ typedef struct ShardConn
 	PGconn	   *conn;
 	uint32		prepared;		/* bit i: routes[i]'s statement is prepared */
 	bool		connecting;		/* being made */
+	bool		same_encoding;	/* the shard's database has this one's encoding */
 	bool		busy;			/* a call is between its send and its answer */
 	PGresult   *res;			/* a result read while busy, not yet handed on */
 } ShardConn;
@@ -149,6 +150,10 @@ typedef struct RouterCall
 	int			retformat;
 	char	   *sql;
 	char		stmt[NAMEDATALEN + 16];
+	/* a jsonb result in its stored form (shards of the router's encoding) */
+	bool		stored;
+	char	   *sql_stored;
+	char		stmt_stored[NAMEDATALEN + 24];
 } RouterCall;
 
 static RouterCall *calls[N_ROUTES];
@@ -521,6 +526,11 @@ shard_connect(ShardConn *sc, int p)
 	PQsetNoticeReceiver(sc->conn, relay_notice, NULL);
 	/* libpq's own messages name no statement or context of the shard */
 	PQsetErrorVerbosity(sc->conn, PQERRORS_TERSE);
+	{
+		const char *enc = PQparameterStatus(sc->conn, "server_encoding");
+
+		sc->same_encoding = enc && strcmp(enc, GetDatabaseEncodingName()) == 0;
+	}
 	sc->connecting = false;
 }
 
@@ -665,6 +675,73 @@ raise_remote_error(PGresult *res, ShardConn *sc, int p)
  * ---------------------------------------------------------------- */
 
 /*
+ * The stored form of a numeric (numeric.c's, the same in every major): a
+ * 4-byte varlena header, then a 16-bit header -- short form (flag 0x8000:
+ * sign, display scale and weight in it) or long form (sign and display
+ * scale, then a 16-bit weight) -- then base-10000 digits, none of them 0 at
+ * either end.  NaN and the infinities (0xC000) are no JSON number.
+ */
+#define STORED_NUMERIC_SIGN_MASK	0xC000
+#define STORED_NUMERIC_NEG			0x4000
+#define STORED_NUMERIC_SHORT		0x8000
+#define STORED_NUMERIC_SPECIAL		0xC000
+#define STORED_NUMERIC_SHORT_SIGN	0x2000
+#define STORED_NUMERIC_SHORT_WEIGHT	0x007F
+#define STORED_NUMERIC_NBASE		10000
+
+static bool
+numeric_form_valid(const char *v, uint32 len)
+{
+	uint16		header;
+	uint32		hdrlen;
+	uint32		ndigits;
+	uint32		i;
+	int16		digit;
+
+	if (len < VARHDRSZ + sizeof(uint16) || !VARATT_IS_4B_U(v) || VARSIZE_4B(v) != len)
+		return false;
+	memcpy(&header, v + VARHDRSZ, sizeof(uint16));
+	switch (header & STORED_NUMERIC_SIGN_MASK)
+	{
+		case STORED_NUMERIC_SPECIAL:
+			return false;
+		case STORED_NUMERIC_SHORT:
+			hdrlen = VARHDRSZ + sizeof(uint16);
+			break;
+		default:
+			hdrlen = VARHDRSZ + sizeof(uint16) + sizeof(int16);
+			break;
+	}
+	if (len < hdrlen || (len - hdrlen) % sizeof(int16) != 0)
+		return false;
+	ndigits = (len - hdrlen) / sizeof(int16);
+	for (i = 0; i < ndigits; i++)
+	{
+		memcpy(&digit, v + hdrlen + i * sizeof(int16), sizeof(int16));
+		if (digit < 0 || digit >= STORED_NUMERIC_NBASE || ((i == 0 || i == ndigits - 1) && digit == 0))
+			return false;
+	}
+	if (ndigits == 0)
+	{
+		/* zero: positive, weight 0 */
+		int16		weight = 0;
+
+		if ((header & STORED_NUMERIC_SIGN_MASK) == STORED_NUMERIC_SHORT)
+		{
+			if (header & (STORED_NUMERIC_SHORT_SIGN | STORED_NUMERIC_SHORT_WEIGHT))
+				return false;
+		}
+		else
+		{
+			memcpy(&weight, v + VARHDRSZ + sizeof(uint16), sizeof(int16));
+			if ((header & STORED_NUMERIC_SIGN_MASK) == STORED_NUMERIC_NEG || weight != 0)
+				return false;
+		}
+	}
+	return true;
+}
+
+/*
  * Whether len bytes at c are a well-formed jsonb container (nested: an
  * object or an array; at the root also a scalar): every child within its
  * container, of a known type, a string valid in the database encoding, a
@@ -736,6 +813,9 @@ jsonb_form_valid(const char *c, uint32 len, bool root)
 
 					if ((header & JB_FOBJECT) && i < count)
 						return false;
+					/* (a root scalar is a scalar) */
+					if ((header & JB_FSCALAR) && (je & JENTRY_TYPEMASK) == JENTRY_ISCONTAINER)
+						return false;
 					if (pad > clen)
 						return false;
 					v += pad;
@@ -745,10 +825,7 @@ jsonb_form_valid(const char *c, uint32 len, bool root)
 						if (!jsonb_form_valid(v, clen, false))
 							return false;
 					}
-					else if (clen < VARHDRSZ_SHORT + sizeof(uint16) ||
-							 VARATT_IS_EXTERNAL(v) ||
-							 (!VARATT_IS_1B(v) && (clen < VARHDRSZ || VARATT_IS_COMPRESSED(v))) ||
-							 (VARATT_IS_1B(v) ? VARSIZE_1B(v) : VARSIZE_4B(v)) != clen)
+					else if (!numeric_form_valid(v, clen))
 						return false;
 				}
 				break;
@@ -872,20 +949,21 @@ router_call_of(FunctionCallInfo fcinfo)
 		appendStringInfo(&sql, "%s$%d", i > 0 ? ", " : "", i + 1);
 	}
 	appendStringInfoChar(&sql, ')');
-	if (proc->prorettype == JSONBOID)
-	{
-		/* a document comes in its stored form, not printed and parsed again */
-		StringInfoData wrapped;
-
-		initStringInfo(&wrapped);
-		appendStringInfo(&wrapped, "SELECT payidem._jsonb_stored(%s)", sql.data + strlen("SELECT "));
-		sql = wrapped;
-	}
 	c->sql = sql.data;
 	snprintf(c->stmt, sizeof(c->stmt), "payidem_router_%s", routes[route].name);
 	c->rettype = proc->prorettype;
-	c->retformat = binary_type(c->rettype) || c->rettype == JSONBOID ? 1 : 0;
-	if (c->rettype != JSONBOID)
+	c->retformat = binary_type(c->rettype) ? 1 : 0;
+	c->stored = c->rettype == JSONBOID;
+	if (c->stored)
+	{
+		/*
+		 * A document comes in its stored form, not printed and parsed again,
+		 * from a shard whose database has this one's encoding (its strings
+		 * are not converted); from another, as text.
+		 */
+		c->sql_stored = psprintf("SELECT payidem._jsonb_stored(%s)", c->sql + strlen("SELECT "));
+		snprintf(c->stmt_stored, sizeof(c->stmt_stored), "payidem_router_%s_stored", routes[route].name);
+	}
 	{
 		Oid			func;
 
@@ -930,7 +1008,9 @@ call_on_shard(RouterCall *c, FunctionCallInfo fcinfo, int p, bool *isnull)
 	ShardConn  *sc = shard_conn(p);
 	const char *values[ROUTER_MAX_ARGS];
 	int			lengths[ROUTER_MAX_ARGS];
-	uint32		bit = UINT32_C(1) << c->route;
+	bool		stored = c->stored && sc->same_encoding;
+	uint32		bit = UINT32_C(1) << (c->route + (stored ? 16 : 0));
+	const char *stmt = stored ? c->stmt_stored : c->stmt;
 	PGresult   *res;
 	volatile Datum result = (Datum) 0;
 	int			i;
@@ -955,7 +1035,7 @@ call_on_shard(RouterCall *c, FunctionCallInfo fcinfo, int p, bool *isnull)
 	sc->busy = true;
 	if (!(sc->prepared & bit))
 	{
-		if (!PQsendPrepare(sc->conn, c->stmt, c->sql, c->nargs, c->paramtypes))
+		if (!PQsendPrepare(sc->conn, stmt, stored ? c->sql_stored : c->sql, c->nargs, c->paramtypes))
 			raise_shard_failure(true, p, sc->conn, PQerrorMessage(sc->conn));
 		res = shard_answer(sc, p);
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)
@@ -966,7 +1046,7 @@ call_on_shard(RouterCall *c, FunctionCallInfo fcinfo, int p, bool *isnull)
 		PQclear(res);
 		sc->prepared |= bit;
 	}
-	if (!PQsendQueryPrepared(sc->conn, c->stmt, c->nargs, values, lengths, c->formats, c->retformat))
+	if (!PQsendQueryPrepared(sc->conn, stmt, c->nargs, values, lengths, c->formats, stored ? 1 : c->retformat))
 		raise_shard_failure(true, p, sc->conn, PQerrorMessage(sc->conn));
 	res = shard_answer(sc, p);
 	sc->busy = false;
@@ -982,7 +1062,7 @@ call_on_shard(RouterCall *c, FunctionCallInfo fcinfo, int p, bool *isnull)
 	{
 		if (*isnull)
 			;
-		else if (c->rettype == JSONBOID)
+		else if (stored)
 			result = jsonb_from_form(PQgetvalue(res, 0, 0), PQgetlength(res, 0, 0), p);
 		else if (c->retformat)
 		{
@@ -1082,9 +1162,12 @@ place_transaction(text *outcome, text *payment_no, text *status, text *transacti
 }
 
 /*
- * Ask the shard to cancel the statement in flight on conn, waiting at most a
- * few seconds for it to take the request (libpq 17 on: without blocking; an
- * older libpq's PQcancel() waits as PL/Proxy's does).
+ * Ask the shard to cancel the statement in flight on conn.  With libpq 17
+ * on, without blocking, waiting at most five seconds for the shard to take
+ * the request.  An older libpq has only PQcancel(), which waits for the
+ * shard's postmaster to take it with no limit of its own, as PL/Proxy's
+ * cancel does: a call cut off while its shard has stopped answering
+ * altogether (a frozen host) waits for it (docs/scale-out.md).
  */
 static void
 cancel_call(PGconn *conn)
