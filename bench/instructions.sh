@@ -55,8 +55,8 @@ LC_PAST=${LC_PAST:-1000}
 PARTS=${PARTS:-calls deliveries lifecycle router}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 TOLERANCE=${TOLERANCE:-1.20}
-# the router's counts include PL/Proxy's polling of its connections while a
-# shard works, which moves them by up to a fifth between runs
+# the router's counts add up several processes (the router's backend and the
+# shards'), which moves them by up to a fifth between runs
 ROUTER_TOLERANCE=${ROUTER_TOLERANCE:-1.50}
 BASELINE=bench/instructions.pg$PG_MAJOR.baseline
 
@@ -476,7 +476,7 @@ dget() { awk -v n="$1" -v f="$2" '$1 == n {print $f}' "$DOUT"; }
 	fi
 	if [ -s "$ROUT" ]; then
 		echo
-		echo "The router (PL/Proxy, 2 shards, every server under callgrind; each call prepared once per"
+		echo "The router (its C calls, 2 shards, every server under callgrind; each call prepared once per"
 		echo "session and made with its literal argument; the difference of a session of ${ROUTER_N2:-240} calls and one"
 		echo "of ${ROUTER_N1:-40}, per call): what the router's backend and the shard backends that served the call"
 		echo "cost, against the same call made directly on the shard:"

@@ -97,6 +97,8 @@ static const RouteSpec routes[] = {
 	{"apply_payment_result", "payment", true},
 };
 #define N_ROUTES lengthof(routes)
+/* (a connection's prepared statements are bits route and route + 16) */
+StaticAssertDecl(lengthof(routes) <= 16, "at most 16 routes");
 
 /* The kinds of number and their prefixes (partition_of()). */
 static const struct
@@ -687,6 +689,10 @@ raise_remote_error(PGresult *res, ShardConn *sc, int p)
 #define STORED_NUMERIC_SPECIAL		0xC000
 #define STORED_NUMERIC_SHORT_SIGN	0x2000
 #define STORED_NUMERIC_SHORT_WEIGHT	0x007F
+#define STORED_NUMERIC_SHORT_WEIGHT_SIGN 0x0040
+#define STORED_NUMERIC_SHORT_DSCALE	0x1F80
+#define STORED_NUMERIC_SHORT_DSCALE_SHIFT 7
+#define STORED_NUMERIC_DSCALE		0x3FFF
 #define STORED_NUMERIC_NBASE		10000
 
 static bool
@@ -696,7 +702,9 @@ numeric_form_valid(const char *v, uint32 len)
 	uint32		hdrlen;
 	uint32		ndigits;
 	uint32		i;
-	int16		digit;
+	int16		digit = 0;
+	int			weight;
+	int			dscale;
 
 	if (len < VARHDRSZ + sizeof(uint16) || !VARATT_IS_4B_U(v) || VARSIZE_4B(v) != len)
 		return false;
@@ -719,6 +727,34 @@ numeric_form_valid(const char *v, uint32 len)
 	{
 		memcpy(&digit, v + hdrlen + i * sizeof(int16), sizeof(int16));
 		if (digit < 0 || digit >= STORED_NUMERIC_NBASE || ((i == 0 || i == ndigits - 1) && digit == 0))
+			return false;
+	}
+	if ((header & STORED_NUMERIC_SIGN_MASK) == STORED_NUMERIC_SHORT)
+	{
+		dscale = (header & STORED_NUMERIC_SHORT_DSCALE) >> STORED_NUMERIC_SHORT_DSCALE_SHIFT;
+		weight = (header & STORED_NUMERIC_SHORT_WEIGHT_SIGN) ?
+			(int) (header & (STORED_NUMERIC_SHORT_WEIGHT_SIGN - 1)) - STORED_NUMERIC_SHORT_WEIGHT_SIGN :
+			(int) (header & (STORED_NUMERIC_SHORT_WEIGHT_SIGN - 1));
+	}
+	else
+	{
+		int16		w;
+
+		memcpy(&w, v + VARHDRSZ + sizeof(uint16), sizeof(int16));
+		dscale = header & STORED_NUMERIC_DSCALE;
+		weight = w;
+	}
+	/* the display scale shows every decimal its digits hold (numeric_recv's rule) */
+	if (ndigits > 0 && (int) ndigits - 1 > weight)
+	{
+		int			needed = ((int) ndigits - 1 - weight) * 4;
+
+		while (digit % 10 == 0)		/* (the last digit: never 0) */
+		{
+			digit /= 10;
+			needed--;
+		}
+		if (dscale < needed)
 			return false;
 	}
 	if (ndigits == 0)
