@@ -73,6 +73,7 @@
 #include "compat.h"
 #include "inval.h"
 #include "order_no_codec.h"
+#include "util.h"
 
 #define ROUTER_SERVER		"payidem"
 #define ROUTER_MAX_ARGS		8
@@ -116,7 +117,8 @@ static const struct
 typedef struct ShardConn
 {
 	PGconn	   *conn;
-	uint32		prepared;		/* bit i: routes[i]'s statement is prepared */
+	uint32		prepared;		/* bit i: routes[i]'s statement is prepared
+								 * (bit i + 16: its stored-form one) */
 	bool		connecting;		/* being made */
 	bool		same_encoding;	/* the shard's database has this one's encoding */
 	bool		busy;			/* a call is between its send and its answer */
@@ -1119,13 +1121,6 @@ call_on_shard(RouterCall *c, FunctionCallInfo fcinfo, int p, bool *isnull)
 	return result;
 }
 
-/* text t equals the C string s */
-static bool
-text_is(text *t, const char *s)
-{
-	return t && VARSIZE_ANY_EXHDR(t) == strlen(s) && memcmp(VARDATA_ANY(t), s, strlen(s)) == 0;
-}
-
 /*
  * The placement of a success's transaction id (payidem.transaction_placement):
  * where a channel's bill line that does not carry our payment number is
@@ -1144,7 +1139,7 @@ text_is(text *t, const char *s)
 static SPIPlanPtr place_plan;
 
 static void
-place_transaction(text *outcome, text *payment_no, text *status, text *transaction_id)
+place_transaction(text *outcome, int partition, text *status, text *transaction_id)
 {
 	Oid			nsp;
 	Oid			relid;
@@ -1154,8 +1149,11 @@ place_transaction(text *outcome, text *payment_no, text *status, text *transacti
 	Datum		values[2];
 	int			rc;
 
-	if (!text_is(status, "succeeded") || transaction_id == NULL ||
-		!(text_is(outcome, "applied") || text_is(outcome, "duplicate") || text_is(outcome, "anomaly")))
+	if (status == NULL || outcome == NULL || transaction_id == NULL ||
+		!payidem_text_is(PointerGetDatum(status), "succeeded") ||
+		!(payidem_text_is(PointerGetDatum(outcome), "applied") ||
+		  payidem_text_is(PointerGetDatum(outcome), "duplicate") ||
+		  payidem_text_is(PointerGetDatum(outcome), "anomaly")))
 		return;
 	nsp = get_namespace_oid("payidem", false);
 	relid = get_relname_relid("transaction_placement", nsp);
@@ -1168,9 +1166,7 @@ place_transaction(text *outcome, text *payment_no, text *status, text *transacti
 	ReleaseSysCache(tup);
 
 	values[0] = PointerGetDatum(transaction_id);
-	values[1] = Int32GetDatum(payment_no ? partition_of(VARDATA_ANY(payment_no), VARSIZE_ANY_EXHDR(payment_no),
-														"payment")
-							  : 0);
+	values[1] = Int32GetDatum(partition);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	if (place_plan == NULL)
@@ -1303,8 +1299,7 @@ payidem_router_call(PG_FUNCTION_ARGS)
 	result = call_on_shard_guarded(c, fcinfo, p, &isnull);
 	/* (c may have been invalidated meanwhile: only route is read from here) */
 	if (routes[route].place)
-		place_transaction(isnull ? NULL : DatumGetTextPP(result),
-						  PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0),
+		place_transaction(isnull ? NULL : DatumGetTextPP(result), p,
 						  PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2),
 						  PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3));
 	if (isnull)
@@ -1325,8 +1320,11 @@ PG_FUNCTION_INFO_V1(payidem_router_place_transaction);
 Datum
 payidem_router_place_transaction(PG_FUNCTION_ARGS)
 {
+	text	   *payment_no = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
+
+	/* (the payment's partition: partition_of(), as its call was routed) */
 	place_transaction(PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0),
-					  PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1),
+					  payment_no ? partition_of(VARDATA_ANY(payment_no), VARSIZE_ANY_EXHDR(payment_no), "payment") : 0,
 					  PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2),
 					  PG_ARGISNULL(3) ? NULL : PG_GETARG_TEXT_PP(3));
 	if (PG_ARGISNULL(0))
