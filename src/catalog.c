@@ -24,6 +24,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/guc.h"
@@ -205,6 +206,62 @@ payidem_column(Relation rel, const char *name)
 				 errmsg("column \"%s\" of relation payidem.%s does not exist",
 						name, RelationGetRelationName(rel))));
 	return attnum;
+}
+
+/*
+ * The output functions of the types payidem_getattr_text() printed, kept
+ * for the session (a type's output function never changes; any change of a
+ * type forgets them all, so that a type dropped and its number reused is
+ * not printed with another's).
+ */
+#define OUTPUT_CACHE_SIZE 16
+typedef struct OutputCacheEntry
+{
+	Oid			type;
+	FmgrInfo	out;
+} OutputCacheEntry;
+static OutputCacheEntry output_cache[OUTPUT_CACHE_SIZE];
+static int	n_output_cache = 0;
+static bool output_callback_registered = false;
+
+static void
+output_cache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	n_output_cache = 0;
+}
+
+/*
+ * Column name of a tuple of rel (one of payidem's own tables) as its type's
+ * output writes it, palloc'd, or NULL: what SPI_getvalue() gives, without
+ * looking the output function up again at every call.
+ */
+char *
+payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name)
+{
+	int			attnum = payidem_column(rel, name);
+	Oid			type = TupleDescAttr(RelationGetDescr(rel), attnum - 1)->atttypid;
+	bool		isnull;
+	Datum		d = heap_getattr(tuple, attnum, RelationGetDescr(rel), &isnull);
+	Oid			fn;
+	bool		varlena;
+	int			i;
+
+	if (isnull)
+		return NULL;
+	for (i = 0; i < n_output_cache; i++)
+		if (output_cache[i].type == type)
+			return OutputFunctionCall(&output_cache[i].out, d);
+	if (!output_callback_registered)
+	{
+		payidem_register_syscache_callback(TYPEOID, output_cache_callback, (Datum) 0);
+		output_callback_registered = true;
+	}
+	getTypeOutputInfo(type, &fn, &varlena);
+	if (n_output_cache >= OUTPUT_CACHE_SIZE)
+		return OidOutputFunctionCall(fn, d);
+	fmgr_info_cxt(fn, &output_cache[n_output_cache].out, TopMemoryContext);
+	output_cache[n_output_cache].type = type;
+	return OutputFunctionCall(&output_cache[n_output_cache++].out, d);
 }
 
 /*

@@ -120,6 +120,8 @@ payidem_getattr(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
 	return heap_getattr(tuple, payidem_column(rel, name), RelationGetDescr(rel), isnull);
 }
 
+extern char *payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name);
+
 /* acting as the tables' owner, and back */
 typedef struct PayidemAsOwner
 {

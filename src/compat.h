@@ -334,4 +334,14 @@ TableTupleDeleteCompat(Relation rel, ItemPointer tid, CommandId cid, Snapshot sn
 #endif
 }
 
+/*
+ * 17: an index AM may keep state across the inserts of a statement (BRIN
+ * does), which index_insert_cleanup() ends before the index is closed.
+ */
+#if PAYIDEM_PG_MAJOR >= 17
+#define IndexInsertCleanupCompat(irel, info) index_insert_cleanup((irel), (info))
+#else
+#define IndexInsertCleanupCompat(irel, info) ((void) (irel), (void) (info))
+#endif
+
 #endif							/* PAYIDEM_COMPAT_H */

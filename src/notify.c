@@ -157,13 +157,6 @@ payidem_utc(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
 }
 
-/* a column of a tuple by name, as text (its type's output), or NULL */
-static char *
-tuple_col(Relation rel, HeapTuple tuple, const char *name)
-{
-	return SPI_getvalue(tuple, RelationGetDescr(rel), payidem_column(rel, name));
-}
-
 /* whether text column name of tuple is one of the NULL-ended list */
 static bool
 tuple_text_in(Relation rel, HeapTuple tuple, const char *name, const char *const *list)
@@ -275,7 +268,7 @@ payout_event(Relation rel, HeapTuple old, HeapTuple new)
 		payidem_end_as_owner(&as_owner);
 		return;
 	}
-	status = tuple_col(rel, new, "status");
+	status = payidem_getattr_text(rel, new, "status");
 	event = strcmp(status, "succeeded") == 0 ? "payout.succeeded" : "payout.failed";
 	event_id = order_no_next_event_id();
 
@@ -283,11 +276,11 @@ payout_event(Relation rel, HeapTuple old, HeapTuple new)
 	appendStringInfo(&payload, "{\"event_id\":" INT64_FORMAT, event_id);
 	add_string(&payload, "event", event);
 	add_utc(&payload, "created_at", GetCurrentTransactionStartTimestamp());
-	add_string(&payload, "merchant_no", tuple_col(rel, new, "merchant_no"));
-	add_string(&payload, "payout_no", tuple_col(rel, new, "payout_no"));
-	add_string(&payload, "out_payout_no", tuple_col(rel, new, "out_payout_no"));
-	add_number(&payload, "amount", tuple_col(rel, new, "amount"));
-	add_string(&payload, "currency", tuple_col(rel, new, "currency"));
+	add_string(&payload, "merchant_no", payidem_getattr_text(rel, new, "merchant_no"));
+	add_string(&payload, "payout_no", payidem_getattr_text(rel, new, "payout_no"));
+	add_string(&payload, "out_payout_no", payidem_getattr_text(rel, new, "out_payout_no"));
+	add_number(&payload, "amount", payidem_getattr_text(rel, new, "amount"));
+	add_string(&payload, "currency", payidem_getattr_text(rel, new, "currency"));
 	add_string(&payload, "status", status);
 	{
 		Datum		d = payidem_getattr(rel, new, "finished_at", &isnull);
@@ -314,7 +307,7 @@ payout_event(Relation rel, HeapTuple old, HeapTuple new)
 		values[0] = Int64GetDatum(event_id);
 		values[1] = CStringGetTextDatum(event);
 		values[2] = merchant_no;
-		values[3] = CStringGetTextDatum(tuple_col(rel, new, "payout_no"));
+		values[3] = CStringGetTextDatum(payidem_getattr_text(rel, new, "payout_no"));
 		values[4] = PointerGetDatum(cstring_to_text_with_len(payload.data, payload.len));
 		values[5] = CStringGetTextDatum("pending");
 		values[6] = Int32GetDatum(0);
@@ -384,8 +377,8 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		bool		isnull;
 		Datum		order_no = payidem_getattr(rel, tuple, "order_no", &isnull);
 
-		r_refund_no = tuple_col(rel, tuple, "refund_no");
-		r_amount = tuple_col(rel, tuple, "amount");
+		r_refund_no = payidem_getattr_text(rel, tuple, "refund_no");
+		r_amount = payidem_getattr_text(rel, tuple, "amount");
 		/* at the end of the statement: the order with this refund counted */
 		order_rel = table_open(payidem_relation(PAYIDEM_ORDER), AccessShareLock);
 		order = isnull ? NULL :
@@ -398,7 +391,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 			payidem_end_as_owner(&as_owner);
 			return PointerGetDatum(NULL);
 		}
-		o_refunded_amount = tuple_col(order_rel, order, "refunded_amount");
+		o_refunded_amount = payidem_getattr_text(order_rel, order, "refunded_amount");
 		payment_key = payidem_getattr(rel, tuple, "payment_no", &payment_key_null);
 		event = "refund.succeeded";
 	}
@@ -414,9 +407,9 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		else
 			event = "order.closed";
 	}
-	o_order_no = tuple_col(order_rel, order, "order_no");
-	o_merchant_no = tuple_col(order_rel, order, "merchant_no");
-	o_status = tuple_col(order_rel, order, "status");
+	o_order_no = payidem_getattr_text(order_rel, order, "order_no");
+	o_merchant_no = payidem_getattr_text(order_rel, order, "merchant_no");
+	o_status = payidem_getattr_text(order_rel, order, "status");
 	if (!payment_key_null)
 	{
 		Relation	payment_rel = table_open(payidem_relation(PAYIDEM_PAYMENT), AccessShareLock);
@@ -428,8 +421,8 @@ payidem_status_event(PG_FUNCTION_ARGS)
 			bool		isnull;
 			Datum		d = payidem_getattr(payment_rel, payment, "paid_at", &isnull);
 
-			p_payment_no = tuple_col(payment_rel, payment, "payment_no");
-			p_transaction_id = tuple_col(payment_rel, payment, "transaction_id");
+			p_payment_no = payidem_getattr_text(payment_rel, payment, "payment_no");
+			p_transaction_id = payidem_getattr_text(payment_rel, payment, "transaction_id");
 			if (!isnull)
 			{
 				have_paid_at = true;
@@ -448,9 +441,9 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	add_utc(&payload, "created_at", GetCurrentTransactionStartTimestamp());
 	add_string(&payload, "merchant_no", o_merchant_no);
 	add_string(&payload, "order_no", o_order_no);
-	add_string(&payload, "out_trade_no", tuple_col(order_rel, order, "out_trade_no"));
-	add_number(&payload, "amount", tuple_col(order_rel, order, "amount"));
-	add_string(&payload, "currency", tuple_col(order_rel, order, "currency"));
+	add_string(&payload, "out_trade_no", payidem_getattr_text(order_rel, order, "out_trade_no"));
+	add_number(&payload, "amount", payidem_getattr_text(order_rel, order, "amount"));
+	add_string(&payload, "currency", payidem_getattr_text(order_rel, order, "currency"));
 	add_string(&payload, "status", o_status);
 	if (p_payment_no != NULL)
 		add_string(&payload, "payment_no", p_payment_no);
