@@ -211,8 +211,9 @@ payidem_column(Relation rel, const char *name)
 /*
  * The output functions of the types payidem_getattr_text() printed, kept
  * for the session (a type's output function never changes; any change of a
- * type forgets them all, so that a type dropped and its number reused is
- * not printed with another's).
+ * type or a function forgets them all, so that a type dropped and its
+ * number reused is not printed with another's, nor a C function replaced
+ * called as it was).
  */
 #define OUTPUT_CACHE_SIZE 16
 typedef struct OutputCacheEntry
@@ -244,6 +245,7 @@ payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name)
 	Datum		d = heap_getattr(tuple, attnum, RelationGetDescr(rel), &isnull);
 	Oid			fn;
 	bool		varlena;
+	FmgrInfo	out;
 	int			i;
 
 	if (isnull)
@@ -254,14 +256,23 @@ payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name)
 	if (!output_callback_registered)
 	{
 		payidem_register_syscache_callback(TYPEOID, output_cache_callback, (Datum) 0);
+		/* (a C output function replaced under the same number) */
+		payidem_register_syscache_callback(PROCOID, output_cache_callback, (Datum) 0);
 		output_callback_registered = true;
 	}
 	getTypeOutputInfo(type, &fn, &varlena);
-	if (n_output_cache >= OUTPUT_CACHE_SIZE)
-		return OidOutputFunctionCall(fn, d);
-	fmgr_info_cxt(fn, &output_cache[n_output_cache].out, TopMemoryContext);
-	output_cache[n_output_cache].type = type;
-	return OutputFunctionCall(&output_cache[n_output_cache++].out, d);
+	fmgr_info_cxt(fn, &out, TopMemoryContext);
+	/*
+	 * (the cache's count read only now: the look-up of the function may
+	 * have taken in an invalidation that emptied it)
+	 */
+	i = n_output_cache;
+	if (i >= OUTPUT_CACHE_SIZE)
+		return OutputFunctionCall(&out, d);
+	fmgr_info_copy(&output_cache[i].out, &out, TopMemoryContext);
+	output_cache[i].type = type;
+	n_output_cache = i + 1;
+	return OutputFunctionCall(&output_cache[i].out, d);
 }
 
 /*
