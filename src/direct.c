@@ -72,6 +72,7 @@
 #include "catalog/pg_am.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_proc.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
@@ -218,13 +219,30 @@ direct_relcache_callback(Datum arg, Oid relid)
 		}
 }
 
-/* a changed function: a default or CHECK may have inlined or folded it */
+/*
+ * The call information of the trigger functions the direct writes fire,
+ * kept per function for the session (fill_trigger_functions())
+ */
+#define TRIGGER_FUNCTIONS_KEPT 32
+typedef struct TriggerFunction
+{
+	Oid			fn;
+	FmgrInfo	info;
+} TriggerFunction;
+static TriggerFunction trigger_functions[TRIGGER_FUNCTIONS_KEPT];
+static int	n_trigger_functions = 0;
+
+/*
+ * a changed function: a default or CHECK may have inlined or folded it, a
+ * trigger may call another
+ */
 static void
 direct_proc_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
 	PayidemInsert *ins;
 	PayidemUpdate *t;
 
+	n_trigger_functions = 0;
 	domain_generation++;
 	for (ins = inserts; ins != NULL; ins = ins->next)
 		ins->relid = InvalidOid;
@@ -1244,6 +1262,55 @@ lock_ref_after(Relation rel, TupleTableSlot *slot, const PayidemLockedRef *ref, 
 }
 
 /*
+ * rri's trigger functions looked up, as the trigger manager would at the
+ * first event of each (fmgr_info()): from the call information kept per
+ * function for the session, copied without the function's own cache
+ * (fn_extra), which starts empty as after a look-up.  Each direct write has
+ * a new result relation, so the trigger manager looked every trigger's
+ * function up again at every row (its pg_proc row, its library's symbol:
+ * about 650 instructions a trigger, seven in a first success).  Only the
+ * triggers of event (TRIGGER_TYPE_INSERT, TRIGGER_TYPE_UPDATE), which are
+ * all the write can fire; after the triggers are final
+ * (drop_locked_fkey_checks()): they are found by their place in rri's list.
+ */
+static void
+fill_trigger_functions(ResultRelInfo *rri, int16 event)
+{
+	TriggerDesc *td = rri->ri_TrigDesc;
+	int			i;
+
+	if (td == NULL)
+		return;
+	register_callbacks();
+	for (i = 0; i < td->numtriggers; i++)
+	{
+		Oid			fn = td->triggers[i].tgfoid;
+		int			k;
+
+		if ((td->triggers[i].tgtype & event) == 0 || OidIsValid(rri->ri_TrigFunctions[i].fn_oid))
+			continue;
+		for (k = 0; k < n_trigger_functions && trigger_functions[k].fn != fn; k++)
+			;
+		if (k == n_trigger_functions)
+		{
+			FmgrInfo	info;
+
+			if (k >= TRIGGER_FUNCTIONS_KEPT)
+				continue;		/* the trigger manager looks it up */
+			fmgr_info_cxt(fn, &info, TopMemoryContext);
+			/* (read again: the look-up may have taken in a change that emptied the list) */
+			k = n_trigger_functions;
+			if (k >= TRIGGER_FUNCTIONS_KEPT)
+				continue;
+			fmgr_info_copy(&trigger_functions[k].info, &info, TopMemoryContext);
+			trigger_functions[k].fn = fn;
+			n_trigger_functions = k + 1;
+		}
+		fmgr_info_copy(&rri->ri_TrigFunctions[i], &trigger_functions[k].info, CurrentMemoryContext);
+	}
+}
+
+/*
  * The indexes ExecOpenIndices() opened for rri, closed with their
  * RowExclusiveLock kept until the transaction ends, as the table's is.
  * ExecCloseIndices() gives each lock back, and the next write of the
@@ -1371,6 +1438,7 @@ insert_row(PayidemInsert *ins, const Datum *values, const bool *nulls, int arbit
 		MemoryContextSwitchTo(oldcxt);
 		ExecStoreVirtualTuple(slot);
 		drop_locked_fkey_checks(rri, slot, refs, nrefs, dropped);
+		fill_trigger_functions(rri, TRIGGER_TYPE_INSERT);
 
 		/* the table's own triggers, statement and row, as for a one-row INSERT */
 		AfterTriggerBeginQuery();
@@ -2233,6 +2301,7 @@ payidem_update(PayidemUpdate *t, ItemPointer tid, Datum key,
 	/* (sized for all of them, the trigger function caches fit the fewer) */
 	if (t->own_bookkeeping && t->trigdesc != NULL)
 		rri->ri_TrigDesc = t->trigdesc;
+	fill_trigger_functions(rri, TRIGGER_TYPE_UPDATE);
 	/* the trigger machinery finds it here instead of opening its own */
 	estate->es_opened_result_relations = lappend(estate->es_opened_result_relations, rri);
 	if (!t->indexes_lazy)
