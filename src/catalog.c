@@ -223,12 +223,59 @@ typedef struct OutputCacheEntry
 } OutputCacheEntry;
 static OutputCacheEntry output_cache[OUTPUT_CACHE_SIZE];
 static int	n_output_cache = 0;
-static bool output_callback_registered = false;
+
+/* the base types payidem_base_type() gave, kept the same way */
+typedef struct BaseTypeEntry
+{
+	Oid			type;
+	Oid			base;
+} BaseTypeEntry;
+static BaseTypeEntry base_cache[OUTPUT_CACHE_SIZE];
+static int	n_base_cache = 0;
+static bool type_facts_registered = false;
 
 static void
-output_cache_callback(Datum arg, int cacheid, uint32 hashvalue)
+type_cache_callback(Datum arg, int cacheid, uint32 hashvalue)
 {
 	n_output_cache = 0;
+	n_base_cache = 0;
+}
+
+static void
+register_type_facts_callbacks(void)
+{
+	if (type_facts_registered)
+		return;
+	payidem_register_syscache_callback(TYPEOID, type_cache_callback, (Datum) 0);
+	/* (a C output function replaced under the same number) */
+	payidem_register_syscache_callback(PROCOID, type_cache_callback, (Datum) 0);
+	type_facts_registered = true;
+}
+
+/*
+ * getBaseType(type), kept for the session: a domain's base type never
+ * changes (forgotten with any change of a type, as the output functions are).
+ */
+Oid
+payidem_base_type(Oid type)
+{
+	Oid			base;
+	int			i;
+
+	for (i = 0; i < n_base_cache; i++)
+		if (base_cache[i].type == type)
+			return base_cache[i].base;
+	register_type_facts_callbacks();
+	base = getBaseType(type);
+	/* (the count read only now: the look-up may have emptied the cache) */
+	i = n_base_cache;
+	if (i < OUTPUT_CACHE_SIZE)
+	{
+		base_cache[i].type = type;
+		base_cache[i].base = base;
+		n_base_cache = i + 1;
+	}
+	return base;
 }
 
 /*
@@ -253,13 +300,7 @@ payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name)
 	for (i = 0; i < n_output_cache; i++)
 		if (output_cache[i].type == type)
 			return OutputFunctionCall(&output_cache[i].out, d);
-	if (!output_callback_registered)
-	{
-		payidem_register_syscache_callback(TYPEOID, output_cache_callback, (Datum) 0);
-		/* (a C output function replaced under the same number) */
-		payidem_register_syscache_callback(PROCOID, output_cache_callback, (Datum) 0);
-		output_callback_registered = true;
-	}
+	register_type_facts_callbacks();
 	getTypeOutputInfo(type, &fn, &varlena);
 	fmgr_info_cxt(fn, &out, TopMemoryContext);
 	/*

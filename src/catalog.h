@@ -121,6 +121,7 @@ payidem_getattr(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
 }
 
 extern char *payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name);
+extern Oid	payidem_base_type(Oid type);
 
 /* acting as the tables' owner, and back */
 typedef struct PayidemAsOwner

@@ -73,28 +73,44 @@ typedef struct PaymentKeys
 	bool		paid_at_null;
 } PaymentKeys;
 
+/* (the tuple deformed once: six columns read one by one each walked it from its start) */
 static void
 payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
 {
-	bool		isnull;
-	Datum		status;
+	TupleDesc	desc = RelationGetDescr(rel);
+	Datum	   *values;
+	bool	   *nulls;
+	int			a;
 
 	memset(k, 0, sizeof(*k));
 	if (tuple == NULL)
 		return;
-	k->payment_no = payidem_getattr(rel, tuple, "payment_no", &isnull);
-	if (isnull)
-		return;					/* refused by its NOT NULL */
-	k->exists = true;
-	k->order_no = payidem_getattr(rel, tuple, "order_no", &isnull);
-	k->pending = !isnull;
-	k->channel_no = payidem_getattr(rel, tuple, "channel_no", &isnull);
-	k->paid = !isnull;
-	status = payidem_getattr(rel, tuple, "status", &isnull);
-	k->pending = k->pending && !isnull && payidem_text_is(status, "pending");
-	k->txn = payidem_getattr(rel, tuple, "transaction_id", &k->txn_null);
-	k->paid_at = payidem_getattr(rel, tuple, "paid_at", &k->paid_at_null);
-	k->paid = k->paid && !(k->txn_null && k->paid_at_null);
+	values = palloc(sizeof(Datum) * desc->natts);
+	nulls = palloc(sizeof(bool) * desc->natts);
+	heap_deform_tuple(tuple, desc, values, nulls);
+	a = payidem_column(rel, "payment_no") - 1;
+	k->payment_no = values[a];
+	if (!nulls[a])				/* (else refused by its NOT NULL) */
+	{
+		k->exists = true;
+		a = payidem_column(rel, "order_no") - 1;
+		k->order_no = values[a];
+		k->pending = !nulls[a];
+		a = payidem_column(rel, "channel_no") - 1;
+		k->channel_no = values[a];
+		k->paid = !nulls[a];
+		a = payidem_column(rel, "status") - 1;
+		k->pending = k->pending && !nulls[a] && payidem_text_is(values[a], "pending");
+		a = payidem_column(rel, "transaction_id") - 1;
+		k->txn = values[a];
+		k->txn_null = nulls[a];
+		a = payidem_column(rel, "paid_at") - 1;
+		k->paid_at = values[a];
+		k->paid_at_null = nulls[a];
+		k->paid = k->paid && !(k->txn_null && k->paid_at_null);
+	}
+	pfree(values);
+	pfree(nulls);
 }
 
 static bool

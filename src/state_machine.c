@@ -554,7 +554,7 @@ tuple_text_column(Relation rel, HeapTuple tuple, const char *colname, bool *isnu
 	if (typid == TEXTOID || typid == VARCHAROID)
 		return d;
 	/* a domain over text (the numbers are) is text as it is stored */
-	if (getBaseType(typid) == TEXTOID)
+	if (payidem_base_type(typid) == TEXTOID)
 		return d;
 	return CStringGetTextDatum(SPI_getvalue(tuple, tupdesc, attnum));
 }
