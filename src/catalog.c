@@ -278,25 +278,15 @@ payidem_base_type(Oid type)
 	return base;
 }
 
-/*
- * Column name of a tuple of rel (one of payidem's own tables) as its type's
- * output writes it, palloc'd, or NULL: what SPI_getvalue() gives, without
- * looking the output function up again at every call.
- */
-char *
-payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name)
+/* value d of type as the type's output writes it, palloc'd (the output function kept) */
+static char *
+datum_text(Oid type, Datum d)
 {
-	int			attnum = payidem_column(rel, name);
-	Oid			type = TupleDescAttr(RelationGetDescr(rel), attnum - 1)->atttypid;
-	bool		isnull;
-	Datum		d = heap_getattr(tuple, attnum, RelationGetDescr(rel), &isnull);
 	Oid			fn;
 	bool		varlena;
 	FmgrInfo	out;
 	int			i;
 
-	if (isnull)
-		return NULL;
 	for (i = 0; i < n_output_cache; i++)
 		if (output_cache[i].type == type)
 			return OutputFunctionCall(&output_cache[i].out, d);
@@ -314,6 +304,58 @@ payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name)
 	output_cache[i].type = type;
 	n_output_cache = i + 1;
 	return OutputFunctionCall(&output_cache[i].out, d);
+}
+
+/*
+ * Column name of a tuple of rel (one of payidem's own tables) as its type's
+ * output writes it, palloc'd, or NULL: what SPI_getvalue() gives, without
+ * looking the output function up again at every call.
+ */
+char *
+payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name)
+{
+	int			attnum = payidem_column(rel, name);
+	bool		isnull;
+	Datum		d = heap_getattr(tuple, attnum, RelationGetDescr(rel), &isnull);
+
+	return isnull ? NULL : datum_text(TupleDescAttr(RelationGetDescr(rel), attnum - 1)->atttypid, d);
+}
+
+/*
+ * A tuple of rel (one of payidem's own tables) taken apart once, for
+ * several of its columns: read one by one, each column after a
+ * variable-length one walks the tuple from its start again.  The values
+ * point into the tuple, which must outlive them.
+ */
+void
+payidem_row_deform(PayidemRow *row, Relation rel, HeapTuple tuple)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	row->rel = rel;
+	row->values = palloc(sizeof(Datum) * desc->natts);
+	row->nulls = palloc(sizeof(bool) * desc->natts);
+	heap_deform_tuple(tuple, desc, row->values, row->nulls);
+}
+
+/* column name of a row taken apart (payidem_getattr()'s value) */
+Datum
+payidem_row_get(const PayidemRow *row, const char *name, bool *isnull)
+{
+	int			a = payidem_column(row->rel, name) - 1;
+
+	*isnull = row->nulls[a];
+	return row->values[a];
+}
+
+/* column name of a row taken apart as text, or NULL (payidem_getattr_text()'s) */
+char *
+payidem_row_text(const PayidemRow *row, const char *name)
+{
+	int			a = payidem_column(row->rel, name) - 1;
+
+	return row->nulls[a] ? NULL :
+		datum_text(TupleDescAttr(RelationGetDescr(row->rel), a)->atttypid, row->values[a]);
 }
 
 /*

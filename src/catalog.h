@@ -121,6 +121,18 @@ payidem_getattr(Relation rel, HeapTuple tuple, const char *name, bool *isnull)
 }
 
 extern char *payidem_getattr_text(Relation rel, HeapTuple tuple, const char *name);
+
+/* a tuple taken apart once for several of its columns (payidem_row_deform()) */
+typedef struct PayidemRow
+{
+	Relation	rel;
+	Datum	   *values;
+	bool	   *nulls;
+} PayidemRow;
+
+extern void payidem_row_deform(PayidemRow *row, Relation rel, HeapTuple tuple);
+extern Datum payidem_row_get(const PayidemRow *row, const char *name, bool *isnull);
+extern char *payidem_row_text(const PayidemRow *row, const char *name);
 extern Oid	payidem_base_type(Oid type);
 
 /* acting as the tables' owner, and back */

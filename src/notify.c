@@ -331,6 +331,7 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	/* the order, as the event reports it */
 	Relation	order_rel;
 	HeapTuple	order;
+	PayidemRow	order_row;
 	char	   *o_order_no,
 			   *o_merchant_no,
 			   *o_status,
@@ -407,9 +408,10 @@ payidem_status_event(PG_FUNCTION_ARGS)
 		else
 			event = "order.closed";
 	}
-	o_order_no = payidem_getattr_text(order_rel, order, "order_no");
-	o_merchant_no = payidem_getattr_text(order_rel, order, "merchant_no");
-	o_status = payidem_getattr_text(order_rel, order, "status");
+	payidem_row_deform(&order_row, order_rel, order);
+	o_order_no = payidem_row_text(&order_row, "order_no");
+	o_merchant_no = payidem_row_text(&order_row, "merchant_no");
+	o_status = payidem_row_text(&order_row, "status");
 	if (!payment_key_null)
 	{
 		Relation	payment_rel = table_open(payidem_relation(PAYIDEM_PAYMENT), AccessShareLock);
@@ -418,11 +420,14 @@ payidem_status_event(PG_FUNCTION_ARGS)
 
 		if (payment != NULL)
 		{
+			PayidemRow	payment_row;
 			bool		isnull;
-			Datum		d = payidem_getattr(payment_rel, payment, "paid_at", &isnull);
+			Datum		d;
 
-			p_payment_no = payidem_getattr_text(payment_rel, payment, "payment_no");
-			p_transaction_id = payidem_getattr_text(payment_rel, payment, "transaction_id");
+			payidem_row_deform(&payment_row, payment_rel, payment);
+			d = payidem_row_get(&payment_row, "paid_at", &isnull);
+			p_payment_no = payidem_row_text(&payment_row, "payment_no");
+			p_transaction_id = payidem_row_text(&payment_row, "transaction_id");
 			if (!isnull)
 			{
 				have_paid_at = true;
@@ -441,9 +446,9 @@ payidem_status_event(PG_FUNCTION_ARGS)
 	add_utc(&payload, "created_at", GetCurrentTransactionStartTimestamp());
 	add_string(&payload, "merchant_no", o_merchant_no);
 	add_string(&payload, "order_no", o_order_no);
-	add_string(&payload, "out_trade_no", payidem_getattr_text(order_rel, order, "out_trade_no"));
-	add_number(&payload, "amount", payidem_getattr_text(order_rel, order, "amount"));
-	add_string(&payload, "currency", payidem_getattr_text(order_rel, order, "currency"));
+	add_string(&payload, "out_trade_no", payidem_row_text(&order_row, "out_trade_no"));
+	add_number(&payload, "amount", payidem_row_text(&order_row, "amount"));
+	add_string(&payload, "currency", payidem_row_text(&order_row, "currency"));
 	add_string(&payload, "status", o_status);
 	if (p_payment_no != NULL)
 		add_string(&payload, "payment_no", p_payment_no);

@@ -73,44 +73,31 @@ typedef struct PaymentKeys
 	bool		paid_at_null;
 } PaymentKeys;
 
-/* (the tuple deformed once: six columns read one by one each walked it from its start) */
+/* (the tuple taken apart once: six columns read one by one each walked it) */
 static void
 payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
 {
-	TupleDesc	desc = RelationGetDescr(rel);
-	Datum	   *values;
-	bool	   *nulls;
-	int			a;
+	PayidemRow	row;
+	bool		isnull;
+	Datum		status;
 
 	memset(k, 0, sizeof(*k));
 	if (tuple == NULL)
 		return;
-	values = palloc(sizeof(Datum) * desc->natts);
-	nulls = palloc(sizeof(bool) * desc->natts);
-	heap_deform_tuple(tuple, desc, values, nulls);
-	a = payidem_column(rel, "payment_no") - 1;
-	k->payment_no = values[a];
-	if (!nulls[a])				/* (else refused by its NOT NULL) */
-	{
-		k->exists = true;
-		a = payidem_column(rel, "order_no") - 1;
-		k->order_no = values[a];
-		k->pending = !nulls[a];
-		a = payidem_column(rel, "channel_no") - 1;
-		k->channel_no = values[a];
-		k->paid = !nulls[a];
-		a = payidem_column(rel, "status") - 1;
-		k->pending = k->pending && !nulls[a] && payidem_text_is(values[a], "pending");
-		a = payidem_column(rel, "transaction_id") - 1;
-		k->txn = values[a];
-		k->txn_null = nulls[a];
-		a = payidem_column(rel, "paid_at") - 1;
-		k->paid_at = values[a];
-		k->paid_at_null = nulls[a];
-		k->paid = k->paid && !(k->txn_null && k->paid_at_null);
-	}
-	pfree(values);
-	pfree(nulls);
+	payidem_row_deform(&row, rel, tuple);
+	k->payment_no = payidem_row_get(&row, "payment_no", &isnull);
+	if (isnull)
+		return;					/* refused by its NOT NULL */
+	k->exists = true;
+	k->order_no = payidem_row_get(&row, "order_no", &isnull);
+	k->pending = !isnull;
+	k->channel_no = payidem_row_get(&row, "channel_no", &isnull);
+	k->paid = !isnull;
+	status = payidem_row_get(&row, "status", &isnull);
+	k->pending = k->pending && !isnull && payidem_text_is(status, "pending");
+	k->txn = payidem_row_get(&row, "transaction_id", &k->txn_null);
+	k->paid_at = payidem_row_get(&row, "paid_at", &k->paid_at_null);
+	k->paid = k->paid && !(k->txn_null && k->paid_at_null);
 }
 
 static bool
