@@ -108,6 +108,11 @@ DBL=bench_lc
 psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE $DBL"
 psql -X -q -At -v ON_ERROR_STOP=1 -v past="$LC_PAST" -d "$DBL" -f bench/lifecycle_setup.sql >/dev/null
 LC_MERCHANT=$(psql -X -At -d "$DBL" -c "SELECT merchant_no FROM bench.merchant")
+# each delivery's arguments (its pool's rows), so that a delivery is the call
+# alone with its arguments bound, as a driver sends it (below)
+for pool in pool ref_pool ref_same_pool lit_pool; do
+	psql -X -At -F $'\t' -d "$DBF" -c "SELECT k, payment_no, amount FROM bench.$pool ORDER BY k" >"$RUN/args.$pool.tsv"
+done
 cluster_stop
 
 # name -> one statement making N calls (:n = N); BASE -> the same statement
@@ -174,16 +179,22 @@ done
 
 # One delivery per transaction: payidem, the reference handler, that handler on
 # payidem's tables, seed 002's literal handler, and a one-row insert commit.  NAME -> the statement of
-# delivery $1 (a pool number), the outcome each must print, and the pool range:
+# a delivery, its arguments bound as a driver binds them ($1 the payment's
+# number, $2 the channel's transaction id, $3 the amount: the row of its pool
+# that the delivery's number picks, read before the runs; a statement that
+# looked them up in the pool itself would also lock the pool and its index,
+# two of the 16 relation locks a backend keeps in the lock manager's fast
+# path, which the call then takes in the shared lock table), the outcome each
+# must print, and the pool range:
 # a first success takes a fresh pending payment of its pool for every
 # delivery (the callgrind run 1001 ..., CPU run r the CPU_N after those of
 # run r - 1), a duplicate one
 # of the 1,000 that flow_setup.sql paid.
 declare -A DCALL=(
-	[payidem_first]="SELECT payidem.apply_payment_result(payment_no, 'callback', 'succeeded', 'TX' || k, amount) FROM bench.pool WHERE k = \$1;"
-	[reference_first]="SELECT bench.ref_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_pool WHERE k = \$1;"
-	[same_tables_first]="SELECT bench.ref_same_apply(payment_no, 'succeeded', 'TX' || k, amount) FROM bench.ref_same_pool WHERE k = \$1;"
-	[literal_first]="SELECT bench.seed002_literal(payment_no, amount, 'BENCH_WX') FROM bench.lit_pool WHERE k = \$1;"
+	[payidem_first]="SELECT payidem.apply_payment_result(\$1, 'callback', 'succeeded', \$2, \$3);"
+	[reference_first]="SELECT bench.ref_apply(\$1, 'succeeded', \$2, \$3);"
+	[same_tables_first]="SELECT bench.ref_same_apply(\$1, 'succeeded', \$2, \$3);"
+	[literal_first]="SELECT bench.seed002_literal(\$1, \$3, 'BENCH_WX');"
 	[insert_commit]="INSERT INTO bench.ceiling (v) VALUES (\$1);"
 )
 DCALL[payidem_dup]=${DCALL[payidem_first]}
@@ -191,16 +202,24 @@ DCALL[reference_dup]=${DCALL[reference_first]}
 DCALL[same_tables_dup]=${DCALL[same_tables_first]}
 DCALL[literal_dup]=${DCALL[literal_first]}
 declare -A DBASE=(
-	[payidem_first]="SELECT payment_no, 'TX' || k, amount FROM bench.pool WHERE k = \$1;"
-	[reference_first]="SELECT payment_no, 'TX' || k, amount FROM bench.ref_pool WHERE k = \$1;"
-	[same_tables_first]="SELECT payment_no, 'TX' || k, amount FROM bench.ref_same_pool WHERE k = \$1;"
-	[literal_first]="SELECT payment_no, amount, 'BENCH_WX' FROM bench.lit_pool WHERE k = \$1;"
+	[payidem_first]="SELECT \$1, \$2, \$3;"
+	[reference_first]="SELECT \$1, \$2, \$3;"
+	[same_tables_first]="SELECT \$1, \$2, \$3;"
+	[literal_first]="SELECT \$1, \$3, 'BENCH_WX';"
 	[insert_commit]="SELECT \$1::bigint;"
+)
+# the pool of each delivery's arguments (none: the number itself)
+declare -A DPOOL=(
+	[payidem_first]=pool [reference_first]=ref_pool [same_tables_first]=ref_same_pool [literal_first]=lit_pool
 )
 DBASE[payidem_dup]=${DBASE[payidem_first]}
 DBASE[reference_dup]=${DBASE[reference_first]}
 DBASE[same_tables_dup]=${DBASE[same_tables_first]}
 DBASE[literal_dup]=${DBASE[literal_first]}
+DPOOL[payidem_dup]=${DPOOL[payidem_first]}
+DPOOL[reference_dup]=${DPOOL[reference_first]}
+DPOOL[same_tables_dup]=${DPOOL[same_tables_first]}
+DPOOL[literal_dup]=${DPOOL[literal_first]}
 declare -A DOUTCOME=(
 	[payidem_first]=applied [reference_first]=applied [same_tables_first]=applied [literal_first]=applied
 	[payidem_dup]=duplicate [reference_dup]=duplicate [same_tables_dup]=duplicate [literal_dup]=duplicate
@@ -210,15 +229,34 @@ DORDER=(payidem_first reference_first same_tables_first literal_first payidem_du
 
 # delivery_script NAME call|base RUN N -> the file of N statements
 delivery_script() {
-	local name=$1 which=$2 r=$3 n=$4 f="$RUN/delivery.$1.$2.$3.sql" stmt first
+	local name=$1 which=$2 r=$3 n=$4 f="$RUN/delivery.$1.$2.$3.sql" stmt first pool=${DPOOL[$1]:-}
 	if [ "$which" = call ]; then stmt=${DCALL[$name]}; else stmt=${DBASE[$name]}; fi
 	# prepared once, as a driver does, so neither the call's parse nor its plan is counted
-	printf 'PREPARE d(bigint) AS %s\n' "$stmt" >"$f"
+	if [ -n "$pool" ]; then
+		printf 'PREPARE d(text, text, bigint) AS %s\n' "$stmt" >"$f"
+	else
+		printf 'PREPARE d(bigint) AS %s\n' "$stmt" >"$f"
+	fi
 	first=$(( r == 0 ? 1001 : 1001 + FLOW_N + (r - 1) * CPU_N ))
-	awk -v n="$n" -v first="$first" -v dup="$([[ $name == *_dup ]] && echo 1 || echo 0)" 'BEGIN {
-		for (i = 0; i < n; i++)
-			printf "EXECUTE d(%d);\n", dup ? 1 + i % 1000 : first + i
-	}' >>"$f"
+	awk -v n="$n" -v first="$first" -v dup="$([[ $name == *_dup ]] && echo 1 || echo 0)" \
+		-v args="${pool:+$RUN/args.$pool.tsv}" 'BEGIN {
+		FS = "\t"
+		if (args != "")
+			while ((getline line < args) > 0) {
+				split(line, a, "\t")
+				no[a[1]] = a[2]
+				amount[a[1]] = a[3]
+			}
+		for (i = 0; i < n; i++) {
+			k = dup ? 1 + i % 1000 : first + i
+			if (args == "")
+				printf "EXECUTE d(%d);\n", k
+			else if (!(k in no))
+				exit 1
+			else
+				printf "EXECUTE d(\x27%s\x27, \x27TX%d\x27, %d);\n", no[k], k, amount[k]
+		}
+	}' >>"$f" || die "$name: a delivery's arguments are missing from bench.$pool"
 	is_root && chown postgres: "$f"
 	echo "$f"
 }
