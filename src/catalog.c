@@ -338,6 +338,14 @@ payidem_row_deform(PayidemRow *row, Relation rel, HeapTuple tuple)
 	heap_deform_tuple(tuple, desc, row->values, row->nulls);
 }
 
+/* the arrays of a row taken apart (its values still point into the tuple) */
+void
+payidem_row_free(PayidemRow *row)
+{
+	pfree(row->values);
+	pfree(row->nulls);
+}
+
 /* column name of a row taken apart (payidem_getattr()'s value) */
 Datum
 payidem_row_get(const PayidemRow *row, const char *name, bool *isnull)

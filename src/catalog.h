@@ -133,6 +133,7 @@ typedef struct PayidemRow
 extern void payidem_row_deform(PayidemRow *row, Relation rel, HeapTuple tuple);
 extern Datum payidem_row_get(const PayidemRow *row, const char *name, bool *isnull);
 extern char *payidem_row_text(const PayidemRow *row, const char *name);
+extern void payidem_row_free(PayidemRow *row);
 extern Oid	payidem_base_type(Oid type);
 
 /* acting as the tables' owner, and back */

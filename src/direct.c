@@ -1287,7 +1287,9 @@ fill_trigger_functions(ResultRelInfo *rri, int16 event)
 		Oid			fn = td->triggers[i].tgfoid;
 		int			k;
 
-		if ((td->triggers[i].tgtype & event) == 0 || OidIsValid(rri->ri_TrigFunctions[i].fn_oid))
+		/* (not one the trigger manager never calls: disabled, or not for this session's role) */
+		if ((td->triggers[i].tgtype & event) == 0 || !trigger_fires(&td->triggers[i]) ||
+			OidIsValid(rri->ri_TrigFunctions[i].fn_oid))
 			continue;
 		for (k = 0; k < n_trigger_functions && trigger_functions[k].fn != fn; k++)
 			;

@@ -87,7 +87,10 @@ payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
 	payidem_row_deform(&row, rel, tuple);
 	k->payment_no = payidem_row_get(&row, "payment_no", &isnull);
 	if (isnull)
+	{
+		payidem_row_free(&row);
 		return;					/* refused by its NOT NULL */
+	}
 	k->exists = true;
 	k->order_no = payidem_row_get(&row, "order_no", &isnull);
 	k->pending = !isnull;
@@ -98,6 +101,7 @@ payment_keys_of(Relation rel, HeapTuple tuple, PaymentKeys *k)
 	k->txn = payidem_row_get(&row, "transaction_id", &k->txn_null);
 	k->paid_at = payidem_row_get(&row, "paid_at", &k->paid_at_null);
 	k->paid = k->paid && !(k->txn_null && k->paid_at_null);
+	payidem_row_free(&row);
 }
 
 static bool

@@ -743,15 +743,9 @@ apply_fast(const PaymentReport *r)
 
 	/*
 	 * 2. the lock order of every flow function: the order, then its
-	 * payment.  The order, locked: the table in RowExclusiveLock, which its
-	 * update takes next, rather than FOR NO KEY UPDATE's RowShareLock and
-	 * then that (the lock manager's fast-path slots, 16 a backend before
-	 * 18, are spent by the first relations a transaction locks, in any
-	 * mode; a mode added once they are full takes a place in the shared
-	 * lock table, taken and given back at commit, about 3,000 instructions).
-	 * It keeps out only what a SHARE lock would, which the update would.
+	 * payment.  The order, locked.
 	 */
-	order = apply_open(apply.order, RowExclusiveLock);
+	order = apply_open(apply.order, RowShareLock);
 	if (order == NULL)
 		goto done;
 	oslot = table_slot_create(order, NULL);
@@ -800,7 +794,11 @@ apply_fast(const PaymentReport *r)
 
 		if (!lock_transaction_id(p_channel_no, r->txn, false))
 			goto done_order;
-		/* (RowExclusiveLock, as the order's: the success's row is written here next) */
+		/*
+		 * (in RowExclusiveLock, the mode of the success's row written here
+		 * next, which every success ends up taking: not a second mode once
+		 * the lock manager's fast-path slots are full; step 6)
+		 */
 		paid = apply_open(apply.paid, RowExclusiveLock);
 		if (paid == NULL)
 			goto done_order;
@@ -857,6 +855,17 @@ apply_fast(const PaymentReport *r)
 
 		payment_fees(facts.amount, merchant_rate, merchant_rate_null, rate, rate_null,
 					 cost_rate, cost_rate_null, &fee, &fee_null, &cost, &cost_null);
+
+		/*
+		 * the tables of both updates in their mode, the payment's then the
+		 * order's, as the SQL path's updates take them: the lock manager
+		 * keeps a backend's first 16 relation locks in fast-path slots (before
+		 * 18), which the payment's triggers fill; a mode taken after that
+		 * goes to the shared lock table and out of it at commit (about 2,000
+		 * instructions)
+		 */
+		LockRelationOid(apply.payment, RowExclusiveLock);
+		LockRelationOid(apply.order, RowExclusiveLock);
 		PopActiveSnapshot();
 		CommandCounterIncrement();
 		PushActiveSnapshot(GetTransactionSnapshot());
