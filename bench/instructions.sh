@@ -536,19 +536,26 @@ printf 'every call within %s× of the baseline (make bench-check; the router'"'"
 # the delivery targets (#23, #41): a first success at most 0.8x the
 # reference handler in instructions and in CPU, and under 1.0x at the least;
 # a duplicate at most 0.3x of that handler's duplicate; the lifecycle (#41)
-target() {	# what, measured ratio, limit
-	printf '%s\t%s×\t%s\n' "$1" "$2" "$(awk -v m="$2" -v l="$3" 'BEGIN {print (m != "n/a" && m <= l) ? "yes" : "no"}')"
+# (judged on the counts, not on the ratio rounded to two places, which is shown
+# with a third where the two would disagree)
+target() {	# what, measured, reference, limit
+	printf '%s\t%s\n' "$1" "$(awk -v a="$2" -v b="$3" -v l="$4" 'BEGIN {
+		if (a == "" || b == "" || b <= 0) { print "n/a×\tno"; exit }
+		r = sprintf("%.2f", a / b)
+		if ((r + 0 <= l) != (a <= b * l)) r = sprintf("%.3f", a / b)
+		printf "%s×\t%s\n", r, (a <= b * l) ? "yes" : "no"
+	}')"
 }
 {
 	if part deliveries; then
 		target "first success ≤ 0.8× the reference handler's instructions" \
-			"$(ratio "$(dget payidem_first 2)" "$(dget reference_first 2)")" 0.8
+			"$(dget payidem_first 2)" "$(dget reference_first 2)" 0.8
 		target "first success ≤ 0.8× the reference handler's backend CPU" \
-			"$(ratio "$(dget payidem_first 3)" "$(dget reference_first 3)")" 0.8
+			"$(dget payidem_first 3)" "$(dget reference_first 3)" 0.8
 		target "first success below 1.0× the reference handler's instructions (the least)" \
-			"$(ratio "$(dget payidem_first 2)" "$(dget reference_first 2)")" 0.999
+			"$(dget payidem_first 2)" "$(dget reference_first 2)" 0.999
 		target "duplicate ≤ 0.3× the reference handler's duplicate (instructions)" \
-			"$(ratio "$(dget payidem_dup 2)" "$(dget reference_dup 2)")" 0.3
+			"$(dget payidem_dup 2)" "$(dget reference_dup 2)" 0.3
 		printf 'CPU of a first success, as a multiple of a one-row insert commit\t%s× (instructions %s×)\tn/a\n' \
 			"$(ratio "$(dget payidem_first 3)" "$(dget insert_commit 3)")" "$(ratio "$(dget payidem_first 2)" "$(dget insert_commit 2)")"
 	fi
@@ -557,20 +564,22 @@ target() {	# what, measured ratio, limit
 		printf 'the lifecycle ≤ 1.0× the plain-SQL lifecycle'"'"'s instructions\t%s×\t%s\n' \
 			"$(awk -v a="$(lget lifecycle_pi)" -v b="$(lget lifecycle_plain)" 'BEGIN {printf "%.3f", a / b}')" \
 			"$([ "$(lget lifecycle_pi)" -le "$(lget lifecycle_plain)" ] && echo yes || echo no)"
-		target "create_order ≤ 1.5× the plain-SQL step" "$(ratio "$(lget lc_pi_create)" "$(lget lc_plain_create)")" 1.5
-		target "begin_payment ≤ 1.5× the plain-SQL step" "$(ratio "$(lget lc_pi_begin)" "$(lget lc_plain_begin)")" 1.5
+		target "create_order ≤ 1.5× the plain-SQL step" "$(lget lc_pi_create)" "$(lget lc_plain_create)" 1.5
+		target "begin_payment ≤ 1.5× the plain-SQL step" "$(lget lc_pi_begin)" "$(lget lc_plain_begin)" 1.5
 		n=$(( $(lget lc_pi_notify_due) + $(lget lc_pi_notify_result) ))
 		printf 'notify_due(1) + notify_result ≤ 0.5 M instructions, with %s events due\t%s\t%s\n' "$LC_N" "$n" \
 			"$([ "$n" -le 500000 ] && echo yes || echo no)"
 		target "get_order ≤ 0.5× its 1,504 k instructions of #41 (main 7675792)" \
-			"$(ratio "$(lget lc_pi_get_order)" 1504000)" 0.5
+			"$(lget lc_pi_get_order)" 1504000 0.5
 	fi
 	if [ -s "$ROUT" ]; then
 		target "router: CPU added to a first success ≤ 0.25× the direct call's" \
-			"$(awk '$1 == "first" {printf "%.2f", $5 / $4}' "$ROUT")" 0.25
+			"$(awk '$1 == "first" {print $5}' "$ROUT")" "$(awk '$1 == "first" {print $4}' "$ROUT")" 0.25
 		for call in gen_order_no dup get_order; do
 			a=$(awk -v c="$call" '$1 == c {print $5}' "$ROUT")
-			printf 'router: CPU added to %s ≤ 100 k instructions\t%s\t%s\n' "$call" "$a" "$([ "$a" -le 100000 ] && echo yes || echo no)"
+			# (below 0: the direct call's count carried a one-time cost; nothing measured)
+			printf 'router: CPU added to %s ≤ 100 k instructions\t%s\t%s\n' "$call" "$a" \
+				"$(if [ "$a" -lt 0 ]; then echo n/a; elif [ "$a" -le 100000 ]; then echo yes; else echo no; fi)"
 		done
 	fi
 } >>bench/out/instructions.targets
