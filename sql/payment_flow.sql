@@ -957,6 +957,22 @@ CREATE TRIGGER touch_merchant BEFORE INSERT ON payidem."order" FOR EACH STATEMEN
 	EXECUTE FUNCTION public.touch_merchant();
 SELECT payidem.create_order(:'m2', 'FK-DBA-3', 500, 'Noodles') ~ '^PO' AS created_after_own_change;
 ROLLBACK;
+-- ... and a trigger a DBA disabled whose function can no longer be called
+-- (its C symbol gone from the library, as after an upgrade of it; made so
+-- here by editing the catalog): the direct writes never look up the function
+-- of a trigger that does not fire, as the trigger manager does not
+BEGIN;
+CREATE FUNCTION public.gone_trigger() RETURNS trigger LANGUAGE c AS '$libdir/payidem', 'payidem_status_guard';
+UPDATE pg_catalog.pg_proc SET prosrc = 'payidem_no_such_function' WHERE oid = 'public.gone_trigger()'::regprocedure;
+CREATE TRIGGER gone AFTER INSERT OR UPDATE ON payidem.payment FOR EACH ROW EXECUTE FUNCTION public.gone_trigger();
+CREATE TRIGGER gone AFTER INSERT OR UPDATE ON payidem."order" FOR EACH ROW EXECUTE FUNCTION public.gone_trigger();
+ALTER TABLE payidem.payment DISABLE TRIGGER gone;
+ALTER TABLE payidem."order" DISABLE TRIGGER gone;
+SELECT payidem.create_order(:'m2', 'GONE-1', 500, 'Noodles') AS gone_order \gset
+SELECT payidem.begin_payment(:'gone_order', 'FLOW_FOOD') AS gone_payment \gset
+SELECT payidem.apply_payment_result(:'gone_payment', 'callback', 'succeeded', 'GONE-TX-1', 500) AS applied_past_disabled;
+SELECT status FROM payidem."order" WHERE order_no = :'gone_order';
+ROLLBACK;
 REVOKE ALL ON SCHEMA payidem FROM flow_app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA payidem FROM flow_app;
 DROP ROLE flow_app;
